@@ -1,0 +1,84 @@
+// graphattn C++ API: the fused scaled dot-product attention forward kernel.
+//
+// Every operand is described by a strided view over five logical dimensions
+// (batch0, batch1, batch2, row, column).  Broadcast dimensions carry stride 0,
+// so GQA/MQA (K/V shared across the query heads of a group), broadcast masks
+// and reordered outputs are all expressed through strides: the kernel never
+// copies or repeats a tensor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace graphattn {
+
+enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2, boolean = 3 };
+
+constexpr int kBatchDims = 3;
+
+// Strides are in elements, not bytes.  strides[0..2] are the batch dims,
+// strides[3] the row (sequence) dim, strides[4] the column dim.
+struct TensorView {
+    const void* data = nullptr;
+    DType dtype = DType::f32;
+    int64_t strides[kBatchDims + 2] = {0, 0, 0, 0, 0};
+};
+
+enum class MaskKind : int32_t {
+    none = 0,
+    additive = 1,  // scores + mask
+    select = 2,    // boolean mask: keep the score where mask == keep_value, else fill
+};
+
+// Arguments of one forward call.  Shapes: Q (B, Sq, D), K (B, Skv, D),
+// V (B, Skv, Dv), O (B, Sq, Dv), mask (B, Sq, Skv), stats (B, Sq, 1),
+// where B is the 3-dim batch.
+struct SdpaForwardArgs {
+    int64_t batch[kBatchDims] = {1, 1, 1};
+    int64_t seq_q = 0;
+    int64_t seq_kv = 0;
+    int64_t head_dim_qk = 0;
+    int64_t head_dim_v = 0;
+
+    TensorView query, key, value;
+    TensorView mask;     // used when mask_kind != none
+    TensorView output;   // written
+    TensorView stats;    // written when data != nullptr; always f32
+
+    // scores = (Q K^T) * scale, or (Q K^T) / scale when scale_is_divisor.
+    bool has_scale = false;
+    bool scale_is_divisor = false;
+    float scale = 1.0f;
+
+    MaskKind mask_kind = MaskKind::none;
+    bool select_keep_value = true;   // keep where mask == this value
+    float select_fill = -__builtin_inff();
+
+    // Implicit causal mask: keep score(i, j) iff j - i <= causal_offset.
+    // Top-left alignment has offset 0, bottom-right has offset Skv - Sq.
+    bool causal = false;
+    int64_t causal_offset = 0;
+    float causal_fill = -__builtin_inff();
+
+    // SoftMax mode: false = "none" (a fully masked row gives NaN),
+    // true = "inf_as_zero" (a fully masked row gives 0).
+    bool inf_as_zero = false;
+};
+
+// Result of a kernel call: ok, or a message naming the offending argument.
+struct Status {
+    bool ok = true;
+    std::string message;
+    static Status success() { return {}; }
+    static Status error(std::string msg) { return {false, std::move(msg)}; }
+};
+
+// Runs the fused forward kernel with OpenMP.  Thread-safe; allocates only
+// per-thread scratch of O(block * head_dim) floats.
+Status sdpa_forward(const SdpaForwardArgs& args);
+
+// Name of the micro-kernel family sdpa_forward will use on this machine
+// (for example "avx512" or "portable").
+const char* sdpa_forward_isa();
+
+}  // namespace graphattn

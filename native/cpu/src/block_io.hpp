@@ -1,0 +1,94 @@
+// Moving 2-D blocks between strided tensors of any supported dtype and the
+// kernels' f32 scratch buffers.  The dtype switch sits outside the element
+// loops, so each loop is a plain typed copy the compiler can vectorise.
+#pragma once
+
+#include <cstdint>
+
+#include "graphattn/sdpa.hpp"
+#include "half_types.hpp"
+
+namespace graphattn {
+namespace GRAPHATTN_ISA_NS {
+
+inline int64_t dtype_size(DType dt) {
+    switch (dt) {
+        case DType::f32: return 4;
+        case DType::bf16:
+        case DType::f16: return 2;
+        case DType::boolean: return 1;
+    }
+    return 0;
+}
+
+// Address of element `offset` (in elements) of a tensor of dtype dt.
+inline const char* element_ptr(const void* base, DType dt, int64_t offset) {
+    return static_cast<const char*>(base) + offset * dtype_size(dt);
+}
+
+template <typename Storage, typename Convert>
+inline void copy_block(const Storage* src, int64_t row_stride, int64_t col_stride, int rows, int cols,
+                       float* dst, int64_t dst_row_stride, int64_t dst_col_stride, Convert convert) {
+    for (int r = 0; r < rows; ++r) {
+        const Storage* s = src + r * row_stride;
+        float* d = dst + r * dst_row_stride;
+        if (col_stride == 1 && dst_col_stride == 1) {
+            for (int c = 0; c < cols; ++c) d[c] = convert(s[c]);
+        } else {
+            for (int c = 0; c < cols; ++c) d[c * dst_col_stride] = convert(s[c * col_stride]);
+        }
+    }
+}
+
+// dst(r, c) = float(src(r, c)) for r < rows, c < cols; dst is addressed with
+// (dst_row_stride, dst_col_stride) so the same routine loads a transposed block.
+inline void load_block(const void* src, DType dt, int64_t row_stride, int64_t col_stride, int rows, int cols,
+                       float* dst, int64_t dst_row_stride, int64_t dst_col_stride) {
+    switch (dt) {
+        case DType::f32:
+            copy_block(static_cast<const float*>(src), row_stride, col_stride, rows, cols, dst, dst_row_stride,
+                       dst_col_stride, [](float v) { return v; });
+            break;
+        case DType::bf16:
+            copy_block(static_cast<const uint16_t*>(src), row_stride, col_stride, rows, cols, dst, dst_row_stride,
+                       dst_col_stride, [](uint16_t v) { return bf16_to_f32(v); });
+            break;
+        case DType::f16:
+            copy_block(static_cast<const uint16_t*>(src), row_stride, col_stride, rows, cols, dst, dst_row_stride,
+                       dst_col_stride, [](uint16_t v) { return f16_to_f32(v); });
+            break;
+        case DType::boolean:
+            copy_block(static_cast<const uint8_t*>(src), row_stride, col_stride, rows, cols, dst, dst_row_stride,
+                       dst_col_stride, [](uint8_t v) { return v ? 1.0f : 0.0f; });
+            break;
+    }
+}
+
+// dst[c * col_stride] = convert(src[c]) for c < cols, in dst's dtype.
+inline void store_row(const float* src, int cols, void* dst, DType dt, int64_t col_stride) {
+    switch (dt) {
+        case DType::f32: {
+            float* d = static_cast<float*>(dst);
+            for (int c = 0; c < cols; ++c) d[c * col_stride] = src[c];
+            break;
+        }
+        case DType::bf16: {
+            uint16_t* d = static_cast<uint16_t*>(dst);
+            for (int c = 0; c < cols; ++c) d[c * col_stride] = f32_to_bf16(src[c]);
+            break;
+        }
+        case DType::f16: {
+            uint16_t* d = static_cast<uint16_t*>(dst);
+            for (int c = 0; c < cols; ++c) d[c * col_stride] = f32_to_f16(src[c]);
+            break;
+        }
+        case DType::boolean: {
+            uint8_t* d = static_cast<uint8_t*>(dst);
+            for (int c = 0; c < cols; ++c) d[c * col_stride] = src[c] != 0.0f;
+            break;
+        }
+    }
+}
+
+}  // namespace GRAPHATTN_ISA_NS
+}  // namespace graphattn

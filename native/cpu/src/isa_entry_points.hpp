@@ -1,0 +1,14 @@
+// The per-ISA builds of the kernels, chosen at run time by dispatch.cpp.
+#pragma once
+
+#include "graphattn/sdpa.hpp"
+
+namespace graphattn {
+
+Status sdpa_forward_portable(const SdpaForwardArgs& args);
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+Status sdpa_forward_avx2(const SdpaForwardArgs& args);
+Status sdpa_forward_avx512(const SdpaForwardArgs& args);
+#endif
+
+}  // namespace graphattn

@@ -1,0 +1,31 @@
+// Per-thread scratch memory, 64-byte aligned, allocated once per parallel
+// region and zero-initialised (padding lanes must read as 0, never garbage).
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <new>
+
+#include "isa_namespace.hpp"
+
+namespace graphattn {
+namespace GRAPHATTN_ISA_NS {
+
+class AlignedFloats {
+public:
+    explicit AlignedFloats(size_t count)
+        : data_(static_cast<float*>(::operator new[](bytes(count), std::align_val_t(64)))) {
+        std::memset(data_, 0, bytes(count));
+    }
+    ~AlignedFloats() { ::operator delete[](data_, std::align_val_t(64)); }
+    AlignedFloats(const AlignedFloats&) = delete;
+    AlignedFloats& operator=(const AlignedFloats&) = delete;
+    float* get() const { return data_; }
+
+private:
+    static size_t bytes(size_t count) { return ((count * sizeof(float) + 63) / 64) * 64; }
+    float* data_;
+};
+
+}  // namespace GRAPHATTN_ISA_NS
+}  // namespace graphattn

@@ -1,0 +1,30 @@
+"""graphattn: fused scaled dot-product attention with oneDNN Graph's API, in Python.
+
+Build a Graph of Ops over LogicalTensors, take its partitions, compile them
+for concrete shapes and execute them on Tensors::
+
+    import graphattn as ga
+    graph = ga.Graph("cpu")
+    ...
+    for partition in graph.get_partitions():
+        compiled = partition.compile(inputs, outputs, ga.Engine("cpu"))
+        compiled.execute(ga.Stream(engine), input_tensors, output_tensors)
+"""
+from ._cpu import cpu_features, forward_isa, thread_count
+from .dtypes import DataType
+from .engine import Engine, Stream
+from .graph import Graph
+from .logical_tensor import Layout, LogicalTensor, Property
+from .ops import Op, OpKind
+from .partition import CompiledPartition, Partition
+from .tensor import Tensor
+from .verbose import set_verbose
+from . import run, testing  # noqa: F401  (ga.run.run_graph, ga.testing)
+from .run import run_graph
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompiledPartition", "DataType", "Engine", "Graph", "Layout", "LogicalTensor", "Op", "OpKind", "Partition",
+    "Property", "Stream", "Tensor", "cpu_features", "forward_isa", "run_graph", "set_verbose", "thread_count",
+]

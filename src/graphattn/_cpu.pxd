@@ -1,0 +1,57 @@
+# Declarations of native/cpu's C++ API (include/graphattn/*.hpp).
+from libc.stdint cimport int32_t, int64_t
+from libcpp cimport bool
+from libcpp.string cimport string
+
+
+cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
+    cpdef enum class DType(int32_t):
+        f32
+        bf16
+        f16
+        boolean
+
+    cpdef enum class MaskKind(int32_t):
+        none
+        additive
+        select
+
+    cdef struct TensorView:
+        const void* data
+        DType dtype
+        int64_t strides[5]
+
+    cdef struct SdpaForwardArgs:
+        int64_t batch[3]
+        int64_t seq_q
+        int64_t seq_kv
+        int64_t head_dim_qk
+        int64_t head_dim_v
+        TensorView query
+        TensorView key
+        TensorView value
+        TensorView mask
+        TensorView output
+        TensorView stats
+        bool has_scale
+        bool scale_is_divisor
+        float scale
+        MaskKind mask_kind
+        bool select_keep_value
+        float select_fill
+        bool causal
+        int64_t causal_offset
+        float causal_fill
+        bool inf_as_zero
+
+    cdef cppclass Status:
+        bool ok
+        string message
+
+    Status sdpa_forward(const SdpaForwardArgs& args) nogil
+    const char* sdpa_forward_isa()
+
+
+cdef extern from "graphattn/cpu_features.hpp" namespace "graphattn":
+    string cpu_features_string()
+    int max_threads()

@@ -1,0 +1,95 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Bindings of native/cpu: argument marshalling only, no math.
+
+A ForwardPlan holds everything a compiled partition knows at compile time
+(shapes, strides, dtypes, flags); ``run`` fills in the data addresses and the
+runtime scalars and calls the kernel with the GIL released.
+"""
+from libc.stdint cimport int64_t, uintptr_t
+
+from graphattn._cpu cimport (DType, MaskKind, SdpaForwardArgs, Status, TensorView, cpu_features_string,
+                             max_threads, sdpa_forward, sdpa_forward_isa)
+
+
+cdef void _set_view(TensorView* view, object spec) except *:
+    # spec = (dtype code, five strides in elements)
+    code, strides = spec
+    view.dtype = <DType>(<int>code)
+    if len(strides) != 5:
+        raise ValueError("a tensor view needs 5 strides (3 batch, row, column)")
+    for i in range(5):
+        view.strides[i] = strides[i]
+
+
+cdef class ForwardPlan:
+    """Compile-time half of a fused forward call."""
+    cdef SdpaForwardArgs args
+
+    def __init__(self, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
+                 query, key, value, output, mask=None, stats=None, *, int mask_kind=0,
+                 bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
+                 bint causal=False, bint inf_as_zero=False):
+        if len(batch) != 3:
+            raise ValueError("batch must have 3 dimensions")
+        for i in range(3):
+            self.args.batch[i] = batch[i]
+        self.args.seq_q = seq_q
+        self.args.seq_kv = seq_kv
+        self.args.head_dim_qk = head_dim_qk
+        self.args.head_dim_v = head_dim_v
+        _set_view(&self.args.query, query)
+        _set_view(&self.args.key, key)
+        _set_view(&self.args.value, value)
+        _set_view(&self.args.output, output)
+        if mask is not None:
+            _set_view(&self.args.mask, mask)
+        if stats is not None:
+            _set_view(&self.args.stats, stats)
+        self.args.mask_kind = <MaskKind>mask_kind
+        self.args.select_keep_value = select_keep_value
+        self.args.has_scale = has_scale
+        self.args.scale_is_divisor = scale_is_divisor
+        self.args.causal = causal
+        self.args.inf_as_zero = inf_as_zero
+
+    def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
+            uintptr_t stats=0, float scale=1.0, int64_t causal_offset=0, float select_fill=float("-inf"),
+            float causal_fill=float("-inf")):
+        """Run the kernel on the given data addresses; raises ValueError on bad arguments."""
+        cdef SdpaForwardArgs local = self.args
+        cdef Status status
+        local.query.data = <const void*>query
+        local.key.data = <const void*>key
+        local.value.data = <const void*>value
+        local.output.data = <const void*>output
+        local.mask.data = <const void*>mask
+        local.stats.data = <const void*>stats
+        local.scale = scale
+        local.causal_offset = causal_offset
+        local.select_fill = select_fill
+        local.causal_fill = causal_fill
+        with nogil:
+            status = sdpa_forward(local)
+        if not status.ok:
+            raise ValueError(status.message.decode())
+
+
+def forward_isa():
+    """Name of the micro-kernel family the forward kernel uses on this CPU."""
+    return sdpa_forward_isa().decode()
+
+
+def cpu_features():
+    """ISA extensions detected on this CPU (and enabled by the OS)."""
+    return cpu_features_string().decode().split()
+
+
+def thread_count():
+    """Number of OpenMP threads the kernels use."""
+    return max_threads()
+
+
+DTYPE_CODES = {"f32": <int>DType.f32, "bf16": <int>DType.bf16, "f16": <int>DType.f16,
+               "boolean": <int>DType.boolean}
+MASK_KIND_CODES = {"none": <int>MaskKind.none, "additive": <int>MaskKind.additive,
+                   "select": <int>MaskKind.select}

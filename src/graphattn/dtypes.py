@@ -1,0 +1,78 @@
+"""The data type table: every fact about a dtype lives here and nowhere else."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+
+class DataType(enum.Enum):
+    """oneDNN Graph data types; ``str(DataType.f32)`` ends with ``f32``."""
+
+    f32 = "f32"
+    bf16 = "bf16"
+    f16 = "f16"
+    boolean = "boolean"
+    s32 = "s32"
+    s64 = "s64"
+
+    def __str__(self) -> str:
+        return f"DataType.{self.value}"
+
+
+@dataclass(frozen=True)
+class DTypeInfo:
+    numpy: np.dtype
+    is_float: bool
+    is_integer: bool
+    kernel_code: int | None  # code of the native kernels' DType enum, None if they do not take it
+
+
+# kernel codes mirror graphattn::DType in native/cpu/include/graphattn/sdpa.hpp
+DTYPES: dict[DataType, DTypeInfo] = {
+    DataType.f32: DTypeInfo(np.dtype(np.float32), True, False, 0),
+    DataType.bf16: DTypeInfo(np.dtype(ml_dtypes.bfloat16), True, False, 1),
+    DataType.f16: DTypeInfo(np.dtype(np.float16), True, False, 2),
+    DataType.boolean: DTypeInfo(np.dtype(np.bool_), False, False, 3),
+    DataType.s32: DTypeInfo(np.dtype(np.int32), False, True, None),
+    DataType.s64: DTypeInfo(np.dtype(np.int64), False, True, None),
+}
+
+FLOAT_TYPES = frozenset(dt for dt, info in DTYPES.items() if info.is_float)
+INTEGER_TYPES = frozenset(dt for dt, info in DTYPES.items() if info.is_integer)
+
+_BY_NUMPY = {info.numpy: dt for dt, info in DTYPES.items()}
+
+
+def as_data_type(value: object) -> DataType:
+    """Accepts a DataType, its name ("f32"), or any enum member whose str() ends with the name."""
+    if isinstance(value, DataType):
+        return value
+    if isinstance(value, str):
+        name = value
+    elif isinstance(value, enum.Enum):
+        name = str(value).rsplit(".", 1)[-1]
+    else:
+        raise TypeError(f"dtype must be one of {[d.value for d in DataType]} or a DataType, got {value!r}")
+    try:
+        return DataType(name)
+    except ValueError:
+        raise ValueError(f"unknown dtype {value!r}; expected one of {[d.value for d in DataType]}") from None
+
+
+def numpy_dtype(dt: DataType) -> np.dtype:
+    return DTYPES[dt].numpy
+
+
+def from_numpy(dtype: np.dtype) -> DataType:
+    try:
+        return _BY_NUMPY[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"NumPy dtype {np.dtype(dtype)} has no graphattn equivalent; "
+                        f"supported: {[str(i.numpy) for i in DTYPES.values()]}") from None
+
+
+def is_float(dt: DataType) -> bool:
+    return DTYPES[dt].is_float

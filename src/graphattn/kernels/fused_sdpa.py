@@ -1,0 +1,185 @@
+"""The fused SDPA forward kernel of native/cpu, bound to one matched, compiled partition.
+
+At compile time every operand becomes a 5-dim strided view (3 batch dims, row,
+column): view ops are folded into strides, broadcast dims get stride 0, and
+the output reorder is folded backwards into the output strides.  `build`
+returns None with the reason when the partition's shapes or layouts are
+outside what the kernel takes; the partition then runs on the reference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _cpu
+from ..dtypes import DTYPES, DataType, FLOAT_TYPES
+from ..ops import OpKind
+from ..patterns.sdpa import InputChain, SdpaMatch
+from ..views import reshape_strides, transpose_strides, untranspose_strides
+
+KERNEL_BATCH_DIMS = 3
+
+
+class NotUsable(Exception):
+    """The fused kernel cannot take this partition; the message says why."""
+
+
+@dataclass
+class _View:
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+def _apply_chain(chain: InputChain, lts, shapes) -> _View:
+    lt = lts[chain.tensor_id]
+    view = _View(lt.shape, lt.strides)
+    for op in chain.ops:
+        out_shape = shapes[op.outputs[0].id]
+        if op.kind == OpKind.StaticTranspose:
+            order = [a % len(view.shape) for a in op.attrs["order"]]
+            view = _View(out_shape, transpose_strides(view.strides, order))
+        else:
+            strides = reshape_strides(view.shape, view.strides, out_shape)
+            if strides is None:
+                raise NotUsable(f"{op.where} would need a copy of tensor {chain.tensor_id} with strides {lt.strides}")
+            view = _View(out_shape, strides)
+    return view
+
+
+def _swap_last(view: _View) -> _View:
+    return _View(view.shape[:-2] + view.shape[-2:][::-1], view.strides[:-2] + view.strides[-2:][::-1])
+
+
+def _kernel_strides(view: _View, batch: tuple[int, ...], rows: int, cols: int, name: str) -> tuple[int, ...]:
+    """Five kernel strides of `view` broadcast to batch + (rows, cols); size-1 dims get stride 0."""
+    rank = len(view.shape)
+    if rank < 2 or rank - 2 > len(batch):
+        raise NotUsable(f"{name} has rank {rank}; the kernel takes 2 to {len(batch) + 2}")
+    padded_batch = (1,) * (KERNEL_BATCH_DIMS - len(batch)) + tuple(batch)
+    strides = []
+    for axis in range(KERNEL_BATCH_DIMS):
+        view_axis = axis - (KERNEL_BATCH_DIMS + 2 - rank)
+        dim = view.shape[view_axis] if view_axis >= 0 else 1
+        if dim not in (1, padded_batch[axis]):
+            raise NotUsable(f"{name} batch shape {view.shape[:-2]} does not broadcast to {tuple(batch)}")
+        strides.append(view.strides[view_axis] if dim != 1 else 0)
+    for dim, stride, want in ((view.shape[-2], view.strides[-2], rows), (view.shape[-1], view.strides[-1], cols)):
+        if dim not in (1, want):
+            raise NotUsable(f"{name} matrix shape {view.shape[-2:]} does not broadcast to ({rows}, {cols})")
+        strides.append(stride if dim != 1 else 0)
+    return tuple(strides)
+
+
+def _scalar_chain(chain: InputChain | None, lts, what: str) -> InputChain | None:
+    if chain is not None and lts[chain.tensor_id].numel() != 1:
+        raise NotUsable(f"{what} (tensor {chain.tensor_id}) has shape {lts[chain.tensor_id].shape}; "
+                        "the kernel takes a single value")
+    return chain
+
+
+def _code(dtype: DataType, allowed, what: str) -> int:
+    if dtype not in allowed:
+        raise NotUsable(f"{what} dtype {dtype.value} is not supported by the kernel")
+    return DTYPES[dtype].kernel_code
+
+
+def _scalar(array: np.ndarray) -> float:
+    return array.reshape(-1)[0].item()
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+class FusedSdpaForward:
+    """Runs one matched SDPA forward partition with graphattn::sdpa_forward."""
+
+    name = "sdpa_forward_cpu"
+
+    def __init__(self, match: SdpaMatch, lts: dict, shapes: dict):
+        self.match = match
+        m = match
+        q = _apply_chain(m.query, lts, shapes)
+        k = _apply_chain(m.key, lts, shapes)
+        v = _apply_chain(m.value, lts, shapes)
+        if m.qk.attrs["transpose_a"]:
+            q = _swap_last(q)
+        if not m.qk.attrs["transpose_b"]:
+            k = _swap_last(k)
+        if m.pv.attrs["transpose_b"]:
+            v = _swap_last(v)
+        seq_q, head_dim = q.shape[-2:]
+        seq_kv, head_dim_v = k.shape[-2], v.shape[-1]
+        masked_shape = shapes[m.softmax.inputs[0].id]
+        if masked_shape[-2:] != (seq_q, seq_kv):
+            raise NotUsable(f"the mask broadcasts the scores from {(seq_q, seq_kv)} to {masked_shape[-2:]}")
+        batch = shapes[m.pv.outputs[0].id][:-2]
+        if len(batch) > KERNEL_BATCH_DIMS:
+            raise NotUsable(f"{len(batch)} batch dims; the kernel takes at most {KERNEL_BATCH_DIMS}")
+        for name, lt in (("query", lts[m.query.tensor_id]), ("key", lts[m.key.tensor_id]),
+                         ("value", lts[m.value.tensor_id]), ("output", lts[m.output_id])):
+            _code(lt.dtype, FLOAT_TYPES, name)
+
+        views = {
+            "query": (_code(lts[m.query.tensor_id].dtype, FLOAT_TYPES, "query"),
+                      _kernel_strides(q, batch, seq_q, head_dim, "query")),
+            "key": (_code(lts[m.key.tensor_id].dtype, FLOAT_TYPES, "key"),
+                    _kernel_strides(k, batch, seq_kv, head_dim, "key")),
+            "value": (_code(lts[m.value.tensor_id].dtype, FLOAT_TYPES, "value"),
+                      _kernel_strides(v, batch, seq_kv, head_dim_v, "value")),
+            "output": (_code(lts[m.output_id].dtype, FLOAT_TYPES, "output"),
+                       _kernel_strides(self._output_view(lts, shapes), batch, seq_q, head_dim_v, "output")),
+        }
+        if m.mask is not None:
+            allowed = FLOAT_TYPES if m.mask_kind == "additive" else {DataType.boolean}
+            views["mask"] = (_code(lts[m.mask.tensor_id].dtype, allowed, "mask"),
+                             _kernel_strides(_apply_chain(m.mask, lts, shapes), batch, seq_q, seq_kv, "mask"))
+        if m.stats_id is not None:
+            stats = lts[m.stats_id]
+            views["stats"] = (_code(stats.dtype, {DataType.f32}, "stats"),
+                              _kernel_strides(_View(stats.shape, stats.strides), batch, seq_q, 1, "stats"))
+        self.scale = _scalar_chain(m.scale, lts, "scale")
+        self.select_fill = _scalar_chain(m.select_fill, lts, "Select fill value")
+        self.causal_fill = _scalar_chain(m.causal.fill, lts, "causal fill value") if m.causal else None
+        self.causal_terms = [(_scalar_chain(c, lts, "causal index offset"), s) for c, s in m.causal.terms] \
+            if m.causal else []
+        padded = (1,) * (KERNEL_BATCH_DIMS - len(batch)) + tuple(batch)
+        self.plan = _cpu.ForwardPlan(
+            padded, seq_q, seq_kv, head_dim, head_dim_v, views["query"], views["key"], views["value"],
+            views["output"], views.get("mask"), views.get("stats"),
+            mask_kind=_cpu.MASK_KIND_CODES[m.mask_kind], select_keep_value=m.select_keep_value,
+            has_scale=m.scale is not None, scale_is_divisor=m.scale_op is not None and m.scale_op.kind == OpKind.Divide,
+            causal=m.causal is not None, inf_as_zero=m.softmax.attrs["mode"] == "inf_as_zero")
+        self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
+                           f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None}")
+
+    def _output_view(self, lts, shapes) -> _View:
+        out = lts[self.match.output_id]
+        view = _View(out.shape, out.strides)
+        for op in reversed(self.match.output_ops):
+            in_shape = shapes[op.inputs[0].id]
+            if op.kind == OpKind.StaticTranspose:
+                order = [a % len(in_shape) for a in op.attrs["order"]]
+                view = _View(in_shape, untranspose_strides(view.strides, order))
+            else:
+                strides = reshape_strides(view.shape, view.strides, in_shape)
+                if strides is None:
+                    raise NotUsable(f"{op.where}: output strides {out.strides} cannot be reached without a copy")
+                view = _View(in_shape, strides)
+        return view
+
+    def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
+        m = self.match
+        causal_offset = 0
+        if m.causal:
+            causal_offset = m.causal.adjust + sum(sign * int(_scalar(inputs[c.tensor_id])) for c, sign in self.causal_terms)
+        self.plan.run(
+            _address(inputs[m.query.tensor_id]), _address(inputs[m.key.tensor_id]), _address(inputs[m.value.tensor_id]),
+            _address(outputs[m.output_id]),
+            mask=_address(inputs[m.mask.tensor_id]) if m.mask is not None else 0,
+            stats=_address(outputs[m.stats_id]) if m.stats_id is not None else 0,
+            scale=_scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0,
+            causal_offset=causal_offset,
+            select_fill=_scalar(inputs[self.select_fill.tensor_id]) if self.select_fill is not None else float("-inf"),
+            causal_fill=_scalar(inputs[self.causal_fill.tensor_id]) if self.causal_fill is not None else float("-inf"))

@@ -1,0 +1,248 @@
+"""Partitions (fused or single-op subgraphs) and their compiled, executable form."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from . import verbose
+from .engine import Engine, Stream
+from .kernels.fused_sdpa import FusedSdpaForward, NotUsable
+from .kernels.reference import ReferenceKernel
+from .logical_tensor import LogicalTensor
+from .ops import Op, OpKind
+from .patterns.sdpa import NoMatch, SdpaMatch, match_sdpa
+from .tensor import Tensor, element_strides
+
+
+class Partition:
+    """A set of ops compiled and executed as one unit.
+
+    kind is "sdpa_forward" for a fused attention pattern, "op" for a single
+    op run by the reference executor.  Every partition is supported.
+    """
+
+    def __init__(self, graph, partition_id: int, ops: list[Op], kind: str, match: SdpaMatch | None = None,
+                 reason: str = ""):
+        self.id = partition_id
+        self.kind = kind
+        self.reason = reason
+        self._graph = graph
+        self._ops = ops
+        self._match = match
+        op_ids = {op.id for op in ops}
+        produced = {lt.id for op in ops for lt in op.outputs}
+        self._inputs: list[LogicalTensor] = []
+        for op in ops:
+            for lt in op.inputs:
+                if lt.id not in produced and lt.id not in {t.id for t in self._inputs}:
+                    self._inputs.append(graph.tensor(lt.id))
+        self._outputs: list[LogicalTensor] = []
+        for op in ops:
+            for lt in op.outputs:
+                used_outside = any(c.id not in op_ids for c in graph.consumers(lt.id))
+                if used_outside or not graph.consumers(lt.id) or graph.is_marked_output(lt.id):
+                    self._outputs.append(graph.tensor(lt.id))
+
+    def is_supported(self) -> bool:
+        return True
+
+    def get_ops(self) -> list[int]:
+        return [op.id for op in self._ops]
+
+    def get_ops_num(self) -> int:
+        return len(self._ops)
+
+    def get_input_ports(self) -> list[LogicalTensor]:
+        return list(self._inputs)
+
+    def get_output_ports(self) -> list[LogicalTensor]:
+        return list(self._outputs)
+
+    def compile(self, inputs: Sequence[LogicalTensor], outputs: Sequence[LogicalTensor], engine: Engine):
+        if not isinstance(engine, Engine):
+            raise TypeError(f"partition {self.id}: compile needs an Engine, got {type(engine).__name__}")
+        lts = self._concrete_inputs(inputs)
+        shapes = self._infer_shapes(lts)
+        lts.update(self._concrete_outputs(outputs, shapes))
+        kernel = self._choose_kernel(lts, shapes)
+        return CompiledPartition(self, [lts[t.id] for t in self._inputs], [lts[t.id] for t in self._outputs], kernel)
+
+    # ---- compile steps -------------------------------------------------------------
+    def _where(self, lt_id: int) -> str:
+        return f"partition {self.id}: tensor {lt_id}"
+
+    def _concrete_inputs(self, inputs) -> dict[int, LogicalTensor]:
+        given = _by_id(inputs, f"partition {self.id}: compile inputs")
+        lts = {}
+        for port in self._inputs:
+            lt = given.pop(port.id, None)
+            if lt is None:
+                raise ValueError(f"{self._where(port.id)}: compile is missing this input logical tensor "
+                                 f"(input ports are {[t.id for t in self._inputs]})")
+            if not lt.is_shape_known():
+                raise ValueError(f"{self._where(port.id)}: compile needs a concrete shape, got {lt.shape}")
+            _check_matches_port(lt, port, self._where(port.id))
+            lts[port.id] = lt
+        if given:
+            raise ValueError(f"partition {self.id}: compile got logical tensors {sorted(given)} that are not "
+                             f"input ports (input ports are {[t.id for t in self._inputs]})")
+        return lts
+
+    def _infer_shapes(self, lts) -> dict[int, tuple[int, ...]]:
+        shapes = {tid: lt.shape for tid, lt in lts.items()}
+        for op in self._ops:
+            inferred = op.schema.infer(op.attrs, [shapes[lt.id] for lt in op.inputs], op.where)
+            for lt, shape in zip(op.outputs, inferred):
+                declared = self._graph.tensor(lt.id).shape
+                if len(declared) != len(shape) or any(d not in (-1, s) for d, s in zip(declared, shape)):
+                    raise ValueError(f"{op.where}: output tensor {lt.id} is declared {declared} "
+                                     f"but the op produces {tuple(shape)} for these input shapes")
+                shapes[lt.id] = tuple(shape)
+        return shapes
+
+    def _concrete_outputs(self, outputs, shapes) -> dict[int, LogicalTensor]:
+        given = _by_id(outputs, f"partition {self.id}: compile outputs")
+        lts = {}
+        for port in self._outputs:
+            lt = given.pop(port.id, None) or port
+            _check_matches_port(lt, port, self._where(port.id))
+            shape = shapes[port.id]
+            if any(d not in (-1, s) for d, s in zip(lt.shape, shape)):
+                raise ValueError(f"{self._where(port.id)}: output declared {lt.shape} but the partition produces {shape}")
+            lts[port.id] = lt.with_shape(shape, lt.strides if lt.has_explicit_strides else None)
+        if given:
+            raise ValueError(f"partition {self.id}: compile got logical tensors {sorted(given)} that are not "
+                             f"output ports (output ports are {[t.id for t in self._outputs]})")
+        return lts
+
+    def _choose_kernel(self, lts, shapes):
+        if self._match is not None:
+            try:
+                kernel = FusedSdpaForward(self._match, lts, shapes)
+                verbose.log("compile", f"partition={self.id}", kernel.name, f"isa={_isa()}", kernel.shape_text)
+                return kernel
+            except NotUsable as why:
+                verbose.log("compile", f"partition={self.id}", "reference", f"fused kernel not usable: {why}")
+                return ReferenceKernel(self._ops, str(why))
+        verbose.log("compile", f"partition={self.id}", "reference", self.reason)
+        return ReferenceKernel(self._ops, self.reason)
+
+    def __repr__(self) -> str:
+        return f"Partition(id={self.id}, kind={self.kind}, ops={self.get_ops()})"
+
+
+def _isa() -> str:
+    from . import _cpu
+    return _cpu.forward_isa()
+
+
+def _by_id(lts, what: str) -> dict[int, LogicalTensor]:
+    result: dict[int, LogicalTensor] = {}
+    for lt in lts:
+        if not isinstance(lt, LogicalTensor):
+            raise TypeError(f"{what}: expected LogicalTensors, got {type(lt).__name__}")
+        if lt.id in result:
+            raise ValueError(f"{what}: logical tensor id {lt.id} appears twice")
+        result[lt.id] = lt
+    return result
+
+
+def _check_matches_port(lt: LogicalTensor, port: LogicalTensor, where: str) -> None:
+    if lt.dtype != port.dtype:
+        raise TypeError(f"{where}: dtype {lt.dtype.value} differs from the graph's {port.dtype.value}")
+    if lt.ndim != port.ndim or any(p not in (-1, d) for p, d in zip(port.shape, lt.shape)):
+        raise ValueError(f"{where}: shape {lt.shape} is incompatible with the graph's {port.shape}")
+
+
+class CompiledPartition:
+    """A partition compiled for concrete shapes and layouts; execute runs it."""
+
+    def __init__(self, partition: Partition, inputs: list[LogicalTensor], outputs: list[LogicalTensor], kernel):
+        self.partition = partition
+        self.inputs = inputs
+        self.outputs = outputs
+        self.kernel = kernel
+        self._lts = {lt.id: lt for lt in inputs + outputs}
+
+    @property
+    def kernel_name(self) -> str:
+        return self.kernel.name
+
+    def query_logical_tensor(self, tensor_id: int) -> LogicalTensor:
+        try:
+            return self._lts[tensor_id]
+        except KeyError:
+            raise ValueError(f"partition {self.partition.id}: tensor {tensor_id} is neither an input nor an "
+                             f"output port") from None
+
+    def execute(self, stream: Stream, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> None:
+        if not isinstance(stream, Stream):
+            raise TypeError(f"execute needs a Stream, got {type(stream).__name__}")
+        in_arrays = self._bind(inputs, self.inputs, "inputs")
+        out_arrays = self._bind(outputs, self.outputs, "outputs")
+        if verbose.enabled():
+            import time
+            start = time.perf_counter()
+            self.kernel.execute(in_arrays, out_arrays)
+            elapsed = (time.perf_counter() - start) * 1e3
+            verbose.log("exec", f"partition={self.partition.id}", self.kernel.name,
+                        getattr(self.kernel, "shape_text", f"ops={self.partition.get_ops()}"), f"{elapsed:.4f}ms")
+        else:
+            self.kernel.execute(in_arrays, out_arrays)
+
+    def _bind(self, tensors: Sequence[Tensor], ports: list[LogicalTensor], what: str) -> dict[int, np.ndarray]:
+        where = f"partition {self.partition.id}: execute"
+        if len(tensors) != len(ports):
+            raise ValueError(f"{where} got {len(tensors)} {what}, expected {len(ports)} (ids {[p.id for p in ports]})")
+        by_id = {}
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{where}: {what} must be Tensors, got {type(t).__name__}")
+            by_id[t.id] = t
+        arrays = {}
+        for port in ports:
+            tensor = by_id.get(port.id)
+            if tensor is None:
+                raise ValueError(f"{where}: no tensor given for {what[:-1]} port {port.id}")
+            arrays[port.id] = _checked_array(tensor.data, port, where)
+        return arrays
+
+
+def _checked_array(data: np.ndarray, lt: LogicalTensor, where: str) -> np.ndarray:
+    if data.shape != lt.shape:
+        raise ValueError(f"{where}: tensor {lt.id} has shape {data.shape}, compiled for {lt.shape}")
+    if data.size:
+        strides = element_strides(data)
+        if any(a != b for a, b, d in zip(strides, lt.strides, lt.shape) if d != 1):
+            raise ValueError(f"{where}: tensor {lt.id} has strides {strides}, compiled for {lt.strides}; "
+                             "compile with LogicalTensor(..., strides=...) matching the array")
+    return data
+
+
+def build_partitions(graph, policy: str) -> list[Partition]:
+    """Fused SDPA partitions first, then one partition per remaining op, in topological order."""
+    order = graph.ops
+    position = {op.id: i for i, op in enumerate(order)}
+    claimed: set[int] = set()
+    groups: list[tuple[list[Op], str, SdpaMatch | None, str]] = []
+    if policy == "fusion":
+        for op in order:
+            if op.kind != OpKind.SoftMax or op.id in claimed:
+                continue
+            try:
+                match = match_sdpa(graph, op)
+            except NoMatch as why:
+                verbose.log("pattern", f"softmax={op.id}", "not fused", why)
+                continue
+            ops = sorted(match.all_ops(), key=lambda o: position[o.id])
+            if any(o.id in claimed for o in ops):
+                continue
+            claimed.update(o.id for o in ops)
+            groups.append((ops, "sdpa_forward", match, "fused sdpa forward"))
+    for op in order:
+        if op.id not in claimed and op.kind != OpKind.End:
+            reason = "debug policy" if policy == "debug" else "no fusion pattern covers this op"
+            groups.append(([op], "op", None, reason))
+    groups.sort(key=lambda g: position[g[0][-1].id])
+    return [Partition(graph, i, ops, kind, match, reason) for i, (ops, kind, match, reason) in enumerate(groups)]

@@ -1,0 +1,256 @@
+"""The SDPA forward pattern of the oneDNN Graph spec, matched around each SoftMax:
+
+    MatMul(Q, K) -> [Multiply | Divide by scale]
+                 -> [Add float mask | Select bool mask | implicit causal Select]
+                 -> SoftMax[+stats] -> MatMul(P, V) -> [StaticTranspose] [StaticReshape]
+
+Each external input may arrive through StaticReshape / StaticTranspose ops
+(the 4D GQA form reshapes Q to (N, Hkv, rep, S, D) and K/V to (N, Hkv, 1, S, D)).
+The implicit causal mask is GenIndex(row), GenIndex(col), optional Add/Subtract
+of scalar tensors on either index, GreaterEqual or GreaterThan, and Select
+with a fill value; it is fused when it keeps scores with j - i <= offset
+(top-left: offset 0; bottom-right: offset s_kv - s_q).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ops import Op, OpKind
+
+VIEW_KINDS = (OpKind.StaticReshape, OpKind.StaticTranspose)
+SCALE_KINDS = (OpKind.Multiply, OpKind.Divide)
+
+
+@dataclass
+class InputChain:
+    """A partition input and the view ops that lead from it to its use."""
+    tensor_id: int
+    ops: list[Op] = field(default_factory=list)
+
+
+@dataclass
+class CausalSpec:
+    """keep(i, j) iff j - i <= sum(sign * value(tensor)) + adjust."""
+    terms: list[tuple[InputChain, int]]
+    adjust: int
+    fill: InputChain
+    ops: list[Op]
+
+
+@dataclass
+class SdpaMatch:
+    qk: Op
+    softmax: Op
+    pv: Op
+    query: InputChain
+    key: InputChain
+    value: InputChain
+    scale_op: Op | None = None
+    scale: InputChain | None = None
+    mask_op: Op | None = None
+    mask_kind: str = "none"          # none | additive | select
+    mask: InputChain | None = None
+    select_keep_value: bool = True   # Select keeps the score where the mask equals this
+    select_fill: InputChain | None = None
+    causal: CausalSpec | None = None
+    output_ops: list[Op] = field(default_factory=list)
+    output_id: int = -1
+    stats_id: int | None = None
+
+    def all_ops(self) -> list[Op]:
+        ops = [self.qk, self.softmax, self.pv]
+        ops += [op for op in (self.scale_op, self.mask_op) if op is not None]
+        for chain in self.input_chains():
+            ops += chain.ops
+        if self.causal:
+            ops += self.causal.ops
+        return ops + self.output_ops
+
+    def input_chains(self) -> list[InputChain]:
+        chains = [self.query, self.key, self.value, self.scale, self.mask, self.select_fill]
+        if self.causal:
+            chains += [self.causal.fill] + [c for c, _ in self.causal.terms]
+        return [c for c in chains if c is not None]
+
+
+class NoMatch(Exception):
+    """The subgraph around a SoftMax is not the SDPA pattern; the message says why."""
+
+
+def _sole_consumer(graph, tensor_id: int, what: str) -> Op:
+    consumers = graph.consumers(tensor_id)
+    if len(consumers) != 1:
+        raise NoMatch(f"{what} (tensor {tensor_id}) has {len(consumers)} consumers, the pattern needs 1")
+    return consumers[0]
+
+
+def _input_chain(graph, tensor_id: int) -> InputChain:
+    """Walks up through view ops whose output is used only by the next op of the chain."""
+    ops: list[Op] = []
+    current = tensor_id
+    while True:
+        producer = graph.producer(current)
+        if producer is None or producer.kind not in VIEW_KINDS or len(graph.consumers(current)) != 1 \
+                or graph.is_marked_output(current):
+            return InputChain(current, list(reversed(ops)))
+        ops.append(producer)
+        current = producer.inputs[0].id
+
+
+def _output_chain(graph, tensor_id: int) -> tuple[list[Op], int]:
+    ops: list[Op] = []
+    current = tensor_id
+    while not graph.is_marked_output(current):
+        consumers = graph.consumers(current)
+        if len(consumers) != 1 or consumers[0].kind not in VIEW_KINDS:
+            break
+        ops.append(consumers[0])
+        current = consumers[0].outputs[0].id
+    return ops, current
+
+
+def _trace_scores(graph, tensor_id: int, match_parts: dict) -> None:
+    """From the masked-score tensor up to MatMul(Q, K): optional scale, then the MatMul."""
+    producer = graph.producer(tensor_id)
+    if producer is not None and producer.kind in SCALE_KINDS:
+        scale_op = producer
+        candidates = [0, 1] if producer.kind == OpKind.Multiply else [0]
+        for score_index in candidates:
+            inner = graph.producer(producer.inputs[score_index].id)
+            if inner is not None and inner.kind == OpKind.MatMul:
+                match_parts["scale_op"] = scale_op
+                match_parts["scale"] = _input_chain(graph, producer.inputs[1 - score_index].id)
+                match_parts["qk"] = inner
+                return
+        raise NoMatch(f"{producer.where} does not scale the output of a MatMul")
+    if producer is not None and producer.kind == OpKind.MatMul:
+        match_parts["qk"] = producer
+        return
+    raise NoMatch(f"tensor {tensor_id} before the mask is not produced by MatMul or a scale op")
+
+
+def _score_side(graph, op: Op, indices) -> int | None:
+    for i in indices:
+        producer = graph.producer(op.inputs[i].id)
+        if producer is not None and producer.kind in SCALE_KINDS + (OpKind.MatMul,):
+            return i
+    return None
+
+
+def _index_expr(graph, tensor_id: int, score_ids: set[int]):
+    """(axis 'row'|'col', [(chain, sign)], ops) for GenIndex [+/- scalar inputs]."""
+    producer = graph.producer(tensor_id)
+    if producer is None:
+        raise NoMatch(f"causal mask index tensor {tensor_id} has no producer")
+    if producer.kind == OpKind.GenIndex:
+        if producer.inputs[0].id not in score_ids:
+            raise NoMatch(f"{producer.where} does not index the attention scores")
+        rank = producer.inputs[0].ndim
+        axis = producer.attrs["axis"] % rank
+        if axis not in (rank - 2, rank - 1):
+            raise NoMatch(f"{producer.where} indexes axis {axis}, not a sequence axis")
+        return ("row" if axis == rank - 2 else "col"), [], [producer]
+    if producer.kind in (OpKind.Add, OpKind.Subtract):
+        sides = [0, 1] if producer.kind == OpKind.Add else [0]
+        for expr_side in sides:
+            try:
+                axis, terms, ops = _index_expr(graph, producer.inputs[expr_side].id, score_ids)
+            except NoMatch:
+                continue
+            sign = -1 if producer.kind == OpKind.Subtract else 1
+            term = _input_chain(graph, producer.inputs[1 - expr_side].id)
+            return axis, terms + [(term, sign)], ops + term.ops + [producer]
+    raise NoMatch(f"{producer.where} is not part of an implicit causal mask")
+
+
+def _causal(graph, select: Op, compare: Op, score_side: int, score_ids: set[int]) -> CausalSpec:
+    lhs_axis, lhs_terms, lhs_ops = _index_expr(graph, compare.inputs[0].id, score_ids)
+    rhs_axis, rhs_terms, rhs_ops = _index_expr(graph, compare.inputs[1].id, score_ids)
+    if {lhs_axis, rhs_axis} != {"row", "col"}:
+        raise NoMatch(f"{compare.where} must compare a row index with a column index")
+    row_terms, col_terms = (lhs_terms, rhs_terms) if lhs_axis == "row" else (rhs_terms, lhs_terms)
+    terms = row_terms + [(chain, -sign) for chain, sign in col_terms]
+    strict = compare.kind == OpKind.GreaterThan
+    # cond is (row + A) >= (col + B) i.e. j - i <= A - B, or the mirrored forms.
+    if lhs_axis == "row":
+        keeps_below, adjust = True, (-1 if strict else 0)
+    else:
+        keeps_below, adjust = False, (1 if strict else 0)
+    if score_side == 2:  # Select(cond, fill, score): the score survives where cond is false
+        keeps_below, adjust = (not keeps_below), (adjust + 1 if keeps_below else adjust - 1)
+    if not keeps_below:
+        raise NoMatch(f"{select.where} keeps scores above the diagonal (j - i >= offset): not a causal mask")
+    fill = _input_chain(graph, select.inputs[3 - score_side].id)
+    ops = [compare] + lhs_ops + rhs_ops + fill.ops
+    return CausalSpec(terms, adjust, fill, ops)
+
+
+def match_sdpa(graph, softmax: Op) -> SdpaMatch:
+    """Matches the SDPA forward pattern around `softmax`; raises NoMatch with the reason."""
+    rank = softmax.inputs[0].ndim
+    if softmax.attrs["axis"] % rank != rank - 1:
+        raise NoMatch(f"{softmax.where} normalises axis {softmax.attrs['axis']}, not the last one")
+    pv = _sole_consumer(graph, softmax.outputs[0].id, "SoftMax output")
+    if pv.kind == OpKind.Dropout:
+        raise NoMatch(f"{pv.where}: Dropout inside SDPA is fused by the training kernels, not yet available")
+    if pv.kind != OpKind.MatMul or pv.inputs[0].id != softmax.outputs[0].id or pv.attrs["transpose_a"]:
+        raise NoMatch(f"SoftMax output feeds {pv.where}, not the first input of MatMul(P, V)")
+    parts: dict = {}
+    masked = softmax.inputs[0].id
+    mask_op = graph.producer(masked)
+    if mask_op is not None and mask_op.kind == OpKind.Select:
+        score_side = _score_side(graph, mask_op, (1, 2))
+        if score_side is None:
+            raise NoMatch(f"{mask_op.where} selects between no attention scores")
+        _trace_scores(graph, mask_op.inputs[score_side].id, parts)
+        score_ids = {parts["qk"].outputs[0].id, mask_op.inputs[score_side].id}
+        compare = graph.producer(mask_op.inputs[0].id)
+        if compare is not None and compare.kind in (OpKind.GreaterEqual, OpKind.GreaterThan) \
+                and any(graph.producer(t.id) is not None for t in compare.inputs):
+            parts["causal"] = _causal(graph, mask_op, compare, score_side, score_ids)
+        else:
+            parts["mask_kind"] = "select"
+            parts["mask"] = _input_chain(graph, mask_op.inputs[0].id)
+            parts["select_keep_value"] = score_side == 1
+            parts["select_fill"] = _input_chain(graph, mask_op.inputs[3 - score_side].id)
+        parts["mask_op"] = mask_op
+    elif mask_op is not None and mask_op.kind == OpKind.Add:
+        score_side = _score_side(graph, mask_op, (0, 1))
+        if score_side is None:
+            raise NoMatch(f"{mask_op.where} adds no attention scores")
+        _trace_scores(graph, mask_op.inputs[score_side].id, parts)
+        parts.update(mask_op=mask_op, mask_kind="additive",
+                     mask=_input_chain(graph, mask_op.inputs[1 - score_side].id))
+    else:
+        _trace_scores(graph, masked, parts)
+    qk = parts.pop("qk")
+    output_ops, output_id = _output_chain(graph, pv.outputs[0].id)
+    match = SdpaMatch(qk=qk, softmax=softmax, pv=pv,
+                      query=_input_chain(graph, qk.inputs[0].id), key=_input_chain(graph, qk.inputs[1].id),
+                      value=_input_chain(graph, pv.inputs[1].id), output_ops=output_ops, output_id=output_id,
+                      stats_id=softmax.outputs[1].id if len(softmax.outputs) > 1 else None, **parts)
+    _check_intermediates(graph, match)
+    return match
+
+
+def _check_intermediates(graph, match: SdpaMatch) -> None:
+    """Every tensor made inside the pattern must be used only inside it (outputs aside)."""
+    ops = match.all_ops()
+    op_ids = {op.id for op in ops}
+    if len(op_ids) != len(ops):
+        raise NoMatch("an op appears twice in the matched subgraph")
+    outputs = {match.output_id} | ({match.stats_id} if match.stats_id is not None else set())
+    pattern_inputs = {chain.tensor_id for chain in match.input_chains()}
+    for op in ops:
+        for lt in op.inputs:
+            producer = graph.producer(lt.id)
+            if lt.id not in pattern_inputs and (producer is None or producer.id not in op_ids):
+                raise NoMatch(f"{op.where} reads tensor {lt.id} from outside the pattern")
+        for lt in op.outputs:
+            if lt.id in outputs:
+                continue
+            if graph.is_marked_output(lt.id):
+                raise NoMatch(f"intermediate tensor {lt.id} of {op.where} is marked as an output by End")
+            outside = [c for c in graph.consumers(lt.id) if c.id not in op_ids]
+            if outside or not graph.consumers(lt.id):
+                raise NoMatch(f"intermediate tensor {lt.id} of {op.where} is also used outside the pattern")

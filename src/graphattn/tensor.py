@@ -1,0 +1,50 @@
+"""Tensor: a logical tensor bound to data on an engine."""
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import numpy_dtype
+from .engine import Engine
+from .logical_tensor import LogicalTensor
+
+
+def element_strides(array: np.ndarray) -> tuple[int, ...]:
+    """NumPy byte strides converted to element strides; raises if they are not whole elements."""
+    itemsize = array.itemsize
+    if any(s % itemsize for s in array.strides):
+        raise ValueError(f"array strides {array.strides} are not multiples of the element size {itemsize}")
+    return tuple(s // itemsize for s in array.strides)
+
+
+class Tensor:
+    """Binds a LogicalTensor to a NumPy array (strided views accepted, never copied)."""
+
+    __slots__ = ("logical_tensor", "engine", "data")
+
+    def __init__(self, logical_tensor: LogicalTensor, engine: Engine, data):
+        if not isinstance(logical_tensor, LogicalTensor):
+            raise TypeError(f"Tensor needs a LogicalTensor, got {type(logical_tensor).__name__}")
+        if not isinstance(engine, Engine):
+            raise TypeError(f"Tensor needs an Engine, got {type(engine).__name__}")
+        if not isinstance(data, np.ndarray):
+            raise TypeError(f"tensor {logical_tensor.id}: data must be a NumPy array, got {type(data).__name__}")
+        lt = logical_tensor
+        expected = numpy_dtype(lt.dtype)
+        if data.dtype != expected:
+            raise TypeError(f"tensor {lt.id}: data dtype {data.dtype} does not match the logical tensor's "
+                            f"{lt.dtype.value} ({expected})")
+        if data.ndim != lt.ndim or any(d not in (-1, s) for d, s in zip(lt.shape, data.shape)):
+            raise ValueError(f"tensor {lt.id}: data shape {data.shape} does not match the logical tensor's {lt.shape}")
+        self.logical_tensor = lt
+        self.engine = engine
+        self.data = data
+
+    @property
+    def id(self) -> int:
+        return self.logical_tensor.id
+
+    def get_data_handle(self) -> np.ndarray:
+        return self.data
+
+    def __repr__(self) -> str:
+        return f"Tensor(id={self.id}, shape={self.data.shape}, dtype={self.logical_tensor.dtype.value})"

@@ -1,0 +1,227 @@
+"""Helpers for checking graphattn against its reference: tolerances, random data, SDPA graph builders.
+
+TOLERANCES is the one place where the accepted error of a fused kernel
+against the float64 reference executor is stated, per output dtype.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .dtypes import DataType, as_data_type, numpy_dtype
+from .graph import Graph
+from .logical_tensor import LogicalTensor
+from .ops import Op
+
+# (rtol, atol) of a fused kernel's result against the reference executor.
+# bf16/f16: the output itself is rounded to 8/11 significant bits, so one
+# rounding step of a value near 2 must pass.
+TOLERANCES: dict[DataType, tuple[float, float]] = {
+    DataType.f32: (1e-4, 1e-5),
+    DataType.bf16: (2e-2, 2e-2),
+    DataType.f16: (2e-3, 2e-3),
+}
+# stats (logsumexp) are f32 whatever the input dtype.
+STATS_TOLERANCE = (1e-4, 1e-4)
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, dtype, what: str = "result",
+                 tolerance: tuple[float, float] | None = None) -> None:
+    """Asserts equal NaN and infinity positions and |actual - expected| <= atol + rtol * |expected| elsewhere."""
+    rtol, atol = tolerance or TOLERANCES[as_data_type(dtype)]
+    a = np.asarray(actual).astype(np.float64)
+    e = np.asarray(expected).astype(np.float64)
+    if a.shape != e.shape:
+        raise AssertionError(f"{what}: shape {a.shape} != expected {e.shape}")
+    nan_a, nan_e = np.isnan(a), np.isnan(e)
+    if not np.array_equal(nan_a, nan_e):
+        raise AssertionError(f"{what}: NaN at {np.argwhere(nan_a != nan_e)[:5].tolist()} differs from expected")
+    inf_e = np.isinf(e)
+    if not np.array_equal(a[inf_e], e[inf_e]):
+        raise AssertionError(f"{what}: infinities differ from expected")
+    finite = ~(nan_e | inf_e)
+    err = np.abs(a[finite] - e[finite])
+    bound = atol + rtol * np.abs(e[finite])
+    if err.size and np.any(err > bound):
+        worst = int(np.argmax(err - bound))
+        raise AssertionError(f"{what}: max error {err.max():.3g} exceeds atol={atol} rtol={rtol} "
+                             f"(worst: got {a[finite][worst]:.6g}, expected {e[finite][worst]:.6g})")
+
+
+def random_array(shape, dtype, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(numpy_dtype(as_data_type(dtype)))
+
+
+@dataclass
+class SdpaGraphSpec:
+    """One variant of the spec's SDPA forward pattern, built through the public graph API.
+
+    mask: None | "add" | "select" | "causal_top_left" | "causal_bottom_right"
+    gqa: "none" | "4d" (StaticReshape around 4D tensors) | "5d" (native 5D)
+    reorder: None | "transpose" | "transpose_reshape" (output to (N, S, H, Dv) or (N, S, H*Dv))
+    causal_form: "ge" = Select(row >= col, score, -inf) (oneDNN's form);
+                 "gt" = Select(col > row, -inf, score) (the RFC's form)
+    layout: "bhsd" (dense inputs) or "bshd" (Q, K, V are strided views of (N, S, H, D) arrays)
+    """
+    batch: int = 1
+    heads_q: int = 2
+    heads_kv: int | None = None
+    seq_q: int = 16
+    seq_kv: int | None = None
+    head_dim: int = 32
+    head_dim_v: int | None = None
+    dtype: str = "f32"
+    scale: str | None = "multiply"
+    mask: str | None = None
+    mask_shape: tuple | None = None
+    gqa: str = "none"
+    reorder: str | None = None
+    stats: bool = False
+    softmax_mode: str = "none"
+    causal_form: str = "ge"
+    key_transposed: bool = False
+    layout: str = "bhsd"
+    ids: dict = field(default_factory=dict, init=False, repr=False)
+
+    def with_(self, **changes) -> "SdpaGraphSpec":
+        return replace(self, **changes)
+
+    @property
+    def hkv(self) -> int:
+        return self.heads_kv or self.heads_q
+
+    @property
+    def skv(self) -> int:
+        return self.seq_kv or self.seq_q
+
+    @property
+    def dv(self) -> int:
+        return self.head_dim_v or self.head_dim
+
+    def input_shapes(self) -> dict[str, tuple]:
+        n, hq, hkv, sq, skv, d, dv = self.batch, self.heads_q, self.hkv, self.seq_q, self.skv, self.head_dim, self.dv
+        if self.gqa == "5d":
+            rep = hq // hkv
+            q, k, v = (n, hkv, rep, sq, d), (n, hkv, 1, skv, d), (n, hkv, 1, skv, dv)
+        else:
+            q, k, v = (n, hq, sq, d), (n, hkv, skv, d), (n, hkv, skv, dv)
+        if self.key_transposed:
+            k = k[:-2] + (d, skv)
+        mask = self.mask_shape or ((1, 1, sq, skv) if self.gqa != "none" else (n, hq, sq, skv))
+        return {"query": q, "key": k, "value": v, "mask": mask}
+
+    def build(self) -> Graph:
+        """Builds the graph; self.ids maps role names (query, key, ..., output, stats) to tensor ids."""
+        dt = as_data_type(self.dtype)
+        f32 = DataType.f32
+        shapes = self.input_shapes()
+        counter = iter(range(1000))
+        ops: list[Op] = []
+        ids = self.ids
+        ids.clear()
+
+        def tensor(role, dtype, shape):
+            lt = LogicalTensor(next(counter), dtype, shape)
+            if role:
+                ids[role] = lt.id
+            return lt
+
+        def op(kind, inputs, outputs, **attrs):
+            ops.append(Op(len(ops), kind, inputs, outputs, attrs))
+            return outputs[0]
+
+        def reshape(x, shape):
+            return op("StaticReshape", [x], [tensor(None, x.dtype, shape)], shape=list(shape), special_zero=False)
+
+        n, hq, hkv, sq, skv, d, dv = self.batch, self.heads_q, self.hkv, self.seq_q, self.skv, self.head_dim, self.dv
+        rep = hq // hkv
+        q = tensor("query", dt, shapes["query"])
+        k = tensor("key", dt, shapes["key"])
+        v = tensor("value", dt, shapes["value"])
+        if self.gqa == "4d":
+            q = reshape(q, (n, hkv, rep, sq, d))
+            k = reshape(k, (n, hkv, 1) + shapes["key"][-2:])
+            v = reshape(v, (n, hkv, 1, skv, dv))
+        batch = q.shape[:-2]
+        score_shape = batch + (sq, skv)
+        score = op("MatMul", [q, k], [tensor(None, f32, score_shape)], transpose_b=not self.key_transposed)
+        if self.scale == "multiply":
+            score = op("Multiply", [score, tensor("scale", dt, (1,))], [tensor(None, f32, score_shape)])
+        elif self.scale == "divide":
+            score = op("Divide", [score, tensor("scale", dt, (1,))], [tensor(None, f32, score_shape)])
+        masked_shape = score_shape
+        if self.mask == "add":
+            mask = tensor("mask", dt, shapes["mask"])
+            masked_shape = _broadcast(score_shape, mask.shape)
+            score = op("Add", [score, mask], [tensor(None, f32, masked_shape)])
+        elif self.mask == "select":
+            mask = tensor("mask", DataType.boolean, shapes["mask"])
+            masked_shape = _broadcast(score_shape, mask.shape)
+            fill = tensor("fill", f32, (1,))
+            score = op("Select", [mask, score, fill], [tensor(None, f32, masked_shape)])
+        elif self.mask in ("causal_top_left", "causal_bottom_right"):
+            row = op("GenIndex", [score], [tensor(None, DataType.s32, score_shape)], axis=-2)
+            col = op("GenIndex", [score], [tensor(None, DataType.s32, score_shape)], axis=-1)
+            if self.mask == "causal_bottom_right":
+                row = op("Add", [row, tensor("seq_kv", DataType.s32, (1,))], [tensor(None, DataType.s32, score_shape)])
+                row = op("Subtract", [row, tensor("seq_q", DataType.s32, (1,))],
+                         [tensor(None, DataType.s32, score_shape)])
+            fill = tensor("fill", f32, (1,))
+            cond_out = tensor(None, DataType.boolean, score_shape)
+            if self.causal_form == "ge":
+                cond = op("GreaterEqual", [row, col], [cond_out])
+                score = op("Select", [cond, score, fill], [tensor(None, f32, score_shape)])
+            else:
+                cond = op("GreaterThan", [col, row], [cond_out])
+                score = op("Select", [cond, fill, score], [tensor(None, f32, score_shape)])
+        softmax_outputs = [tensor(None, dt, masked_shape)]
+        if self.stats:
+            softmax_outputs.append(tensor("stats", f32, masked_shape[:-1] + (1,)))
+        op("SoftMax", [score], softmax_outputs, axis=-1, mode=self.softmax_mode)
+        out_shape = masked_shape[:-2] + (sq, dv)
+        out = op("MatMul", [softmax_outputs[0], v], [tensor(None, dt, out_shape)])
+        if self.gqa == "4d":
+            out = reshape(out, (n, hq, sq, dv))
+        if self.reorder:
+            out = op("StaticTranspose", [out], [tensor(None, dt, (n, sq, hq, dv))], order=[0, 2, 1, 3])
+            if self.reorder == "transpose_reshape":
+                out = reshape(out, (n, sq, hq * dv))
+        ids["output"] = out.id
+        graph = Graph("cpu")
+        for o in ops:
+            graph.add_op(o)
+        graph.finalize()
+        return graph
+
+    def random_inputs(self, rng: np.random.Generator) -> dict[int, np.ndarray]:
+        """Random Q/K/V/mask data plus the scalar inputs, keyed by tensor id (call build() first)."""
+        ids, shapes, dt = self.ids, self.input_shapes(), as_data_type(self.dtype)
+        data = {}
+        for role in ("query", "key", "value"):
+            shape = shapes[role]
+            if self.layout == "bshd" and len(shape) == 4:
+                n, h, s, d = shape
+                data[ids[role]] = random_array((n, s, h, d), dt, rng).transpose(0, 2, 1, 3)
+            else:
+                data[ids[role]] = random_array(shape, dt, rng)
+        if "scale" in ids:
+            value = 1 / math.sqrt(self.head_dim) if self.scale == "multiply" else math.sqrt(self.head_dim)
+            data[ids["scale"]] = np.array([value], numpy_dtype(dt))
+        if "mask" in ids and self.mask == "add":
+            mask = random_array(shapes["mask"], dt, rng)
+            mask[rng.random(mask.shape) < 0.2] = -np.inf
+            data[ids["mask"]] = mask
+        if "mask" in ids and self.mask == "select":
+            data[ids["mask"]] = rng.random(shapes["mask"]) < 0.7
+        if "fill" in ids:
+            data[ids["fill"]] = np.array([-np.inf], np.float32)
+        if "seq_kv" in ids:
+            data[ids["seq_kv"]] = np.array([self.skv], np.int32)
+            data[ids["seq_q"]] = np.array([self.seq_q], np.int32)
+        return data
+
+
+def _broadcast(a: tuple, b: tuple) -> tuple:
+    return tuple(np.broadcast_shapes(a, b))
