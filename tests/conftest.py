@@ -1,0 +1,26 @@
+import os
+import random
+
+import numpy as np
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", help="run every test marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without --run-slow, run a fixed sample of the slow cases (GRAPHATTN_SLOW_SAMPLE, default 120)."""
+    if config.getoption("--run-slow"):
+        return
+    slow = [item for item in items if "slow" in item.keywords]
+    keep = set(random.Random(0).sample(range(len(slow)), min(len(slow), int(os.environ.get("GRAPHATTN_SLOW_SAMPLE", 120)))))
+    skip = pytest.mark.skip(reason="slow case outside the sample; run with --run-slow")
+    for index, item in enumerate(slow):
+        if index not in keep:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

@@ -1,0 +1,186 @@
+"""The graph API: construction, validation errors, partitions, compile and execute contracts."""
+import numpy as np
+import pytest
+
+import graphattn as ga
+from graphattn.testing import SdpaGraphSpec, assert_close
+
+pytestmark = pytest.mark.cpu
+
+
+def lt(i, shape=(2, 3), dtype="f32"):
+    return ga.LogicalTensor(i, dtype, shape)
+
+
+def test_public_names_and_enums():
+    assert str(ga.DataType.f32).endswith("f32")
+    t = ga.LogicalTensor(3, ga.DataType.bf16, (1, -1, 4))
+    assert (t.id, t.dtype, t.shape, t.strides) == (3, ga.DataType.bf16, (1, -1, 4), None)
+    assert ga.LogicalTensor(0, "f32", (2, 3, 4)).strides == (12, 4, 1)
+    op = ga.Op(0, ga.OpKind.MatMul, name="mm").add_input(lt(0)).add_input(lt(1, (3, 2))).add_output(lt(2, (2, 2)))
+    op.set_attr("transpose_b", False)
+    assert op.attrs == {"transpose_a": False, "transpose_b": False}
+    ga.Stream(ga.Engine("cpu")).wait()
+
+
+@pytest.mark.parametrize("make,error,exc", [
+    (lambda: ga.LogicalTensor(0, "f64", (1,)), "unknown dtype", ValueError),
+    (lambda: ga.LogicalTensor(0, "f32", (2, -3)), "dims must be", ValueError),
+    (lambda: ga.Op(0, "Conv", []), "unknown op kind", ValueError),
+    (lambda: ga.Op(0, "MatMul", attrs={"transpose_c": True}), "unknown attribute 'transpose_c'", ValueError),
+    (lambda: ga.Op(0, "MatMul", attrs={"transpose_b": 1}), "must be a bool", TypeError),
+    (lambda: ga.Op(0, "SoftMax", attrs={"mode": "fast"}), "must be one of", ValueError),
+    (lambda: ga.Engine("gpu"), "not available", ValueError),
+])
+def test_bad_construction(make, error, exc):
+    with pytest.raises(exc, match=error):
+        make()
+
+
+def test_add_op_checks_arity_attrs_and_dtypes():
+    graph = ga.Graph()
+    with pytest.raises(ValueError, match=r"MatMul op 0 .*takes 2 inputs, got 1"):
+        graph.add_op(ga.Op(0, "MatMul", [lt(0)], [lt(1)]))
+    with pytest.raises(ValueError, match=r"StaticReshape op 1 .*missing required attribute\(s\) \['shape'\]"):
+        graph.add_op(ga.Op(1, "StaticReshape", [lt(0)], [lt(1)]))
+    with pytest.raises(TypeError, match=r"MatMul op 2 .*share one float dtype"):
+        graph.add_op(ga.Op(2, "MatMul", [lt(0), lt(1, (3, 2), "bf16")], [lt(2, (2, 2))]))
+    with pytest.raises(TypeError, match=r"SoftMax op 3 .*stats\) must be f32"):
+        graph.add_op(ga.Op(3, "SoftMax", [lt(0)], [lt(1), lt(2, (2, 1), "bf16")], {"axis": -1}))
+
+
+def test_duplicate_ids_and_inconsistent_tensors():
+    graph = ga.Graph()
+    graph.add_op(ga.Op(0, "Exp", [lt(0)], [lt(1)]))
+    with pytest.raises(ValueError, match="op id 0 is already used"):
+        graph.add_op(ga.Op(0, "Exp", [lt(1)], [lt(2)]))
+    with pytest.raises(ValueError, match="tensor 1 is already produced by Exp op 0"):
+        graph.add_op(ga.Op(1, "Exp", [lt(0)], [lt(1)]))
+    with pytest.raises(ValueError, match="tensor 1 is bf16 rank 2 here but f32"):
+        graph.add_op(ga.Op(2, "TypeCast", [lt(1, dtype="bf16")], [lt(3)]))
+
+
+def test_cycle_is_rejected():
+    graph = ga.Graph()
+    graph.add_op(ga.Op(0, "Add", [lt(0), lt(2)], [lt(1)]))
+    graph.add_op(ga.Op(1, "Exp", [lt(1)], [lt(2)]))
+    with pytest.raises(ValueError, match=r"cycle through ops \[0, 1\]"):
+        graph.finalize()
+
+
+def test_declared_output_shape_must_match_inference():
+    graph = ga.Graph()
+    graph.add_op(ga.Op(0, "MatMul", [lt(0, (2, 3)), lt(1, (3, 4))], [lt(2, (2, 5))]))
+    with pytest.raises(ValueError, match=r"MatMul op 0 .*declared \(2, 5\) but the op produces \(2, 4\)"):
+        graph.finalize()
+
+
+def test_unfusable_graph_runs_op_by_op(rng):
+    # MatMul -> SoftMax on axis -2 is no SDPA pattern: every op is its own partition.
+    graph = ga.Graph()
+    graph.add_op(ga.Op(0, "MatMul", [lt(0, (4, 8)), lt(1, (8, 4))], [lt(2, (4, 4))]))
+    graph.add_op(ga.Op(1, "SoftMax", [lt(2, (4, 4))], [lt(3, (4, 4))], {"axis": 0}))
+    graph.add_op(ga.Op(2, "MatMul", [lt(3, (4, 4)), lt(4, (4, 5))], [lt(5, (4, 5))]))
+    parts = graph.get_partitions()
+    assert [p.kind for p in parts] == ["op", "op", "op"] and all(p.is_supported() for p in parts)
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((4, 8), (8, 4), (4, 5)))
+    out = ga.run_graph(graph, {0: a, 1: b, 4: c})[5]
+    s = a.astype(np.float64) @ b
+    p = np.exp(s - s.max(0)) / np.exp(s - s.max(0)).sum(0)
+    assert_close(out, p @ c, "f32")
+
+
+def test_intermediate_used_outside_blocks_fusion(rng):
+    spec = SdpaGraphSpec()
+    graph = spec.build()
+    ops = graph.ops
+    softmax = next(op for op in ops if op.kind == ga.OpKind.SoftMax)
+    extra = ga.Graph()
+    for op in ops:
+        extra.add_op(op)
+    extra.add_op(ga.Op(99, "End", [softmax.outputs[0]], []))
+    kinds = [p.kind for p in extra.get_partitions()]
+    assert "sdpa_forward" not in kinds and len(kinds) == len(ops)
+    fused_free = ga.run_graph(extra, spec.random_inputs(rng))
+    assert softmax.outputs[0].id in fused_free
+
+
+def test_debug_policy_and_ports():
+    spec = SdpaGraphSpec(mask="add", stats=True)
+    graph = spec.build()
+    (fused,) = graph.get_partitions("fusion")
+    assert {t.id for t in fused.get_input_ports()} == {spec.ids[r] for r in ("query", "key", "value", "scale", "mask")}
+    assert [t.id for t in fused.get_output_ports()] == [spec.ids["output"], spec.ids["stats"]] or \
+        {t.id for t in fused.get_output_ports()} == {spec.ids["output"], spec.ids["stats"]}
+    debug = graph.get_partitions("debug")
+    assert len(debug) == len(graph.ops) and all(p.kind == "op" for p in debug)
+    with pytest.raises(ValueError, match="policy"):
+        graph.get_partitions("max")
+
+
+def test_compile_and_execute_contracts(rng):
+    spec = SdpaGraphSpec(mask="add", seq_q=8)
+    graph = spec.build()
+    (part,) = graph.get_partitions()
+    engine, stream = ga.Engine("cpu"), ga.Stream(ga.Engine("cpu"))
+    ins = part.get_input_ports()
+    with pytest.raises(ValueError, match=r"compile is missing this input logical tensor"):
+        part.compile(ins[:-1], part.get_output_ports(), engine)
+    bad = [ga.LogicalTensor(t.id, "bf16", t.shape) if t.id == spec.ids["query"] else t for t in ins]
+    with pytest.raises(TypeError, match=f"tensor {spec.ids['query']}: dtype bf16 differs"):
+        part.compile(bad, part.get_output_ports(), engine)
+    compiled = part.compile(ins, part.get_output_ports(), engine)
+    out_lt = compiled.query_logical_tensor(spec.ids["output"])
+    assert out_lt.shape == (1, 2, 8, 32) and out_lt.strides == (512, 256, 32, 1)
+    data = spec.random_inputs(rng)
+    in_tensors = [ga.Tensor(t, engine, data[t.id]) for t in compiled.inputs]
+    out = ga.Tensor(out_lt, engine, np.empty(out_lt.shape, np.float32))
+    with pytest.raises(ValueError, match=r"execute got 4 inputs, expected 5"):
+        compiled.execute(stream, in_tensors[:-1], [out])
+    with pytest.raises(ValueError, match=r"execute got 0 outputs, expected 1"):
+        compiled.execute(stream, in_tensors, [])
+    with pytest.raises(TypeError, match="data dtype float64 does not match"):
+        ga.Tensor(out_lt, engine, np.empty(out_lt.shape))
+    with pytest.raises(ValueError, match=r"data shape \(1, 2, 8, 31\) does not match"):
+        ga.Tensor(out_lt, engine, np.empty((1, 2, 8, 31), np.float32))
+    strided = np.empty((1, 2, 8, 64), np.float32)[..., ::2]
+    with pytest.raises(ValueError, match=r"has strides .* compiled for"):
+        compiled.execute(stream, in_tensors, [ga.Tensor(out_lt, engine, strided)])
+    compiled.execute(stream, list(reversed(in_tensors)), [out])  # matched by id, any order
+
+
+def test_non_scalar_scale_falls_back_to_reference(rng):
+    # A per-head scale broadcast over the scores is valid SDPA, but the kernel takes one value.
+    q, k, v = lt(0, (1, 2, 6, 32)), lt(1, (1, 2, 6, 32)), lt(2, (1, 2, 6, 32))
+    scale = lt(3, (1, 2, 1, 1))
+    graph = ga.Graph()
+    graph.add_op(ga.Op(0, "MatMul", [q, k], [lt(4, (1, 2, 6, 6))], {"transpose_b": True}))
+    graph.add_op(ga.Op(1, "Multiply", [lt(4, (1, 2, 6, 6)), scale], [lt(5, (1, 2, 6, 6))]))
+    graph.add_op(ga.Op(2, "SoftMax", [lt(5, (1, 2, 6, 6))], [lt(6, (1, 2, 6, 6))], {"axis": -1}))
+    graph.add_op(ga.Op(3, "MatMul", [lt(6, (1, 2, 6, 6)), v], [lt(7, (1, 2, 6, 32))]))
+    (part,) = graph.get_partitions()
+    assert part.kind == "sdpa_forward"
+    engine = ga.Engine("cpu")
+    compiled = part.compile(part.get_input_ports(), part.get_output_ports(), engine)
+    assert compiled.kernel_name == "reference" and "single value" in compiled.kernel.reason
+    data = {i: rng.standard_normal((1, 2, 6, 32)).astype(np.float32) for i in range(3)}
+    data[3] = np.array([0.5, 0.25], np.float32).reshape(1, 2, 1, 1)
+    out = ga.run_graph(graph, data)[7]
+    x, y, z = (data[i].astype(np.float64) for i in range(3))
+    s = x @ y.swapaxes(-1, -2) * data[3]
+    p = np.exp(s - s.max(-1, keepdims=True))
+    assert_close(out, (p / p.sum(-1, keepdims=True)) @ z, "f32")
+
+
+def test_verbose_names_decisions(capsys):
+    ga.set_verbose(1)
+    try:
+        spec = SdpaGraphSpec(mask="causal_top_left")
+        graph = spec.build()
+        ga.run_graph(graph, spec.random_inputs(np.random.default_rng(0)))
+    finally:
+        ga.set_verbose(0)
+    err = capsys.readouterr().err
+    assert "graphattn_verbose,partition,id=0,sdpa_forward" in err
+    assert f"sdpa_forward_cpu,isa={ga.forward_isa()}" in err
+    assert "graphattn_verbose,exec,partition=0,sdpa_forward_cpu" in err

@@ -1,0 +1,169 @@
+"""Every spec SDPA variant fuses into ONE partition, and the fused kernel matches the reference.
+
+The reference is the same graph run op by op (policy="debug") in float64,
+rounded to each op's declared dtype.  Tolerances: graphattn.testing.TOLERANCES.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import graphattn as ga
+from graphattn.testing import STATS_TOLERANCE, SdpaGraphSpec, assert_close
+
+pytestmark = pytest.mark.cpu
+
+DTYPES = ["f32", "bf16", "f16"]
+
+VARIANTS = {
+    "plain": SdpaGraphSpec(scale=None),
+    "scale_multiply": SdpaGraphSpec(scale="multiply"),
+    "scale_divide": SdpaGraphSpec(scale="divide"),
+    "add_mask": SdpaGraphSpec(mask="add"),
+    "add_mask_broadcast": SdpaGraphSpec(mask="add", batch=2, mask_shape=(2, 1, 1, 16)),
+    "select_mask": SdpaGraphSpec(mask="select", mask_shape=(1, 2, 16, 16)),
+    "causal_top_left": SdpaGraphSpec(mask="causal_top_left"),
+    "causal_top_left_gt_form": SdpaGraphSpec(mask="causal_top_left", causal_form="gt"),
+    "causal_bottom_right": SdpaGraphSpec(mask="causal_bottom_right", seq_q=9, seq_kv=23),
+    "causal_bottom_right_gt_form": SdpaGraphSpec(mask="causal_bottom_right", seq_q=9, seq_kv=23, causal_form="gt"),
+    "gqa_4d": SdpaGraphSpec(gqa="4d", heads_q=8, heads_kv=2, mask="add"),
+    "gqa_5d": SdpaGraphSpec(gqa="5d", heads_q=8, heads_kv=2, mask="causal_top_left"),
+    "mqa_4d": SdpaGraphSpec(gqa="4d", heads_q=4, heads_kv=1),
+    "reorder_transpose": SdpaGraphSpec(reorder="transpose"),
+    "reorder_transpose_reshape": SdpaGraphSpec(reorder="transpose_reshape", mask="select"),
+    "gqa_4d_reorder": SdpaGraphSpec(gqa="4d", heads_q=4, heads_kv=2, reorder="transpose_reshape"),
+    "training_forward_stats": SdpaGraphSpec(stats=True, mask="causal_top_left", softmax_mode="inf_as_zero"),
+    "gqa_5d_training_forward": SdpaGraphSpec(gqa="5d", heads_q=4, heads_kv=2, stats=True),
+}
+
+ODD_SHAPES = {
+    "s1": dict(seq_q=1, seq_kv=1),
+    "decode": dict(seq_q=1, seq_kv=77),
+    "s17": dict(seq_q=17),
+    "sq_ne_skv": dict(seq_q=70, seq_kv=131),
+    "d80": dict(head_dim=80),
+    "d256": dict(head_dim=256, seq_q=20),
+    "dv_ne_d": dict(head_dim=48, head_dim_v=24),
+    "long": dict(seq_q=200, seq_kv=300, batch=2),
+}
+
+
+def check_fused(spec: SdpaGraphSpec, rng, mutate_inputs=None):
+    graph = spec.build()
+    partitions = graph.get_partitions()
+    assert len(partitions) == 1, f"expected one fused partition, got {partitions}"
+    assert partitions[0].kind == "sdpa_forward"
+    inputs = spec.random_inputs(rng)
+    if mutate_inputs:
+        mutate_inputs(spec, inputs)
+    engine = ga.Engine("cpu")
+    in_lts = [ga.LogicalTensor(lt.id, lt.dtype, inputs[lt.id].shape, ga.tensor.element_strides(inputs[lt.id]))
+              for lt in partitions[0].get_input_ports()]
+    compiled = partitions[0].compile(in_lts, partitions[0].get_output_ports(), engine)
+    assert compiled.kernel_name == "sdpa_forward_cpu", getattr(compiled.kernel, "reason", "")
+    fused = ga.run_graph(graph, inputs, partitions=partitions)
+    reference = ga.run_graph(graph, inputs, policy="debug")
+    out = spec.ids["output"]
+    assert_close(fused[out], reference[out], spec.dtype, "output")
+    if spec.stats:
+        stats = spec.ids["stats"]
+        assert_close(fused[stats], reference[stats], "f32", "stats", STATS_TOLERANCE)
+    return fused, reference
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_variant_fuses_and_matches(variant, dtype, rng):
+    check_fused(VARIANTS[variant].with_(dtype=dtype), rng)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", sorted(ODD_SHAPES))
+def test_odd_shapes(shape, dtype, rng):
+    check_fused(SdpaGraphSpec(mask="add", stats=True, dtype=dtype, **ODD_SHAPES[shape]), rng)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("shape", sorted(ODD_SHAPES))
+def test_variant_on_odd_shape(variant, shape, dtype, rng):
+    spec = VARIANTS[variant]
+    extra = dict(ODD_SHAPES[shape])
+    if spec.mask_shape is not None:
+        extra["mask_shape"] = None
+    check_fused(spec.with_(dtype=dtype, **extra), rng)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_bshd_inputs_and_transposed_key(dtype, rng):
+    check_fused(SdpaGraphSpec(layout="bshd", seq_q=33, dtype=dtype, mask="causal_bottom_right", seq_kv=40), rng)
+    check_fused(SdpaGraphSpec(key_transposed=True, seq_q=19, dtype=dtype), rng)
+    check_fused(SdpaGraphSpec(layout="bshd", gqa="4d", heads_q=4, heads_kv=2, dtype=dtype), rng)
+
+
+@pytest.mark.parametrize("mode", ["inf_as_zero", "none"])
+def test_fully_masked_rows(mode, rng):
+    def mask_rows(spec, inputs):
+        mask = inputs[spec.ids["mask"]]
+        mask[:, :, 3, :] = -np.inf
+        mask[0, 1, 10, :] = -np.inf
+
+    spec = SdpaGraphSpec(mask="add", stats=True, softmax_mode=mode)
+    fused, _ = check_fused(spec, rng, mask_rows)
+    row = fused[spec.ids["output"]][0, 0, 3]
+    assert np.all(row == 0) if mode == "inf_as_zero" else np.all(np.isnan(row))
+
+
+@pytest.mark.parametrize("mode", ["inf_as_zero", "none"])
+def test_fully_masked_rows_values(mode, rng):
+    spec = SdpaGraphSpec(mask="causal_bottom_right", seq_q=12, seq_kv=5, stats=True, softmax_mode=mode)
+    fused, _ = check_fused(spec, rng)
+    out, stats = fused[spec.ids["output"]], fused[spec.ids["stats"]]
+    masked_rows = out[:, :, :12 - 5]  # bottom-right: the first Sq - Skv rows see no key
+    if mode == "inf_as_zero":
+        assert np.all(masked_rows == 0) and np.all(stats[:, :, :7] == -np.inf)
+    else:
+        assert np.all(np.isnan(masked_rows))
+    assert np.all(np.isfinite(out[:, :, 7:]))
+
+
+def test_output_into_a_larger_buffer_writes_only_its_view(rng):
+    spec = SdpaGraphSpec(reorder="transpose_reshape", seq_q=21, heads_q=3)
+    graph = spec.build()
+    (partition,) = graph.get_partitions()
+    inputs = spec.random_inputs(rng)
+    engine = ga.Engine("cpu")
+    backing = np.full((1, 21, 3 * 32 + 7), 1234.5, np.float32)
+    out_view = backing[:, :, 3:3 + 3 * 32]
+    out_port = partition.get_output_ports()[0]
+    out_lt = ga.LogicalTensor(out_port.id, "f32", out_view.shape, ga.tensor.element_strides(out_view))
+    compiled = partition.compile(partition.get_input_ports(), [out_lt], engine)
+    compiled.execute(ga.Stream(engine), [ga.Tensor(lt, engine, inputs[lt.id]) for lt in compiled.inputs],
+                     [ga.Tensor(compiled.query_logical_tensor(out_port.id), engine, out_view)])
+    assert np.all(backing[:, :, :3] == 1234.5) and np.all(backing[:, :, 3 + 96:] == 1234.5)
+    reference = ga.run_graph(graph, inputs, policy="debug")[spec.ids["output"]]
+    assert_close(out_view, reference, "f32")
+
+
+def test_every_isa_build_matches(rng):
+    """Each kernel build (portable, avx2, avx512) runs where the CPU has it, in a fresh process."""
+    script = (
+        "import numpy as np, graphattn as ga\n"
+        "from graphattn.testing import SdpaGraphSpec, assert_close\n"
+        "rng = np.random.default_rng(0)\n"
+        "for dt in ('f32', 'bf16', 'f16'):\n"
+        "    s = SdpaGraphSpec(dtype=dt, mask='causal_bottom_right', seq_q=37, seq_kv=70, head_dim=80, stats=True)\n"
+        "    g = s.build(); x = s.random_inputs(rng)\n"
+        "    assert_close(ga.run_graph(g, x)[s.ids['output']], ga.run_graph(g, x, policy='debug')[s.ids['output']], dt)\n"
+        "print(ga.forward_isa())\n")
+    features = set(ga.cpu_features())
+    for isa, needs in (("portable", set()), ("avx2", {"avx2", "fma", "f16c"}), ("avx512", {"avx512f", "avx512bw"})):
+        if not needs <= features:
+            continue
+        env = dict(os.environ, GRAPHATTN_ISA=isa)
+        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == isa
