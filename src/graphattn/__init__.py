@@ -21,10 +21,11 @@ from .tensor import Tensor
 from .verbose import set_verbose
 from . import run, testing  # noqa: F401  (ga.run.run_graph, ga.testing)
 from .run import run_graph
+from .functional import scaled_dot_product_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CompiledPartition", "DataType", "Engine", "Graph", "Layout", "LogicalTensor", "Op", "OpKind", "Partition",
-    "Property", "Stream", "Tensor", "cpu_features", "forward_isa", "run_graph", "set_verbose", "thread_count",
+    "Property", "Stream", "Tensor", "cpu_features", "forward_isa", "run_graph", "scaled_dot_product_attention", "set_verbose", "thread_count",
 ]

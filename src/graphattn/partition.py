@@ -6,6 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from . import verbose
+from .dtypes import numpy_dtype
 from .engine import Engine, Stream
 from .kernels.fused_sdpa import FusedSdpaForward, NotUsable
 from .kernels.reference import ReferenceKernel
@@ -164,6 +165,8 @@ class CompiledPartition:
         self.outputs = outputs
         self.kernel = kernel
         self._lts = {lt.id: lt for lt in inputs + outputs}
+        # byte strides each bound array must have (size-1 dims take any stride, marked None)
+        self._byte_strides = {lt.id: _byte_strides(lt) for lt in inputs + outputs}
 
     @property
     def kernel_name(self) -> str:
@@ -205,8 +208,20 @@ class CompiledPartition:
             tensor = by_id.get(port.id)
             if tensor is None:
                 raise ValueError(f"{where}: no tensor given for {what[:-1]} port {port.id}")
-            arrays[port.id] = _checked_array(tensor.data, port, where)
+            data = tensor.data
+            if data.shape != port.shape or not _strides_match(data.strides, self._byte_strides[port.id]):
+                _checked_array(data, port, where)
+            arrays[port.id] = data
         return arrays
+
+
+def _byte_strides(lt: LogicalTensor) -> tuple:
+    itemsize = numpy_dtype(lt.dtype).itemsize
+    return tuple(None if d == 1 else s * itemsize for s, d in zip(lt.strides, lt.shape))
+
+
+def _strides_match(actual: tuple, expected: tuple) -> bool:
+    return actual == expected or all(e is None or a == e for a, e in zip(actual, expected))
 
 
 def _checked_array(data: np.ndarray, lt: LogicalTensor, where: str) -> np.ndarray:

@@ -11,6 +11,8 @@ from .logical_tensor import LogicalTensor
 def element_strides(array: np.ndarray) -> tuple[int, ...]:
     """NumPy byte strides converted to element strides; raises if they are not whole elements."""
     itemsize = array.itemsize
+    if array.flags.aligned:  # every stride is then a multiple of the alignment, which is the itemsize here
+        return tuple([s // itemsize for s in array.strides])
     if any(s % itemsize for s in array.strides):
         raise ValueError(f"array strides {array.strides} are not multiples of the element size {itemsize}")
     return tuple(s // itemsize for s in array.strides)
@@ -33,7 +35,7 @@ class Tensor:
         if data.dtype != expected:
             raise TypeError(f"tensor {lt.id}: data dtype {data.dtype} does not match the logical tensor's "
                             f"{lt.dtype.value} ({expected})")
-        if data.ndim != lt.ndim or any(d not in (-1, s) for d, s in zip(lt.shape, data.shape)):
+        if data.shape != lt.shape and (data.ndim != lt.ndim or any(d not in (-1, s) for d, s in zip(lt.shape, data.shape))):
             raise ValueError(f"tensor {lt.id}: data shape {data.shape} does not match the logical tensor's {lt.shape}")
         self.logical_tensor = lt
         self.engine = engine

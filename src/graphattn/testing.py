@@ -225,3 +225,29 @@ class SdpaGraphSpec:
 
 def _broadcast(a: tuple, b: tuple) -> tuple:
     return tuple(np.broadcast_shapes(a, b))
+
+
+def sdpa_reference(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
+                   causal_alignment="top_left", return_stats=False):
+    """Plain float64 NumPy SDPA with the functional API's semantics (fully masked rows give 0)."""
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (query, key, value))
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
+    scores = q @ np.swapaxes(k, -1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    seq_q, seq_kv = scores.shape[-2:]
+    if is_causal:
+        offset = 0 if causal_alignment == "top_left" else seq_kv - seq_q
+        keep = np.arange(seq_kv)[None, :] - np.arange(seq_q)[:, None] <= offset
+        scores = np.where(keep, scores, -np.inf)
+    if attn_mask is not None:
+        mask = np.asarray(attn_mask)
+        scores = np.where(mask, scores, -np.inf) if mask.dtype == np.bool_ else scores + mask.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        row_max = scores.max(-1, keepdims=True)
+        masked = np.isneginf(row_max)
+        e = np.exp(scores - np.where(masked, 0.0, row_max))
+        total = e.sum(-1, keepdims=True)
+        out = np.where(masked, 0.0, (e / np.where(masked, 1.0, total)) @ v)
+        stats = np.where(masked, -np.inf, row_max + np.log(total))
+    return (out, stats) if return_stats else out

@@ -37,7 +37,10 @@ inline void online_softmax_row(float* __restrict row, int width, float& running_
     float block_max = kNegInf;
     for (int j = 0; j < width; ++j) block_max = row[j] > block_max ? row[j] : block_max;
     const float new_max = block_max > running_max ? block_max : running_max;
-    if (new_max == kNegInf) {  // everything so far is masked: contributes nothing
+    if (new_max == kNegInf) {  // every score so far is -inf or NaN
+        bool has_nan = false;
+        for (int j = 0; j < width; ++j) has_nan |= row[j] != row[j];
+        if (has_nan) running_sum = __builtin_nanf("");  // a NaN row must stay NaN, never turn into 0
         for (int j = 0; j < width; ++j) row[j] = 0.0f;
         return;
     }

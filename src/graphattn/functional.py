@@ -1,0 +1,241 @@
+"""The one-call API: scaled_dot_product_attention with PyTorch's arguments and OpenVINO SDPA-13 broadcasting.
+
+Each call builds (once per signature) the SDPA graph through the public graph
+API, compiles its single fused partition and caches it; later calls with the
+same shapes, strides, dtypes and flags only bind data and run the kernel.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dtypes import DataType, from_numpy as dtype_of, numpy_dtype
+from .engine import Engine, Stream
+from .graph import Graph
+from .logical_tensor import LogicalTensor
+from .ops import Op
+from .ops.broadcast import broadcast_shapes
+from .interop import from_numpy, to_numpy
+from .tensor import Tensor, element_strides
+
+_ENGINE = Engine("cpu")
+_STREAM = Stream(_ENGINE)
+_CACHE_SIZE = 256
+_cache: "OrderedDict[tuple, _Compiled]" = OrderedDict()
+
+ALIGNMENTS = ("top_left", "bottom_right")
+
+
+@dataclass
+class _Compiled:
+    compiled: object          # CompiledPartition
+    roles: dict[str, int]     # role -> tensor id
+    out_shape: tuple
+    stats_shape: tuple | None
+    dtype: DataType
+
+
+def _layout(a: np.ndarray) -> tuple:
+    return a.shape, element_strides(a) if a.size else a.shape, a.dtype.str
+
+
+def _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment):
+    for name, a in (("query", q), ("key", k), ("value", v)):
+        if a.ndim < 3:
+            raise ValueError(f"{name} must have at least 3 dims (..., seq, head_dim), got shape {a.shape}")
+    dtypes = {q.dtype, k.dtype, v.dtype}
+    if len(dtypes) != 1:
+        raise TypeError(f"query, key and value must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if dtype_of(q.dtype) not in (DataType.f32, DataType.bf16, DataType.f16):
+        raise TypeError(f"query dtype {q.dtype} is not supported; use float32, bfloat16 or float16")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"query and key head dims differ: query {q.shape} (E={q.shape[-1]}) vs key {k.shape} "
+                         f"(E={k.shape[-1]})")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"key and value sequence lengths differ: key {k.shape} vs value {v.shape}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p > 0.0:
+        raise NotImplementedError("dropout_p > 0 needs the fused Dropout of the training kernels, not available yet")
+    if is_causal and mask is not None:
+        raise ValueError("pass either attn_mask or is_causal=True, not both")
+    if causal_alignment not in ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}, got {causal_alignment!r}")
+    hq, hkv = q.shape[-3], k.shape[-3]
+    gqa = enable_gqa and hq != hkv
+    if gqa:
+        if k.shape[-3] != v.shape[-3]:
+            raise ValueError(f"key and value head counts differ: key {k.shape} vs value {v.shape}")
+        if hq % hkv:
+            raise ValueError(f"enable_gqa needs query heads divisible by key/value heads: Hq={hq}, Hkv={hkv} "
+                             f"(query {q.shape}, key {k.shape})")
+        batch_shapes = [q.shape[:-3], k.shape[:-3], v.shape[:-3]]
+    else:
+        batch_shapes = [q.shape[:-2], k.shape[:-2], v.shape[:-2]]
+    try:
+        batch = broadcast_shapes(batch_shapes, "batch")
+    except ValueError:
+        hint = " (different head counts need enable_gqa=True)" if hq != hkv and not enable_gqa else ""
+        raise ValueError(f"batch dims of query {q.shape}, key {k.shape} and value {v.shape} "
+                         f"are not broadcastable{hint}") from None
+    if gqa:
+        batch = batch + (hq,)
+    if mask is not None:
+        target = batch + (q.shape[-2], k.shape[-2])
+        try:
+            if broadcast_shapes([target, mask.shape], "mask") != target:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"attn_mask of shape {mask.shape} does not broadcast to {target} "
+                             "(batch..., L, S)") from None
+    return gqa
+
+
+def _normalize_mask(mask):
+    """None, or an array of rank >= 2; a scalar zero float mask means no mask."""
+    if mask is None:
+        return None
+    if mask.dtype != np.bool_ and mask.ndim == 0 and float(mask) == 0.0:
+        return None
+    if mask.ndim < 2:
+        mask = mask.reshape((1,) * (2 - mask.ndim) + mask.shape)
+    return mask
+
+
+def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats) -> _Compiled:
+    dt = dtype_of(q.dtype)
+    f32 = DataType.f32
+    ids = iter(range(10_000))
+    ops: list[Op] = []
+    roles: dict[str, int] = {}
+
+    def tensor(role, dtype, shape, strides=None):
+        lt = LogicalTensor(next(ids), dtype, shape, strides)
+        if role:
+            roles[role] = lt.id
+        return lt
+
+    def op(kind, inputs, outputs, **attrs):
+        ops.append(Op(len(ops), kind, inputs, outputs, attrs))
+        return outputs[0]
+
+    def reshape(x, shape):
+        return op("StaticReshape", [x], [tensor(None, x.dtype, shape)], shape=list(shape), special_zero=False)
+
+    lq = tensor("query", dt, q.shape, element_strides(q))
+    lk = tensor("key", dt, k.shape, element_strides(k))
+    lv = tensor("value", dt, v.shape, element_strides(v))
+    hq, hkv = q.shape[-3], k.shape[-3]
+    if gqa:
+        rep = hq // hkv
+        lq = reshape(lq, q.shape[:-3] + (hkv, rep) + q.shape[-2:])
+        lk = reshape(lk, k.shape[:-3] + (hkv, 1) + k.shape[-2:])
+        lv = reshape(lv, v.shape[:-3] + (hkv, 1) + v.shape[-2:])
+    batch = broadcast_shapes([lq.shape[:-2], lk.shape[:-2], lv.shape[:-2]], "batch")
+    seq_q, seq_kv = q.shape[-2], k.shape[-2]
+    score_shape = batch + (seq_q, seq_kv)
+    score = op("MatMul", [lq, lk], [tensor(None, f32, score_shape)], transpose_b=True)
+    score = op("Multiply", [score, tensor("scale", f32, (1,))], [tensor(None, f32, score_shape)])
+    if mask is not None:
+        lm = tensor("mask", dtype_of(mask.dtype), mask.shape, element_strides(mask))
+        if gqa:
+            full = (1,) * (q.ndim - mask.ndim) + mask.shape
+            heads = (hkv, hq // hkv) if full[-3] == hq else (1, 1)
+            lm = reshape(lm, full[:-3] + heads + full[-2:])
+        masked_shape = broadcast_shapes([score_shape, lm.shape], "mask")
+        if mask.dtype == np.bool_:
+            score = op("Select", [lm, score, tensor("fill", f32, (1,))], [tensor(None, f32, masked_shape)])
+        else:
+            score = op("Add", [score, lm], [tensor(None, f32, masked_shape)])
+    elif is_causal:
+        s32 = DataType.s32
+        row = op("GenIndex", [score], [tensor(None, s32, score_shape)], axis=-2)
+        col = op("GenIndex", [score], [tensor(None, s32, score_shape)], axis=-1)
+        if alignment == "bottom_right":
+            row = op("Add", [row, tensor("seq_kv", s32, (1,))], [tensor(None, s32, score_shape)])
+            row = op("Subtract", [row, tensor("seq_q", s32, (1,))], [tensor(None, s32, score_shape)])
+        keep = op("GreaterEqual", [row, col], [tensor(None, DataType.boolean, score_shape)])
+        score = op("Select", [keep, score, tensor("fill", f32, (1,))], [tensor(None, f32, score_shape)])
+    masked_shape = ops[-1].outputs[0].shape
+    softmax_out = [tensor(None, dt, masked_shape)]
+    if return_stats:
+        softmax_out.append(tensor("stats", f32, masked_shape[:-1] + (1,)))
+    op("SoftMax", [score], softmax_out, axis=-1, mode="inf_as_zero")
+    out = op("MatMul", [softmax_out[0], lv], [tensor(None, dt, masked_shape[:-1] + (v.shape[-1],))])
+    if gqa:
+        out = reshape(out, out.shape[:-4] + (hq,) + out.shape[-2:])
+    roles["output"] = out.id
+    graph = Graph("cpu")
+    for o in ops:
+        graph.add_op(o)
+    (partition,) = graph.get_partitions()
+    ports = {lt.id: lt for lt in partition.get_input_ports()}
+    inputs = [ports[i] if i not in (roles["query"], roles["key"], roles["value"], roles.get("mask"))
+              else graph.tensor(i) for i in ports]
+    compiled = partition.compile(inputs, partition.get_output_ports(), _ENGINE)
+    stats_shape = compiled.query_logical_tensor(roles["stats"]).shape if return_stats else None
+    return _Compiled(compiled, roles, compiled.query_logical_tensor(out.id).shape, stats_shape, dt)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: float | None = None, enable_gqa: bool = False, *,
+                                 causal_alignment: str = "top_left", return_stats: bool = False,
+                                 dropout_seed: int | None = None, dropout_offset: int = 0):
+    """softmax(Q K^T * scale + mask) V, fused, with PyTorch's arguments.
+
+    query (..., L, E), key (..., S, E), value (..., S, Ev), at least 3 dims;
+    batch dims broadcast across query, key, value and attn_mask.  A bool mask
+    keeps the positions that are True, a float mask is added; a scalar 0 mask
+    means no mask.  is_causal applies the implicit causal mask aligned
+    "top_left" (PyTorch) or "bottom_right".  enable_gqa lets key/value have
+    fewer heads (dim -3) than query, dividing it; K/V are never repeated.
+    Fully masked rows give 0.  Returns an array of query's kind and dtype, or
+    (out, stats) with return_stats, stats being the f32 logsumexp (..., L, 1).
+    """
+    q, kind = to_numpy(query, "query")
+    k, _ = to_numpy(key, "key")
+    v, _ = to_numpy(value, "value")
+    mask = _normalize_mask(None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0])
+    dropout_p = float(dropout_p)
+    if dropout_p != 0.0:
+        _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment)
+    # A signature seen before was validated when it was built: only new ones are checked.
+    signature = (_layout(q), _layout(k), _layout(v), _layout(mask) if mask is not None else None, bool(enable_gqa),
+                 bool(is_causal), causal_alignment, bool(return_stats))
+    entry = _cache.get(signature)
+    if entry is None:
+        gqa = _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment)
+        if mask is not None and mask.dtype != np.bool_ and mask.dtype not in (q.dtype, np.float32):
+            raise TypeError(f"a float attn_mask must be float32 or the query's dtype {q.dtype}, got {mask.dtype}")
+        entry = _build(q, k, v, mask, gqa, bool(is_causal), causal_alignment, return_stats)
+        _cache[signature] = entry
+        if len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    else:
+        _cache.move_to_end(signature)
+
+    roles = entry.roles
+    scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    data = {roles["query"]: q, roles["key"]: k, roles["value"]: v,
+            roles["scale"]: np.array([scale_value], np.float32)}
+    if "mask" in roles:
+        data[roles["mask"]] = mask
+    if "fill" in roles:
+        data[roles["fill"]] = np.array([-np.inf], np.float32)
+    if "seq_kv" in roles:
+        data[roles["seq_kv"]] = np.array([k.shape[-2]], np.int32)
+        data[roles["seq_q"]] = np.array([q.shape[-2]], np.int32)
+    out = np.empty(entry.out_shape, numpy_dtype(entry.dtype))
+    outputs = {roles["output"]: out}
+    if return_stats:
+        stats = np.empty(entry.stats_shape, np.float32)
+        outputs[roles["stats"]] = stats
+    compiled = entry.compiled
+    compiled.execute(_STREAM, [Tensor(lt, _ENGINE, data[lt.id]) for lt in compiled.inputs],
+                     [Tensor(lt, _ENGINE, outputs[lt.id]) for lt in compiled.outputs])
+    if return_stats:  # GQA stats come out as (..., Hkv, rep, L, 1): give them the query's head layout
+        return from_numpy(out, kind), from_numpy(stats.reshape(out.shape[:-1] + (1,)), kind)
+    return from_numpy(out, kind)

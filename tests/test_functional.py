@@ -1,0 +1,148 @@
+"""ga.scaled_dot_product_attention against a float64 reference, and its argument checks."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import graphattn as ga
+from graphattn.testing import STATS_TOLERANCE, assert_close, random_array, sdpa_reference
+
+pytestmark = pytest.mark.cpu
+
+DTYPES = ["f32", "bf16", "f16"]
+
+CASES = {
+    "4d": dict(q=(2, 3, 17, 32), k=(2, 3, 29, 32), v=(2, 3, 29, 24)),
+    "3d": dict(q=(4, 9, 16), k=(4, 9, 16), v=(4, 9, 16)),
+    "5d_broadcast": dict(q=(2, 3, 4, 5, 16), k=(1, 3, 1, 7, 16), v=(2, 1, 4, 7, 8)),
+    "gqa": dict(q=(2, 8, 11, 32), k=(2, 2, 19, 32), v=(2, 2, 19, 32), enable_gqa=True),
+    "mqa": dict(q=(1, 4, 6, 64), k=(1, 1, 6, 64), v=(1, 1, 6, 64), enable_gqa=True),
+    "causal": dict(q=(1, 2, 33, 32), k=(1, 2, 33, 32), v=(1, 2, 33, 32), is_causal=True),
+    "causal_bottom_right": dict(q=(1, 2, 9, 32), k=(1, 2, 40, 32), v=(1, 2, 40, 32), is_causal=True,
+                                causal_alignment="bottom_right"),
+    "causal_gqa_sq_gt_skv": dict(q=(1, 4, 30, 16), k=(1, 2, 12, 16), v=(1, 2, 12, 16), is_causal=True,
+                                 causal_alignment="bottom_right", enable_gqa=True),
+    "decode": dict(q=(1, 8, 1, 128), k=(1, 2, 300, 128), v=(1, 2, 300, 128), enable_gqa=True),
+    "d80_d256": dict(q=(1, 1, 20, 80), k=(1, 1, 20, 80), v=(1, 1, 20, 256)),
+}
+
+MASK_SHAPES = [(17, 29), (1, 29), (17, 1), (2, 1, 17, 29), (1, 3, 1, 29), (2, 3, 17, 29), (3, 17, 29)]
+
+
+def run_case(case, dtype, rng, mask=None, return_stats=False, scale=None):
+    args = dict(case)
+    arrays = [random_array(args.pop(name), dtype, rng) for name in ("q", "k", "v")]
+    got = ga.scaled_dot_product_attention(*arrays, attn_mask=mask, return_stats=return_stats, scale=scale, **args)
+    want = sdpa_reference(*arrays, attn_mask=mask, return_stats=return_stats, scale=scale, **args)
+    if return_stats:
+        assert got[0].dtype == arrays[0].dtype and got[1].dtype == np.float32
+        assert_close(got[0], want[0], dtype)
+        assert_close(got[1], want[1], "f32", "stats", STATS_TOLERANCE)
+    else:
+        assert got.dtype == arrays[0].dtype
+        assert_close(got, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_reference(case, dtype, rng):
+    run_case(CASES[case], dtype, rng, return_stats=case in ("causal", "gqa", "decode"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask_shape", MASK_SHAPES)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_mask_broadcast_shapes(kind, mask_shape, dtype, rng):
+    if kind == "bool":
+        mask = rng.random(mask_shape) < 0.6
+    else:
+        mask = random_array(mask_shape, dtype, rng)
+    run_case(CASES["4d"], dtype, rng, mask=mask)
+
+
+def test_gqa_with_per_head_mask(rng):
+    mask = rng.random((8, 11, 19)) < 0.5
+    run_case(CASES["gqa"], "f32", rng, mask=mask)
+
+
+def test_strided_views_and_scale(rng):
+    base = random_array((2, 13, 4, 32), "f32", rng)  # (N, S, H, D) storage
+    q = k = v = base.transpose(0, 2, 1, 3)
+    out = ga.scaled_dot_product_attention(q, k[:, :, ::2], v[:, :, ::2], scale=0.3)
+    assert_close(out, sdpa_reference(q, k[:, :, ::2], v[:, :, ::2], scale=0.3), "f32")
+
+
+def test_scalar_zero_mask_means_none(rng):
+    q = random_array((1, 2, 5, 16), "f32", rng)
+    assert np.array_equal(ga.scaled_dot_product_attention(q, q, q, attn_mask=np.float32(0.0)),
+                          ga.scaled_dot_product_attention(q, q, q))
+
+
+def test_fully_masked_row_is_zero_and_nan_row_is_nan(rng):
+    q = random_array((1, 1, 4, 16), "f32", rng)
+    mask = np.ones((4, 4), bool)
+    mask[2] = False
+    out = ga.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    assert np.all(out[0, 0, 2] == 0) and np.all(np.isfinite(out))
+    q_nan = q.copy()
+    q_nan[0, 0, 1, 3] = np.nan
+    out = ga.scaled_dot_product_attention(q_nan, q, q)
+    assert np.all(np.isnan(out[0, 0, 1])) and np.all(np.isfinite(np.delete(out[0, 0], 1, axis=0)))
+
+
+def test_repeated_calls_reuse_the_compiled_partition(rng):
+    from graphattn import functional
+
+    q = random_array((1, 2, 8, 16), "f32", rng)
+    ga.scaled_dot_product_attention(q, q, q, is_causal=True)
+    size = len(functional._cache)
+    for _ in range(3):
+        ga.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert len(functional._cache) == size
+
+
+@pytest.mark.parametrize("args,kwargs,exc,match", [
+    (((2, 8), (2, 8), (2, 8)), {}, ValueError, r"query must have at least 3 dims"),
+    (((1, 4, 16), (1, 4, 8), (1, 4, 8)), {}, ValueError, r"head dims differ"),
+    (((1, 4, 16), (1, 5, 16), (1, 6, 16)), {}, ValueError, r"sequence lengths differ"),
+    (((2, 4, 16), (3, 4, 16), (3, 4, 16)), {}, ValueError, r"not broadcastable"),
+    (((1, 6, 4, 16), (1, 4, 4, 16), (1, 4, 4, 16)), {"enable_gqa": True}, ValueError, r"Hq=6, Hkv=4"),
+    (((1, 6, 4, 16), (1, 2, 4, 16), (1, 2, 4, 16)), {}, ValueError, r"need enable_gqa=True"),
+    (((1, 4, 16), (1, 4, 16), (1, 4, 16)), {"dropout_p": 1.0}, ValueError, r"dropout_p must be in \[0, 1\)"),
+    (((1, 4, 16), (1, 4, 16), (1, 4, 16)), {"dropout_p": 0.1}, NotImplementedError, r"training kernels"),
+    (((1, 4, 16), (1, 4, 16), (1, 4, 16)), {"attn_mask": np.ones((5, 4), bool)}, ValueError, r"attn_mask of shape"),
+    (((1, 4, 16), (1, 4, 16), (1, 4, 16)), {"is_causal": True, "causal_alignment": "middle"}, ValueError,
+     r"causal_alignment"),
+    (((1, 4, 16), (1, 4, 16), (1, 4, 16)), {"is_causal": True, "attn_mask": np.ones((4, 4), bool)}, ValueError,
+     r"not both"),
+])
+def test_bad_arguments(args, kwargs, exc, match, rng):
+    arrays = [random_array(s, "f32", rng) for s in args]
+    with pytest.raises(exc, match=match):
+        ga.scaled_dot_product_attention(*arrays, **kwargs)
+
+
+def test_mixed_dtypes_rejected(rng):
+    q = random_array((1, 4, 16), "f32", rng)
+    with pytest.raises(TypeError, match="share one dtype"):
+        ga.scaled_dot_product_attention(q, q.astype(np.float16), q)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_torch_in_torch_out(dtype, rng):
+    torch = pytest.importorskip("torch")
+    tdt = getattr(torch, dtype)
+    q, k, v = (torch.randn(1, 4, 33, 64, dtype=tdt) for _ in range(3))
+    out = ga.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert isinstance(out, torch.Tensor) and out.dtype == tdt and out.shape == (1, 4, 33, 64)
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert_close(out.float().numpy(), want.numpy(), {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[dtype])
+
+
+def test_torch_bf16_shares_memory():
+    torch = pytest.importorskip("torch")
+    from graphattn.interop import to_numpy
+
+    t = torch.randn(2, 3, dtype=torch.bfloat16)
+    array, kind = to_numpy(t, "query")
+    assert kind == "torch" and array.dtype == ml_dtypes.bfloat16
+    assert array.__array_interface__["data"][0] == t.data_ptr()
