@@ -7,6 +7,10 @@ runtime scalars and calls the kernel with the GIL released.
 """
 from libc.stdint cimport int64_t, uintptr_t
 
+cimport numpy as cnp
+
+cnp.import_array()
+
 from graphattn._cpu cimport (DType, MaskKind, SdpaForwardArgs, Status, TensorView, cpu_features_string,
                              max_threads, sdpa_forward, sdpa_forward_isa)
 
@@ -51,6 +55,17 @@ cdef class ForwardPlan:
         self.args.scale_is_divisor = scale_is_divisor
         self.args.causal = causal
         self.args.inf_as_zero = inf_as_zero
+
+    def run_arrays(self, cnp.ndarray query, cnp.ndarray key, cnp.ndarray value, cnp.ndarray output,
+                   cnp.ndarray mask=None, cnp.ndarray stats=None, float scale=1.0, int64_t causal_offset=0,
+                   float select_fill=float("-inf"), float causal_fill=float("-inf")):
+        """As run, taking the arrays themselves (their first element's address is used; strides were
+        fixed at plan time and are checked by the caller)."""
+        self.run(<uintptr_t>cnp.PyArray_DATA(query), <uintptr_t>cnp.PyArray_DATA(key),
+                 <uintptr_t>cnp.PyArray_DATA(value), <uintptr_t>cnp.PyArray_DATA(output),
+                 <uintptr_t>cnp.PyArray_DATA(mask) if mask is not None else 0,
+                 <uintptr_t>cnp.PyArray_DATA(stats) if stats is not None else 0,
+                 scale, causal_offset, select_fill, causal_fill)
 
     def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
             uintptr_t stats=0, float scale=1.0, int64_t causal_offset=0, float select_fill=float("-inf"),

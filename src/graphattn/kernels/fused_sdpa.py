@@ -88,10 +88,6 @@ def _scalar(array: np.ndarray) -> float:
     return array.reshape(-1)[0].item()
 
 
-def _address(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
-
-
 class FusedSdpaForward:
     """Runs one matched SDPA forward partition with graphattn::sdpa_forward."""
 
@@ -174,11 +170,10 @@ class FusedSdpaForward:
         causal_offset = 0
         if m.causal:
             causal_offset = m.causal.adjust + sum(sign * int(_scalar(inputs[c.tensor_id])) for c, sign in self.causal_terms)
-        self.plan.run(
-            _address(inputs[m.query.tensor_id]), _address(inputs[m.key.tensor_id]), _address(inputs[m.value.tensor_id]),
-            _address(outputs[m.output_id]),
-            mask=_address(inputs[m.mask.tensor_id]) if m.mask is not None else 0,
-            stats=_address(outputs[m.stats_id]) if m.stats_id is not None else 0,
+        self.plan.run_arrays(
+            inputs[m.query.tensor_id], inputs[m.key.tensor_id], inputs[m.value.tensor_id], outputs[m.output_id],
+            mask=inputs[m.mask.tensor_id] if m.mask is not None else None,
+            stats=outputs[m.stats_id] if m.stats_id is not None else None,
             scale=_scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0,
             causal_offset=causal_offset,
             select_fill=_scalar(inputs[self.select_fill.tensor_id]) if self.select_fill is not None else float("-inf"),

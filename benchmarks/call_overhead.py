@@ -1,0 +1,67 @@
+"""Per-call overhead of ga.scaled_dot_product_attention on a tiny repeated call.
+
+    python benchmarks/call_overhead.py [--calls 20000]
+
+Shape (1, 1, 1, 1, 16): the kernel's work is negligible, so the time is the
+Python path (cache lookup, binding, validation) plus the kernel launch.
+Prints one JSON line per case and a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import numpy as np
+
+import graphattn as ga
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def measure(fn, calls: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls // 5):
+            fn()
+        best = min(best, (time.perf_counter() - start) / (calls // 5))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20000)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 1, 1, 1, 16)).astype(np.float32)
+    cases = {
+        "plain": lambda: ga.scaled_dot_product_attention(x, x, x),
+        "causal": lambda: ga.scaled_dot_product_attention(x, x, x, is_causal=True),
+        "stats": lambda: ga.scaled_dot_product_attention(x, x, x, return_stats=True),
+    }
+    rows = []
+    for name, fn in cases.items():
+        seconds = measure(fn, args.calls)
+        row = {"bench": "call_overhead", "case": name, "shape": [1, 1, 1, 1, 16], "dtype": "f32",
+               "us_per_call": round(seconds * 1e6, 2), "cpu": cpu_model(), "threads": ga.thread_count()}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print(f"\n{'case':<8} {'us/call':>8}   (cpu: {rows[0]['cpu']}, {rows[0]['threads']} threads)")
+    for row in rows:
+        print(f"{row['case']:<8} {row['us_per_call']:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
