@@ -14,9 +14,7 @@ import numpy as np
 
 from .dtypes import DataType, from_numpy as dtype_of, numpy_dtype
 from .engine import Engine, Stream
-from .graph import Graph
-from .logical_tensor import LogicalTensor
-from .ops import Op
+from .builder import GraphBuilder
 from .ops.broadcast import broadcast_shapes
 from .interop import from_numpy, to_numpy
 from .tensor import Tensor, element_strides
@@ -108,23 +106,8 @@ def _normalize_mask(mask):
 def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats) -> _Compiled:
     dt = dtype_of(q.dtype)
     f32 = DataType.f32
-    ids = iter(range(10_000))
-    ops: list[Op] = []
-    roles: dict[str, int] = {}
-
-    def tensor(role, dtype, shape, strides=None):
-        lt = LogicalTensor(next(ids), dtype, shape, strides)
-        if role:
-            roles[role] = lt.id
-        return lt
-
-    def op(kind, inputs, outputs, **attrs):
-        ops.append(Op(len(ops), kind, inputs, outputs, attrs))
-        return outputs[0]
-
-    def reshape(x, shape):
-        return op("StaticReshape", [x], [tensor(None, x.dtype, shape)], shape=list(shape), special_zero=False)
-
+    b = GraphBuilder()
+    tensor, op, reshape = b.tensor, b.op, b.reshape
     lq = tensor("query", dt, q.shape, element_strides(q))
     lk = tensor("key", dt, k.shape, element_strides(k))
     lv = tensor("value", dt, v.shape, element_strides(v))
@@ -159,7 +142,7 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats) -> _Compiled:
             row = op("Subtract", [row, tensor("seq_q", s32, (1,))], [tensor(None, s32, score_shape)])
         keep = op("GreaterEqual", [row, col], [tensor(None, DataType.boolean, score_shape)])
         score = op("Select", [keep, score, tensor("fill", f32, (1,))], [tensor(None, f32, score_shape)])
-    masked_shape = ops[-1].outputs[0].shape
+    masked_shape = b.ops[-1].outputs[0].shape
     softmax_out = [tensor(None, dt, masked_shape)]
     if return_stats:
         softmax_out.append(tensor("stats", f32, masked_shape[:-1] + (1,)))
@@ -167,10 +150,9 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats) -> _Compiled:
     out = op("MatMul", [softmax_out[0], lv], [tensor(None, dt, masked_shape[:-1] + (v.shape[-1],))])
     if gqa:
         out = reshape(out, out.shape[:-4] + (hq,) + out.shape[-2:])
+    roles = b.roles
     roles["output"] = out.id
-    graph = Graph("cpu")
-    for o in ops:
-        graph.add_op(o)
+    graph = b.graph()
     (partition,) = graph.get_partitions()
     ports = {lt.id: lt for lt in partition.get_input_ports()}
     inputs = [ports[i] if i not in (roles["query"], roles["key"], roles["value"], roles.get("mask"))

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .dtypes import DataType, as_data_type, numpy_dtype
+from .builder import GraphBuilder
 from .graph import Graph
-from .logical_tensor import LogicalTensor
-from .ops import Op
 
 # (rtol, atol) of a fused kernel's result against the reference executor.
 # bf16/f16: the output itself is rounded to 8/11 significant bits, so one
@@ -117,23 +116,8 @@ class SdpaGraphSpec:
         dt = as_data_type(self.dtype)
         f32 = DataType.f32
         shapes = self.input_shapes()
-        counter = iter(range(1000))
-        ops: list[Op] = []
-        ids = self.ids
-        ids.clear()
-
-        def tensor(role, dtype, shape):
-            lt = LogicalTensor(next(counter), dtype, shape)
-            if role:
-                ids[role] = lt.id
-            return lt
-
-        def op(kind, inputs, outputs, **attrs):
-            ops.append(Op(len(ops), kind, inputs, outputs, attrs))
-            return outputs[0]
-
-        def reshape(x, shape):
-            return op("StaticReshape", [x], [tensor(None, x.dtype, shape)], shape=list(shape), special_zero=False)
+        b = GraphBuilder()
+        tensor, op, reshape = b.tensor, b.op, b.reshape
 
         n, hq, hkv, sq, skv, d, dv = self.batch, self.heads_q, self.hkv, self.seq_q, self.skv, self.head_dim, self.dv
         rep = hq // hkv
@@ -188,12 +172,9 @@ class SdpaGraphSpec:
             out = op("StaticTranspose", [out], [tensor(None, dt, (n, sq, hq, dv))], order=[0, 2, 1, 3])
             if self.reorder == "transpose_reshape":
                 out = reshape(out, (n, sq, hq * dv))
-        ids["output"] = out.id
-        graph = Graph("cpu")
-        for o in ops:
-            graph.add_op(o)
-        graph.finalize()
-        return graph
+        self.ids.clear()
+        self.ids.update(b.roles, output=out.id)
+        return b.graph()
 
     def random_inputs(self, rng: np.random.Generator) -> dict[int, np.ndarray]:
         """Random Q/K/V/mask data plus the scalar inputs, keyed by tensor id (call build() first)."""
