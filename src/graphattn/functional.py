@@ -154,10 +154,7 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats) -> _Compiled:
     roles["output"] = out.id
     graph = b.graph()
     (partition,) = graph.get_partitions()
-    ports = {lt.id: lt for lt in partition.get_input_ports()}
-    inputs = [ports[i] if i not in (roles["query"], roles["key"], roles["value"], roles.get("mask"))
-              else graph.tensor(i) for i in ports]
-    compiled = partition.compile(inputs, partition.get_output_ports(), _ENGINE)
+    compiled = partition.compile(partition.get_input_ports(), partition.get_output_ports(), _ENGINE)
     stats_shape = compiled.query_logical_tensor(roles["stats"]).shape if return_stats else None
     return _Compiled(compiled, roles, compiled.query_logical_tensor(out.id).shape, stats_shape, dt)
 

@@ -113,10 +113,6 @@ class FusedSdpaForward:
         batch = shapes[m.pv.outputs[0].id][:-2]
         if len(batch) > KERNEL_BATCH_DIMS:
             raise NotUsable(f"{len(batch)} batch dims; the kernel takes at most {KERNEL_BATCH_DIMS}")
-        for name, lt in (("query", lts[m.query.tensor_id]), ("key", lts[m.key.tensor_id]),
-                         ("value", lts[m.value.tensor_id]), ("output", lts[m.output_id])):
-            _code(lt.dtype, FLOAT_TYPES, name)
-
         views = {
             "query": (_code(lts[m.query.tensor_id].dtype, FLOAT_TYPES, "query"),
                       _kernel_strides(q, batch, seq_q, head_dim, "query")),
