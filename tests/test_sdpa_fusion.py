@@ -149,15 +149,21 @@ def test_output_into_a_larger_buffer_writes_only_its_view(rng):
 
 
 def test_every_isa_build_matches(rng):
-    """Each kernel build (portable, avx2, avx512) runs where the CPU has it, in a fresh process."""
+    """Each kernel build (portable, avx2, avx512) runs where the CPU has it, in a fresh process,
+    through both drivers (short query rows and lane blocks) and every mask kind."""
     script = (
         "import numpy as np, graphattn as ga\n"
-        "from graphattn.testing import SdpaGraphSpec, assert_close\n"
+        "from graphattn.testing import STATS_TOLERANCE, SdpaGraphSpec, assert_close\n"
         "rng = np.random.default_rng(0)\n"
-        "for dt in ('f32', 'bf16', 'f16'):\n"
-        "    s = SdpaGraphSpec(dtype=dt, mask='causal_bottom_right', seq_q=37, seq_kv=70, head_dim=80, stats=True)\n"
+        "cases = [(dt, m, sq) for dt in ('f32', 'bf16', 'f16') for m in (None, 'add', 'select', 'causal_top_left',\n"
+        "         'causal_bottom_right') for sq in (1, 3, 37, 130)]\n"
+        "for dt, m, sq in cases:\n"
+        "    s = SdpaGraphSpec(dtype=dt, mask=m, seq_q=sq, seq_kv=70, head_dim=80, stats=True)\n"
         "    g = s.build(); x = s.random_inputs(rng)\n"
-        "    assert_close(ga.run_graph(g, x)[s.ids['output']], ga.run_graph(g, x, policy='debug')[s.ids['output']], dt)\n"
+        "    fused, ref = ga.run_graph(g, x), ga.run_graph(g, x, policy='debug')\n"
+        "    for name in ('output', 'stats'):\n"
+        "        tol = None if name == 'output' else STATS_TOLERANCE\n"
+        "        assert_close(fused[s.ids[name]], ref[s.ids[name]], dt, name, tol)\n"
         "print(ga.forward_isa())\n")
     features = set(ga.cpu_features())
     for isa, needs in (("portable", set()), ("avx2", {"avx2", "fma", "f16c"}), ("avx512", {"avx512f", "avx512bw"})):

@@ -21,6 +21,11 @@ inline int64_t dtype_size(DType dt) {
     return 0;
 }
 
+// Element offset of batch index b in view t.
+inline int64_t view_batch_offset(const TensorView& t, const int64_t b[kBatchDims]) {
+    return b[0] * t.strides[0] + b[1] * t.strides[1] + b[2] * t.strides[2];
+}
+
 // Address of element `offset` (in elements) of a tensor of dtype dt.
 inline const char* element_ptr(const void* base, DType dt, int64_t offset) {
     return static_cast<const char*>(base) + offset * dtype_size(dt);

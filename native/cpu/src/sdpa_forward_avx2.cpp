@@ -1,11 +1,10 @@
-// The forward kernel built for the avx2 target (flags set in CMakeLists.txt).
+// The forward kernels built for the avx2 target (flags set in CMakeLists.txt):
+// 8 floats per vector, 3 vectors of query rows per block, 4-wide register tiles.
 #define GRAPHATTN_ISA_NS isa_avx2
-#include "microkernels_portable.hpp"
-#include "sdpa_forward_impl.hpp"
+#define GRAPHATTN_LANES 8
+#include "sdpa_forward_select.hpp"
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
-Status sdpa_forward_avx2(const SdpaForwardArgs& args) {
-    return isa_avx2::sdpa_forward_impl<isa_avx2::PortableMicroKernels>(args);
-}
+Status sdpa_forward_avx2(const SdpaForwardArgs& args) { return isa_avx2::sdpa_forward_for_isa<3, 4>(args); }
 }  // namespace graphattn

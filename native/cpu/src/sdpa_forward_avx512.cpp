@@ -1,11 +1,10 @@
-// The forward kernel built for the avx512 target (flags set in CMakeLists.txt).
+// The forward kernels built for the avx512 target (flags set in CMakeLists.txt):
+// 16 floats per vector, 4 vectors of query rows per block, 6-wide register tiles.
 #define GRAPHATTN_ISA_NS isa_avx512
-#include "microkernels_portable.hpp"
-#include "sdpa_forward_impl.hpp"
+#define GRAPHATTN_LANES 16
+#include "sdpa_forward_select.hpp"
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
-Status sdpa_forward_avx512(const SdpaForwardArgs& args) {
-    return isa_avx512::sdpa_forward_impl<isa_avx512::PortableMicroKernels>(args);
-}
+Status sdpa_forward_avx512(const SdpaForwardArgs& args) { return isa_avx512::sdpa_forward_for_isa<4, 6>(args); }
 }  // namespace graphattn

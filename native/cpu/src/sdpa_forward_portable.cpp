@@ -1,11 +1,10 @@
-// The forward kernel built for the portable target (flags set in CMakeLists.txt).
+// The forward kernels built for the portable target (flags set in CMakeLists.txt):
+// 4 floats per vector, 3 vectors of query rows per block, 4-wide register tiles.
 #define GRAPHATTN_ISA_NS isa_portable
-#include "microkernels_portable.hpp"
-#include "sdpa_forward_impl.hpp"
+#define GRAPHATTN_LANES 4
+#include "sdpa_forward_select.hpp"
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
-Status sdpa_forward_portable(const SdpaForwardArgs& args) {
-    return isa_portable::sdpa_forward_impl<isa_portable::PortableMicroKernels>(args);
-}
+Status sdpa_forward_portable(const SdpaForwardArgs& args) { return isa_portable::sdpa_forward_for_isa<3, 4>(args); }
 }  // namespace graphattn

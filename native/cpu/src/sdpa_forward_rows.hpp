@@ -1,4 +1,6 @@
-// FlashAttention-2 forward driver, templated on the micro-kernel family.
+// FlashAttention-2 forward with query rows as matrix rows, for short query
+// sequences (decode) where the lane layout of sdpa_forward_lanes.hpp would
+// leave most vector lanes idle.
 //
 // Work is split over batch x query blocks with OpenMP, so even one head fills
 // every core.  Each work item streams over key blocks keeping a running max
@@ -24,10 +26,6 @@ namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
 inline int round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
-
-inline int64_t batch_offset(const TensorView& t, const int64_t b[kBatchDims]) {
-    return b[0] * t.strides[0] + b[1] * t.strides[1] + b[2] * t.strides[2];
-}
 
 // Online softmax update of one query row with a block of masked scores:
 // scores become probabilities (relative to the new running max), and the
@@ -60,7 +58,7 @@ inline void online_softmax_row(float* __restrict row, int width, float& running_
 }
 
 template <class MK>
-Status sdpa_forward_impl(const SdpaForwardArgs& a) {
+Status sdpa_forward_rows(const SdpaForwardArgs& a) {
     constexpr int BQ = MK::kBlockQ;
     constexpr int BK = MK::kBlockKV;
     const int D = int(a.head_dim_qk);
@@ -101,7 +99,7 @@ Status sdpa_forward_impl(const SdpaForwardArgs& a) {
             const int rows_padded = round_up(rows, MK::kRowGroup);
 
             const TensorView& q = a.query;
-            load_block(element_ptr(q.data, q.dtype, batch_offset(q, b) + i0 * q.strides[3]), q.dtype, q.strides[3],
+            load_block(element_ptr(q.data, q.dtype, view_batch_offset(q, b) + i0 * q.strides[3]), q.dtype, q.strides[3],
                        q.strides[4], rows, D, q_buf.get(), D, 1);
             std::fill(q_buf.get() + size_t(rows) * D, q_buf.get() + size_t(rows_padded) * D, 0.0f);
             std::fill(acc_buf.get(), acc_buf.get() + size_t(rows_padded) * dv_pad, 0.0f);
@@ -114,7 +112,7 @@ Status sdpa_forward_impl(const SdpaForwardArgs& a) {
             const TensorView& k = a.key;
             const TensorView& v = a.value;
             const TensorView& m = a.mask;
-            const int64_t k_base = batch_offset(k, b), v_base = batch_offset(v, b);
+            const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
             for (int64_t j0 = 0; j0 < kv_end; j0 += BK) {
                 const int kv_rows = int(std::min<int64_t>(BK, Skv - j0));
                 // K^T block: kt[d][j] = K[j0 + j][d]; columns past kv_rows stay 0.
@@ -128,7 +126,7 @@ Status sdpa_forward_impl(const SdpaForwardArgs& a) {
                 MK::qk(q_buf.get(), rows_padded, D, kt_buf.get(), s_buf.get());
 
                 if (a.mask_kind != MaskKind::none)
-                    load_block(element_ptr(m.data, m.dtype, batch_offset(m, b) + i0 * m.strides[3] + j0 * m.strides[4]),
+                    load_block(element_ptr(m.data, m.dtype, view_batch_offset(m, b) + i0 * m.strides[3] + j0 * m.strides[4]),
                                m.dtype, m.strides[3], m.strides[4], rows, kv_rows, mask_buf.get(), BK, 1);
                 for (int r = 0; r < rows; ++r) {
                     float* row = s_buf.get() + size_t(r) * BK;
@@ -143,7 +141,7 @@ Status sdpa_forward_impl(const SdpaForwardArgs& a) {
             // Normalise and store; a row whose every score was -inf has sum 0.
             const TensorView& o = a.output;
             const TensorView& st = a.stats;
-            const int64_t o_base = batch_offset(o, b);
+            const int64_t o_base = view_batch_offset(o, b);
             for (int r = 0; r < rows; ++r) {
                 const float sum = row_sum[r];
                 const float* acc_row = acc_buf.get() + size_t(r) * dv_pad;
@@ -166,7 +164,7 @@ Status sdpa_forward_impl(const SdpaForwardArgs& a) {
                           o.strides[4]);
                 if (st.data) {
                     float* stats = static_cast<float*>(const_cast<void*>(st.data));
-                    stats[batch_offset(st, b) + i * st.strides[3]] = lse;
+                    stats[view_batch_offset(st, b) + i * st.strides[3]] = lse;
                 }
             }
         }

@@ -1,0 +1,216 @@
+"""graphattn's fused SDPA against the installed peers, in one process, interleaved.
+
+    python benchmarks/sdpa_bench.py [--suite quick|standard|full] [--dtypes f32,bf16]
+                                    [--only causal|plain] [--plot out.png] [--memory]
+
+Peers: PyTorch's CPU F.scaled_dot_product_attention when torch is importable
+(oneDNN's Graph API has no CPU build on PyPI; its figures are in the issues).
+Each case times graphattn and every peer alternately on the same inputs and
+reports the median. Prints one JSON line per case on stdout, a progress bar
+on stderr, then a table with ms, GFLOP/s and the ratio to each peer
+(peer time / graphattn time, so > 1 means graphattn is faster), and the
+machine's measured GEMM rate per dtype as the practical peak.
+--memory runs the forward at S=32768 (N=1, H=8, D=128) in a child process
+and prints its peak memory beyond inputs and outputs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import graphattn as ga
+from bench_common import Progress, attention_flops, core_count, cpu_model, median, time_call
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # the peer is optional
+    torch = None
+
+# (batch, heads_q, heads_kv, seq_q, seq_kv, head_dim)
+SUITES = {
+    "quick": [(1, 16, 16, 1024, 1024, 64), (1, 2, 2, 2048, 2048, 64), (1, 32, 8, 1, 4096, 128)],
+    "standard": [(1, 16, 16, 1024, 1024, 64), (1, 16, 16, 2048, 2048, 128), (4, 32, 32, 512, 512, 64),
+                 (1, 2, 2, 2048, 2048, 64), (1, 32, 8, 1, 4096, 128), (1, 32, 8, 1, 16384, 128)],
+}
+SUITES["full"] = SUITES["standard"] + [(8, 16, 16, s, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096)] + [
+    (1, 32, 8, 1, s, 128) for s in (8192, 32768)]
+
+
+def make_inputs(shape, dtype: str, rng):
+    n, hq, hkv, sq, skv, d = shape
+    q = rng.standard_normal((n, hq, sq, d), dtype=np.float32)
+    k = rng.standard_normal((n, hkv, skv, d), dtype=np.float32)
+    v = rng.standard_normal((n, hkv, skv, d), dtype=np.float32)
+    if torch is not None:  # graphattn takes torch tensors without a copy, so both see the same memory
+        tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+        return [torch.from_numpy(x).to(tdtype) for x in (q, k, v)]
+    np_dtype = {"f32": np.float32, "bf16": ga.dtypes.DTYPES[ga.DataType.bf16].numpy, "f16": np.float16}[dtype]
+    return [x.astype(np_dtype) for x in (q, k, v)]
+
+
+def contenders(shape, causal: bool, inputs):
+    n, hq, hkv, sq, skv, d = shape
+    gqa = hq != hkv
+    q, k, v = inputs
+    runs = {"graphattn": lambda: ga.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)}
+    if torch is not None:
+        def torch_sdpa():
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+        runs["torch"] = torch_sdpa
+    return runs
+
+
+def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float) -> dict:
+    n, hq, hkv, sq, skv, d = shape
+    if causal and sq == 1:
+        causal = False  # one query row: the causal mask keeps every key
+    inputs = make_inputs(shape, dtype, rng)
+    runs = contenders(shape, causal, inputs)
+    times = {name: [] for name in runs}
+    for name, fn in runs.items():  # warm-up (compiles and caches graphattn's partition)
+        fn()
+    rounds = 5
+    for _ in range(rounds):  # interleaved, so drifting clocks or neighbours hit every contender alike
+        for name, fn in runs.items():
+            times[name] += time_call(fn, min_seconds / rounds, max_reps=10)
+    flops = attention_flops(n, hq, sq, skv, d, causal=causal)
+    row = {"bench": "sdpa_forward", "shape": [n, hq, hkv, sq, skv, d], "dtype": dtype, "causal": causal,
+           "isa": ga.forward_isa(), "threads": ga.thread_count(), "cpu": cpu_model()}
+    for name, t in times.items():
+        ms = median(t) * 1e3
+        row[f"{name}_ms"] = round(ms, 4)
+        row[f"{name}_gflops"] = round(flops / (ms * 1e-3) / 1e9, 1)
+    for name in times:
+        if name != "graphattn":
+            row[f"vs_{name}"] = round(row[f"{name}_ms"] / row["graphattn_ms"], 2)
+    return row
+
+
+def gemm_peak(dtype: str) -> float | None:
+    """GFLOP/s of a large square GEMM in this dtype (PyTorch if present, else NumPy f32)."""
+    size = 2048
+    if torch is not None:
+        tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+        a = torch.randn(size, size).to(tdtype)
+        b = torch.randn(size, size).to(tdtype)
+        fn = lambda: torch.matmul(a, b)  # noqa: E731
+    elif dtype == "f32":
+        a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+        fn = lambda: a @ a  # noqa: E731
+    else:
+        return None
+    return 2.0 * size ** 3 / median(time_call(fn, 0.5)) / 1e9
+
+
+MEMORY_SCRIPT = r"""
+import numpy as np, graphattn as ga
+def peak_kib():
+    with open('/proc/self/status') as f:
+        return next(int(l.split()[1]) for l in f if l.startswith('VmHWM'))
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((1, 8, 32768, 128), dtype=np.float32) for _ in range(3))
+ga.scaled_dot_product_attention(q[:, :, :64], k[:, :, :64], v[:, :, :64])  # load and compile everything
+before = peak_kib()
+res = ga.scaled_dot_product_attention(q, k, v)
+after = peak_kib()
+print((after - before) / 1024 - res.nbytes / 2**20)  # the output is not extra
+"""
+
+
+def memory_case() -> dict:
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True, text=True, check=True)
+    extra = float(result.stdout.strip())
+    return {"bench": "sdpa_forward_memory", "shape": [1, 8, 8, 32768, 32768, 128], "dtype": "f32",
+            "peak_extra_mib": round(extra, 1), "seconds": round(time.perf_counter() - start, 1), "cpu": cpu_model()}
+
+
+def print_table(rows: list[dict], peaks: dict) -> None:
+    peers = sorted({key[:-3] for row in rows for key in row if key.endswith("_ms")} - {"graphattn"})
+    header = f"{'shape (N,Hq,Hkv,Sq,Skv,D)':<30} {'dtype':<5} {'causal':<6} {'graphattn ms':>12} {'GFLOP/s':>8}"
+    for peer in peers:
+        header += f" {peer + ' ms':>10} {'GFLOP/s':>8} {'ratio':>6}"
+    print()
+    print(f"cpu: {cpu_model()}, {core_count()} cores, {ga.thread_count()} threads, kernel isa {ga.forward_isa()}")
+    print(header)
+    for row in rows:
+        line = (f"{str(tuple(row['shape'])):<30} {row['dtype']:<5} {str(row['causal']):<6} "
+                f"{row['graphattn_ms']:>12.3f} {row['graphattn_gflops']:>8.1f}")
+        for peer in peers:
+            if f"{peer}_ms" in row:
+                line += f" {row[peer + '_ms']:>10.3f} {row[peer + '_gflops']:>8.1f} {row['vs_' + peer]:>6.2f}"
+        print(line)
+    if peaks:
+        print("practical peak (2048^3 GEMM): " + ", ".join(f"{dt} {gf:.0f} GFLOP/s" for dt, gf in peaks.items()))
+
+
+def plot(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot needs matplotlib (pip install matplotlib); skipped", file=sys.stderr)
+        return
+    labels = [f"{tuple(r['shape'])} {r['dtype']}{' causal' if r['causal'] else ''}" for r in rows]
+    peers = sorted({key[:-7] for row in rows for key in row if key.endswith("_gflops")})
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.5))
+    height = 0.8 / len(peers)
+    for i, peer in enumerate(peers):
+        ax.barh([y + i * height for y in range(len(rows))], [r.get(f"{peer}_gflops", 0) for r in rows], height,
+                label=peer)
+    ax.set_yticks([y + 0.4 - height / 2 for y in range(len(rows))], labels, fontsize=7)
+    ax.set_xlabel("GFLOP/s")
+    ax.set_title(f"SDPA forward, {cpu_model()}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=sorted(SUITES), default="standard")
+    parser.add_argument("--dtypes", default="f32,bf16,f16")
+    parser.add_argument("--only", choices=["causal", "plain"], default=None)
+    parser.add_argument("--seconds", type=float, default=1.0, help="timing budget per contender and case")
+    parser.add_argument("--plot", default=None, help="write a PNG bar chart here (needs matplotlib)")
+    parser.add_argument("--memory", action="store_true", help="also measure peak extra memory at S=32768")
+    parser.add_argument("--no-peak", action="store_true", help="skip the GEMM peak measurement")
+    args = parser.parse_args()
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # idle BLAS threads would spin on our cores
+    if torch is not None:
+        torch.set_num_threads(ga.thread_count())
+
+    dtypes = args.dtypes.split(",")
+    causal_flags = {"causal": [True], "plain": [False], None: [False, True]}[args.only]
+    cases = [(s, dt, c) for s in SUITES[args.suite] for dt in dtypes for c in causal_flags
+             if not (c and s[3] == 1)]
+    rng = np.random.default_rng(0)
+    progress = Progress(len(cases) + (1 if args.memory else 0))
+    rows = []
+    for shape, dtype, causal in cases:
+        progress.step(f"{shape} {dtype} {'causal' if causal else ''}")
+        row = bench_case(shape, dtype, causal, rng, args.seconds)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    peaks = {} if args.no_peak else {dt: gf for dt in dtypes if (gf := gemm_peak(dt)) is not None}
+    for dt, gf in peaks.items():
+        print(json.dumps({"bench": "gemm_peak", "dtype": dt, "gflops": round(gf, 1), "cpu": cpu_model()}), flush=True)
+    if args.memory:
+        progress.step("memory S=32768")
+        print(json.dumps(memory_case()), flush=True)
+    print_table(rows, peaks)
+    if args.plot:
+        plot(rows, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+// Register-blocked block products in the "query rows as vector lanes" layout
+// used by the forward driver: every operand indexed by a query row is stored
+// transposed ([k][row]), so one vector holds kLanes query rows, and the other
+// operand (a K or V row) is read as scalars and broadcast.  Both products of
+// attention take this one form:
+//
+//   S^T[j][r]  = sum_d  K[j][d] * Q^T[d][r]      (b(n, k) = K[n][k])
+//   O^T[c][r] += sum_j  V[j][c] * P^T[j][r]      (b(n, k) = V[k][n])
+//
+// A tile keeps kTileN x RV vector accumulators in registers; per k step it
+// loads RV vectors of the lane operand and broadcasts kTileN scalars.
+#pragma once
+
+#include <cstdint>
+
+#include "isa_namespace.hpp"
+#include "simd.hpp"
+
+namespace graphattn {
+namespace GRAPHATTN_ISA_NS {
+
+// c_t[n][lanes] (+)= sum_{k < k_count} a_t[k][lanes] * b[n * b_n + k * b_k]
+// for n < NT.  a_t and c_t rows are RV vectors long.
+template <int RV, int NT, bool Accumulate>
+inline void lane_tile(const float* __restrict a_t, int k_count, const float* __restrict b, int64_t b_n,
+                      int64_t b_k, float* __restrict c_t) {
+    constexpr int kRow = RV * kLanes;
+    VecF acc[NT][RV];
+#pragma GCC unroll 16
+    for (int n = 0; n < NT; ++n)
+#pragma GCC unroll 16
+        for (int v = 0; v < RV; ++v) acc[n][v] = Accumulate ? load(c_t + n * kRow + v * kLanes) : VecF{};
+    for (int k = 0; k < k_count; ++k) {
+        VecF a[RV];
+#pragma GCC unroll 16
+        for (int v = 0; v < RV; ++v) a[v] = load(a_t + k * kRow + v * kLanes);
+        const float* bk = b + k * b_k;
+#pragma GCC unroll 16
+        for (int n = 0; n < NT; ++n) {
+            const float bn = bk[n * b_n];
+#pragma GCC unroll 16
+            for (int v = 0; v < RV; ++v) acc[n][v] += a[v] * bn;
+        }
+    }
+#pragma GCC unroll 16
+    for (int n = 0; n < NT; ++n)
+#pragma GCC unroll 16
+        for (int v = 0; v < RV; ++v) store(c_t + n * kRow + v * kLanes, acc[n][v]);
+}
+
+// The same product for n < n_count: full tiles of NT, then one narrower tile
+// for the remainder.
+template <int RV, int NT, bool Accumulate>
+inline void lane_gemm(const float* a_t, int k_count, const float* b, int64_t b_n, int64_t b_k, int n_count,
+                      float* c_t) {
+    constexpr int kRow = RV * kLanes;
+    int n = 0;
+    for (; n + NT <= n_count; n += NT) lane_tile<RV, NT, Accumulate>(a_t, k_count, b + n * b_n, b_n, b_k, c_t + n * kRow);
+    if constexpr (NT > 1) {
+        if (n < n_count)
+            lane_gemm<RV, NT - 1, Accumulate>(a_t, k_count, b + n * b_n, b_n, b_k, n_count - n, c_t + n * kRow);
+    }
+}
+
+}  // namespace GRAPHATTN_ISA_NS
+}  // namespace graphattn

@@ -1,0 +1,22 @@
+// Picks the forward driver for one ISA build: the lane layout for query
+// blocks that fill the vector lanes, the row layout for short query
+// sequences (decode) that would leave most lanes idle.
+#pragma once
+
+#include "graphattn/sdpa.hpp"
+#include "isa_namespace.hpp"
+#include "microkernels_portable.hpp"
+#include "sdpa_forward_lanes.hpp"
+#include "sdpa_forward_rows.hpp"
+
+namespace graphattn {
+namespace GRAPHATTN_ISA_NS {
+
+template <int RV, int NT>
+Status sdpa_forward_for_isa(const SdpaForwardArgs& args) {
+    if (args.seq_q < kLanes) return sdpa_forward_rows<PortableMicroKernels>(args);
+    return LaneForward<RV, NT>::run(args);
+}
+
+}  // namespace GRAPHATTN_ISA_NS
+}  // namespace graphattn
