@@ -23,6 +23,10 @@ CASES = {
                                  causal_alignment="bottom_right", enable_gqa=True),
     "decode": dict(q=(1, 8, 1, 128), k=(1, 2, 300, 128), v=(1, 2, 300, 128), enable_gqa=True),
     "d80_d256": dict(q=(1, 1, 20, 80), k=(1, 1, 20, 80), v=(1, 1, 20, 256)),
+    # Several full key and query blocks: the packed fast paths of the AMX and lane kernels.
+    "long": dict(q=(1, 2, 130, 64), k=(1, 2, 200, 64), v=(1, 2, 200, 64)),
+    "long_causal": dict(q=(1, 2, 150, 128), k=(1, 2, 150, 128), v=(1, 2, 150, 128), is_causal=True),
+    "long_d80": dict(q=(1, 2, 70, 80), k=(1, 2, 150, 80), v=(1, 2, 150, 48)),
 }
 
 MASK_SHAPES = [(17, 29), (1, 29), (17, 1), (2, 1, 17, 29), (1, 3, 1, 29), (2, 3, 17, 29), (3, 17, 29)]
@@ -87,6 +91,19 @@ def test_fully_masked_row_is_zero_and_nan_row_is_nan(rng):
     q_nan[0, 0, 1, 3] = np.nan
     out = ga.scaled_dot_product_attention(q_nan, q, q)
     assert np.all(np.isnan(out[0, 0, 1])) and np.all(np.isfinite(np.delete(out[0, 0], 1, axis=0)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lowest_float_mask_keeps_its_meaning(dtype, rng):
+    """A row masked with finfo.min (not -inf) averages V uniformly, as the reference does."""
+    q, k, v = (random_array((1, 2, 40, 32), dtype, rng) for _ in range(3))
+    mask = np.zeros((40, 40), np.float32)
+    mask[:, 5:] = np.finfo(np.float32).min  # most keys masked this way
+    mask[7] = np.finfo(np.float32).min  # and row 7 entirely
+    got = ga.scaled_dot_product_attention(q, k, v, attn_mask=mask.astype(q.dtype) if dtype == "f32" else mask)
+    want = sdpa_reference(q, k, v, attn_mask=mask)
+    assert_close(got, want, dtype)
+    assert_close(got[:, :, 7], v.astype(np.float64).mean(axis=2), dtype)
 
 
 def test_repeated_calls_reuse_the_compiled_partition(rng):

@@ -149,7 +149,7 @@ def test_output_into_a_larger_buffer_writes_only_its_view(rng):
 
 
 def test_every_isa_build_matches(rng):
-    """Each kernel build (portable, avx2, avx512) runs where the CPU has it, in a fresh process,
+    """Each kernel build (portable, avx2, avx512, amx) runs where the CPU has it, in a fresh process,
     through both drivers (short query rows and lane blocks) and every mask kind."""
     script = (
         "import numpy as np, graphattn as ga\n"
@@ -164,12 +164,14 @@ def test_every_isa_build_matches(rng):
         "    for name in ('output', 'stats'):\n"
         "        tol = None if name == 'output' else STATS_TOLERANCE\n"
         "        assert_close(fused[s.ids[name]], ref[s.ids[name]], dt, name, tol)\n"
-        "print(ga.forward_isa())\n")
+        "print(ga.forward_isa('bf16'))\n")
     features = set(ga.cpu_features())
-    for isa, needs in (("portable", set()), ("avx2", {"avx2", "fma", "f16c"}), ("avx512", {"avx512f", "avx512bw"})):
+    builds = (("portable", set()), ("avx2", {"avx2", "fma", "f16c"}), ("avx512", {"avx512f", "avx512bw"}),
+              ("amx", {"amx_tile", "amx_bf16", "avx512_bf16"}))
+    for isa, needs in builds:
         if not needs <= features:
             continue
         env = dict(os.environ, GRAPHATTN_ISA=isa)
         result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == isa
+        assert result.stdout.strip() == ("amx_bf16" if isa == "amx" else isa)

@@ -49,7 +49,7 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         string message
 
     Status sdpa_forward(const SdpaForwardArgs& args) nogil
-    const char* sdpa_forward_isa()
+    const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q)
 
 
 cdef extern from "graphattn/cpu_features.hpp" namespace "graphattn":

@@ -89,9 +89,10 @@ cdef class ForwardPlan:
             raise ValueError(status.message.decode())
 
 
-def forward_isa():
-    """Name of the micro-kernel family the forward kernel uses on this CPU."""
-    return sdpa_forward_isa().decode()
+def forward_isa(dtype="f32", seq_q=1 << 20):
+    """Name of the kernel build the forward kernel uses on this CPU for inputs of
+    this dtype ("f32", "bf16" or "f16") and query length, e.g. "amx_bf16" or "avx512"."""
+    return sdpa_forward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q).decode()
 
 
 def cpu_features():

@@ -121,7 +121,7 @@ class Partition:
         if self._match is not None:
             try:
                 kernel = FusedSdpaForward(self._match, lts, shapes)
-                verbose.log("compile", f"partition={self.id}", kernel.name, f"isa={_isa()}", kernel.shape_text)
+                verbose.log("compile", f"partition={self.id}", kernel.name, f"isa={kernel.isa}", kernel.shape_text)
                 return kernel
             except NotUsable as why:
                 verbose.log("compile", f"partition={self.id}", "reference", f"fused kernel not usable: {why}")
@@ -131,11 +131,6 @@ class Partition:
 
     def __repr__(self) -> str:
         return f"Partition(id={self.id}, kind={self.kind}, ops={self.get_ops()})"
-
-
-def _isa() -> str:
-    from . import _cpu
-    return _cpu.forward_isa()
 
 
 def _by_id(lts, what: str) -> dict[int, LogicalTensor]:

@@ -9,6 +9,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace graphattn {
 namespace {
@@ -66,6 +70,21 @@ CpuFeatures detect() { return {}; }
 const CpuFeatures& cpu_features() {
     static const CpuFeatures features = detect();
     return features;
+}
+
+bool amx_bf16_usable() {
+    static const bool usable = [] {
+        const CpuFeatures& f = cpu_features();
+        if (!(f.amx_tile && f.amx_bf16 && f.avx512_bf16)) return false;
+#if defined(__linux__)
+        constexpr long kArchRequestXcompPerm = 0x1023;
+        constexpr long kXfeatureTileData = 18;
+        return syscall(SYS_arch_prctl, kArchRequestXcompPerm, kXfeatureTileData) == 0;
+#else
+        return false;
+#endif
+    }();
+    return usable;
 }
 
 std::string cpu_features_string() {

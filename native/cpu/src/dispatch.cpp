@@ -18,13 +18,18 @@ struct ForwardKernel {
     ForwardFn run;
 };
 
-// GRAPHATTN_ISA=portable|avx2|avx512 caps the choice (for testing each build).
-ForwardKernel choose_forward_kernel() {
+// GRAPHATTN_ISA=portable|avx2|avx512|amx caps the choice (for testing each build).
+std::string isa_cap() {
     const char* cap = std::getenv("GRAPHATTN_ISA");
-    const std::string limit = cap ? cap : "";
+    return cap ? cap : "";
+}
+
+// The best vector build for this CPU; it runs every dtype.
+ForwardKernel choose_vector_kernel() {
+    const std::string limit = isa_cap();
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
     const CpuFeatures& f = cpu_features();
-    const bool allow_avx512 = limit.empty() || limit == "avx512";
+    const bool allow_avx512 = limit.empty() || limit == "amx" || limit == "avx512";
     const bool allow_avx2 = allow_avx512 || limit == "avx2";
     if (allow_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.f16c)
         return {"avx512", sdpa_forward_avx512};
@@ -33,9 +38,34 @@ ForwardKernel choose_forward_kernel() {
     return {"portable", sdpa_forward_portable};
 }
 
-const ForwardKernel& forward_kernel() {
-    static const ForwardKernel chosen = choose_forward_kernel();
+const ForwardKernel& vector_kernel() {
+    static const ForwardKernel chosen = choose_vector_kernel();
     return chosen;
+}
+
+bool amx_allowed() {
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+    static const bool allowed = [] {
+        const std::string limit = isa_cap();
+        return (limit.empty() || limit == "amx") && amx_bf16_usable();
+    }();
+    return allowed;
+#else
+    return false;
+#endif
+}
+
+// AMX tiles take bf16 Q, K and V in blocks of query rows; short query
+// sequences (decode) stay on the vector build's row kernel.
+constexpr int64_t kAmxMinQueryRows = 16;
+
+ForwardKernel forward_kernel_for(DType input_dtype, int64_t seq_q) {
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+    if (input_dtype == DType::bf16 && seq_q >= kAmxMinQueryRows && amx_allowed()) return {"amx_bf16", sdpa_forward_amx};
+#endif
+    (void)input_dtype;
+    (void)seq_q;
+    return vector_kernel();
 }
 
 bool is_float(DType dt) { return dt == DType::f32 || dt == DType::bf16 || dt == DType::f16; }
@@ -69,9 +99,11 @@ Status sdpa_forward(const SdpaForwardArgs& args) {
     Status status = check_args(args);
     if (!status.ok) return status;
     if (args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0) return status;
-    return forward_kernel().run(args);
+    const bool all_bf16 =
+        args.query.dtype == DType::bf16 && args.key.dtype == DType::bf16 && args.value.dtype == DType::bf16;
+    return forward_kernel_for(all_bf16 ? DType::bf16 : DType::f32, args.seq_q).run(args);
 }
 
-const char* sdpa_forward_isa() { return forward_kernel().isa; }
+const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q) { return forward_kernel_for(input_dtype, seq_q).isa; }
 
 }  // namespace graphattn

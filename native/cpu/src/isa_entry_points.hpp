@@ -9,6 +9,7 @@ Status sdpa_forward_portable(const SdpaForwardArgs& args);
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
 Status sdpa_forward_avx2(const SdpaForwardArgs& args);
 Status sdpa_forward_avx512(const SdpaForwardArgs& args);
+Status sdpa_forward_amx(const SdpaForwardArgs& args);  // bf16 Q/K/V only
 #endif
 
 }  // namespace graphattn

@@ -3,7 +3,9 @@
 // Each work item (one batch index, one block of kBlockQ query rows) keeps
 // Q^T, the score block S^T and the output accumulator O^T in the transposed
 // layout of lane_gemm.hpp, so the online softmax (max, exp, sum, rescale)
-// runs on whole vectors of rows with no horizontal reductions.  K and V rows
+// runs on whole vectors of rows with no horizontal reductions.  Scores are
+// kept in base-2 units (log2(e) folded into the scale), so each probability
+// costs one exp2.  K and V rows
 // are read in place when they are f32 with unit column stride; other dtypes
 // or strides are converted block by block into f32 scratch.  The scale is
 // folded into Q^T once per work item.
@@ -64,18 +66,18 @@ struct LaneForward {
         return scratch;
     }
 
-    // Scale, explicit mask and causal mask applied to S^T[j][lanes] for keys
-    // j0 .. j0 + kv_rows and query rows i0 .. i0 + kBlockQ.
+    // Explicit and causal masks applied, in base-2 units, to S^T[j][lanes]
+    // for keys j0 .. j0 + kv_rows and query rows i0 .. i0 + kBlockQ.
     static void mask_scores(const SdpaForwardArgs& a, float* s_t, const float* mask_t, int kv_rows, int64_t i0,
                             int64_t j0) {
         if (a.mask_kind == MaskKind::additive) {
             for (int j = 0; j < kv_rows; ++j)
                 for (int v = 0; v < RV; ++v) {
                     float* s = s_t + j * kBlockQ + v * kLanes;
-                    store(s, load(s) + load(mask_t + j * kBlockQ + v * kLanes));
+                    store(s, load(s) + to_log2_units(load(mask_t + j * kBlockQ + v * kLanes)));
                 }
         } else if (a.mask_kind == MaskKind::select) {
-            const VecF keep = splat(a.select_keep_value ? 1.0f : 0.0f), fill = splat(a.select_fill);
+            const VecF keep = splat(a.select_keep_value ? 1.0f : 0.0f), fill = splat(to_log2_units(a.select_fill));
             for (int j = 0; j < kv_rows; ++j)
                 for (int v = 0; v < RV; ++v) {
                     float* s = s_t + j * kBlockQ + v * kLanes;
@@ -84,7 +86,7 @@ struct LaneForward {
         }
         if (a.causal) {
             // Row i keeps key j iff j - i <= offset, so key j masks rows r < j - offset - i0.
-            const VecF fill = splat(a.causal_fill), lanes = lane_index();
+            const VecF fill = splat(to_log2_units(a.causal_fill)), lanes = lane_index();
             for (int j = 0; j < kv_rows; ++j) {
                 const int64_t first_kept = j0 + j - a.causal_offset - i0;
                 if (first_kept <= 0) continue;
@@ -107,16 +109,16 @@ struct LaneForward {
             const VecF old_max = load(row_max + v * kLanes);
             VecF m = old_max;
             for (int j = 0; j < kv_rows; ++j) m = max_ignoring_nan(load(s_t + j * kBlockQ + v * kLanes), m);
-            // A row with no finite score yet subtracts 0, so exp(-inf) = 0 and no NaN appears.
+            // A row with no finite score yet subtracts 0, so 2^-inf = 0 and no NaN appears.
             const VecF base = m == neg_inf ? VecF{} : m;
             VecF sum{};
             for (int j = 0; j < kv_rows; ++j) {
                 float* s = s_t + j * kBlockQ + v * kLanes;
-                const VecF p = vexp(load(s) - base);
+                const VecF p = vexp2(load(s) - base);
                 store(s, p);
                 sum += p;
             }
-            correction[v] = vexp(old_max - base);
+            correction[v] = vexp2(old_max - base);
             store(row_sum + v * kLanes, load(row_sum + v * kLanes) * correction[v] + sum);
             store(row_max + v * kLanes, m);
             for (int i = 0; i < kLanes; ++i) rescale |= correction[v][i] != 1.0f;
@@ -146,7 +148,7 @@ struct LaneForward {
             store_row(out, Dv, const_cast<char*>(element_ptr(o.data, o.dtype, view_batch_offset(o, b) + i * o.strides[3])),
                       o.dtype, o.strides[4]);
             if (st.data) {
-                const float lse = sum > 0.0f ? sc.row_max.get()[r] + std::log(sum)
+                const float lse = sum > 0.0f ? sc.row_max.get()[r] * kLn2 + std::log(sum)
                                              : (sum == 0.0f && a.inf_as_zero ? -__builtin_inff() : std::nanf(""));
                 float* stats = static_cast<float*>(const_cast<void*>(st.data));
                 stats[view_batch_offset(st, b) + i * st.strides[3]] = lse;
@@ -160,16 +162,14 @@ struct LaneForward {
         const int64_t Skv = a.seq_kv;
         const TensorView &q = a.query, &k = a.key, &v = a.value, &m = a.mask;
 
-        // Q^T with the scale folded in; lanes past the last row stay 0.
+        // Q^T with the scale and log2(e) folded in; lanes past the last row stay 0.
         float* q_t = sc.q_t.get();
         load_block(element_ptr(q.data, q.dtype, view_batch_offset(q, b) + i0 * q.strides[3]), q.dtype, q.strides[3],
                    q.strides[4], rows, D, q_t, 1, kBlockQ);
         if (rows < kBlockQ)
             for (int d = 0; d < D; ++d) std::fill(q_t + d * kBlockQ + rows, q_t + (d + 1) * kBlockQ, 0.0f);
-        if (a.has_scale) {
-            const float s = a.scale_is_divisor ? 1.0f / a.scale : a.scale;
-            for (int x = 0; x < D * kBlockQ; x += kLanes) store(q_t + x, load(q_t + x) * s);
-        }
+        const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
+        for (int x = 0; x < D * kBlockQ; x += kLanes) store(q_t + x, load(q_t + x) * (scale * kLog2e));
         std::fill(sc.o_t.get(), sc.o_t.get() + size_t(Dv) * kBlockQ, 0.0f);
         std::fill(sc.row_max.get(), sc.row_max.get() + kBlockQ, -__builtin_inff());
         std::fill(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, 0.0f);

@@ -143,6 +143,8 @@ class FusedSdpaForward:
             mask_kind=_cpu.MASK_KIND_CODES[m.mask_kind], select_keep_value=m.select_keep_value,
             has_scale=m.scale is not None, scale_is_divisor=m.scale_op is not None and m.scale_op.kind == OpKind.Divide,
             causal=m.causal is not None, inf_as_zero=m.softmax.attrs["mode"] == "inf_as_zero")
+        input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value)}
+        self.isa = _cpu.forward_isa(input_dtypes.pop().value if len(input_dtypes) == 1 else "f32", seq_q)
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
                            f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None}")
 

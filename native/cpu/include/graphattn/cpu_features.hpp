@@ -23,6 +23,10 @@ struct CpuFeatures {
 // Detected once, then cached.
 const CpuFeatures& cpu_features();
 
+// True when the CPU has AMX-BF16 and the OS lets this process use the tile
+// state (on Linux it must be requested once with arch_prctl).
+bool amx_bf16_usable();
+
 // Space-separated names of the detected features, for diagnostics.
 std::string cpu_features_string();
 

@@ -77,8 +77,8 @@ struct Status {
 // per-thread scratch of O(block * head_dim) floats.
 Status sdpa_forward(const SdpaForwardArgs& args);
 
-// Name of the micro-kernel family sdpa_forward will use on this machine
-// (for example "avx512" or "portable").
-const char* sdpa_forward_isa();
+// Name of the kernel build sdpa_forward uses on this machine for inputs of
+// this dtype and query length (for example "amx_bf16", "avx512" or "portable").
+const char* sdpa_forward_isa(DType input_dtype = DType::f32, int64_t seq_q = 1 << 20);
 
 }  // namespace graphattn

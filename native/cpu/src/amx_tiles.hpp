@@ -1,0 +1,69 @@
+// AMX tile set-up and the packings its bf16 products need.
+//
+// Every tile is configured as 16 rows x 64 bytes: an f32 accumulator of
+// 16 x 16, or a bf16 operand of 16 x 32.  TDPBF16PS takes its B operand in
+// "VNNI" order: row p holds, for each of 16 output columns, the pair of bf16
+// values at reduction indices 2p and 2p + 1, packed into one 32-bit word.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "isa_namespace.hpp"
+
+namespace graphattn {
+namespace GRAPHATTN_ISA_NS {
+
+constexpr int kTileRows = 16;
+constexpr int kTileBf16Cols = 32;  // bf16 values in a 64-byte tile row
+
+struct alignas(64) TileConfig {
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t bytes_per_row[16] = {};
+    uint8_t rows[16] = {};
+};
+
+// Loads the 8 x (16 x 64 B) configuration on this thread; pair with
+// _tile_release() before the thread leaves the kernel.
+inline void configure_tiles() {
+    TileConfig config;
+    for (int t = 0; t < 8; ++t) {
+        config.bytes_per_row[t] = 64;
+        config.rows[t] = kTileRows;
+    }
+    _tile_loadconfig(&config);
+}
+
+// 16 x 16 transpose of 32-bit words: dst row i, word j = src row j, word i.
+inline void transpose_16x16_words(const __m512i in[16], __m512i out[16]) {
+    __m512i a[16], b[16];
+    for (int i = 0; i < 16; i += 2) {  // interleave words of row pairs
+        a[i] = _mm512_unpacklo_epi32(in[i], in[i + 1]);
+        a[i + 1] = _mm512_unpackhi_epi32(in[i], in[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  // then 64-bit pairs of row quads
+        b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
+        b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
+        b[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
+        b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
+    }
+    // Lane L (128 bits) of b[4q + r] now holds word 4L + r of rows 4q..4q+3;
+    // output row 4L + r gathers lane L of b[r], b[4 + r], b[8 + r], b[12 + r].
+    for (int r = 0; r < 4; ++r) {
+        const __m512i x0 = _mm512_shuffle_i32x4(b[r], b[4 + r], 0x88);       // lanes 0,2 of each
+        const __m512i x1 = _mm512_shuffle_i32x4(b[r], b[4 + r], 0xdd);       // lanes 1,3
+        const __m512i y0 = _mm512_shuffle_i32x4(b[8 + r], b[12 + r], 0x88);
+        const __m512i y1 = _mm512_shuffle_i32x4(b[8 + r], b[12 + r], 0xdd);
+        out[r] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+        out[8 + r] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+        out[4 + r] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+        out[12 + r] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+    }
+}
+
+}  // namespace GRAPHATTN_ISA_NS
+}  // namespace graphattn

@@ -1,0 +1,295 @@
+// FlashAttention-2 forward for bf16 Q/K/V on AMX tiles (flags set in
+// CMakeLists.txt; chosen by dispatch.cpp only where the CPU has AMX-BF16 and
+// the OS granted the tile state).
+//
+// Per work item (one batch index, kBlockQ query rows): Q is packed once as
+// bf16 rows; per key block, K is packed into VNNI pairs (a 16 x 16 word
+// transpose), V rows are interleaved pairwise, S = Q K^T is computed on
+// tiles in f32, the online softmax runs row by row in AVX-512 (base 2, one
+// exp2 per score) and writes P as bf16, and O += P V accumulates on tiles
+// straight into the f32 output accumulator.  Scale and masks are applied to
+// S in f32, as in the reference.
+#define GRAPHATTN_ISA_NS isa_amx
+#define GRAPHATTN_LANES 16
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "amx_tiles.hpp"
+#include "block_io.hpp"
+#include "isa_entry_points.hpp"
+#include "mask.hpp"
+#include "scratch.hpp"
+#include "simd.hpp"
+
+namespace graphattn {
+namespace isa_amx {
+namespace {
+
+constexpr int kBlockQ = 64;
+constexpr int kBlockKV = 64;
+constexpr int kVecsPerRow = kBlockKV / kLanes;
+
+int round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+// Per-thread buffers; bf16 data is kept as uint16_t and pairs as uint32_t.
+struct Scratch {
+    int dp, dvp;  // head sizes padded to whole tiles
+    AlignedFloats q_store, k_store, v_store, s_store, p_store, mask_store, o_store, out_store;
+    Scratch(int D, int Dv)
+        : dp(round_up(D, kTileBf16Cols)),
+          dvp(round_up(Dv, kTileBf16Cols)),
+          q_store(size_t(kBlockQ) * dp / 2),
+          k_store(size_t(dp / 2) * kBlockKV),
+          v_store(size_t(kBlockKV / 2) * dvp),
+          s_store(size_t(kBlockQ) * kBlockKV),
+          p_store(size_t(kBlockQ) * kBlockKV / 2),
+          mask_store(size_t(kBlockQ) * kBlockKV),
+          o_store(size_t(kBlockQ) * dvp),
+          out_store(size_t(dvp)) {}
+    uint16_t* q() const { return reinterpret_cast<uint16_t*>(q_store.get()); }
+    uint32_t* k() const { return reinterpret_cast<uint32_t*>(k_store.get()); }
+    uint32_t* v() const { return reinterpret_cast<uint32_t*>(v_store.get()); }
+    uint16_t* p() const { return reinterpret_cast<uint16_t*>(p_store.get()); }
+    float row_max[kBlockQ];
+    float row_sum[kBlockQ];
+};
+
+const uint16_t* bf16_at(const TensorView& t, int64_t offset) { return static_cast<const uint16_t*>(t.data) + offset; }
+
+// q[r][d] for r < rows, d < D; zeros up to kBlockQ x dp.
+void pack_q(const TensorView& q, int64_t base, int rows, int D, Scratch& sc) {
+    uint16_t* dst = sc.q();
+    std::memset(dst, 0, size_t(kBlockQ) * sc.dp * 2);
+    for (int r = 0; r < rows; ++r) {
+        const uint16_t* src = bf16_at(q, base + r * q.strides[3]);
+        for (int d = 0; d < D; ++d) dst[r * sc.dp + d] = src[d * q.strides[4]];
+    }
+}
+
+// k[p][j] = (K[j][2p], K[j][2p + 1]) for the key block; zeros past kv_rows and D.
+void pack_k(const TensorView& k, int64_t base, int kv_rows, int D, Scratch& sc) {
+    uint32_t* dst = sc.k();
+    const int64_t rs = k.strides[3], cs = k.strides[4];
+    if (cs == 1 && kv_rows == kBlockKV && D % kTileBf16Cols == 0) {
+        __m512i in[16], out[16];
+        for (int j0 = 0; j0 < kBlockKV; j0 += 16)
+            for (int p0 = 0; p0 < D / 2; p0 += 16) {
+                for (int t = 0; t < 16; ++t) in[t] = _mm512_loadu_si512(bf16_at(k, base + (j0 + t) * rs + 2 * p0));
+                transpose_16x16_words(in, out);
+                for (int t = 0; t < 16; ++t) _mm512_storeu_si512(dst + (p0 + t) * kBlockKV + j0, out[t]);
+            }
+        return;
+    }
+    std::memset(dst, 0, size_t(sc.dp / 2) * kBlockKV * 4);
+    for (int j = 0; j < kv_rows; ++j) {
+        const uint16_t* src = bf16_at(k, base + j * rs);
+        for (int d = 0; d < D; ++d) {
+            uint16_t* pair = reinterpret_cast<uint16_t*>(dst + (d / 2) * kBlockKV + j);
+            pair[d % 2] = src[d * cs];
+        }
+    }
+}
+
+// v[jp][c] = (V[2jp][c], V[2jp + 1][c]); zeros past kv_rows and Dv.
+void pack_v(const TensorView& v, int64_t base, int kv_rows, int Dv, Scratch& sc) {
+    uint32_t* dst = sc.v();
+    const int64_t rs = v.strides[3], cs = v.strides[4];
+    if (cs == 1 && kv_rows == kBlockKV && Dv % kTileBf16Cols == 0) {
+        alignas(64) int16_t low_index[32], high_index[32];
+        for (int w = 0; w < 16; ++w) {
+            low_index[2 * w] = int16_t(w), low_index[2 * w + 1] = int16_t(32 + w);
+            high_index[2 * w] = int16_t(16 + w), high_index[2 * w + 1] = int16_t(48 + w);
+        }
+        const __m512i lo = _mm512_load_si512(low_index), hi = _mm512_load_si512(high_index);
+        for (int jp = 0; jp < kBlockKV / 2; ++jp)
+            for (int c0 = 0; c0 < Dv; c0 += 32) {
+                const __m512i even = _mm512_loadu_si512(bf16_at(v, base + (2 * jp) * rs + c0));
+                const __m512i odd = _mm512_loadu_si512(bf16_at(v, base + (2 * jp + 1) * rs + c0));
+                _mm512_storeu_si512(dst + jp * sc.dvp + c0, _mm512_permutex2var_epi16(even, lo, odd));
+                _mm512_storeu_si512(dst + jp * sc.dvp + c0 + 16, _mm512_permutex2var_epi16(even, hi, odd));
+            }
+        return;
+    }
+    std::memset(dst, 0, size_t(kBlockKV / 2) * sc.dvp * 4);
+    for (int j = 0; j < kv_rows; ++j) {
+        const uint16_t* src = bf16_at(v, base + j * rs);
+        for (int c = 0; c < Dv; ++c) reinterpret_cast<uint16_t*>(dst + (j / 2) * sc.dvp + c)[j % 2] = src[c * cs];
+    }
+}
+
+// s[r][j] = sum_d q[r][d] k[j][d] for row tiles [0, row_tiles), on tiles 0-7.
+void scores_on_tiles(const Scratch& sc, int row_tiles, float* s) {
+    const int dp = sc.dp;
+    for (int m = 0; m < row_tiles; m += 2)
+        for (int n = 0; n < kBlockKV / 16; n += 2) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int kk = 0; kk < dp / kTileBf16Cols; ++kk) {
+                _tile_loadd(4, sc.q() + (m * 16) * dp + kk * 32, dp * 2);
+                _tile_loadd(5, sc.q() + (m * 16 + 16) * dp + kk * 32, dp * 2);
+                _tile_loadd(6, sc.k() + (kk * 16) * kBlockKV + n * 16, kBlockKV * 4);
+                _tile_loadd(7, sc.k() + (kk * 16) * kBlockKV + n * 16 + 16, kBlockKV * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            float* c = s + (m * 16) * kBlockKV + n * 16;
+            _tile_stored(0, c, kBlockKV * 4);
+            _tile_stored(1, c + 16, kBlockKV * 4);
+            _tile_stored(2, c + 16 * kBlockKV, kBlockKV * 4);
+            _tile_stored(3, c + 16 * kBlockKV + 16, kBlockKV * 4);
+        }
+}
+
+// o[r][c] += sum_j p[r][j] v[j][c] for row tiles [0, row_tiles) and keys < kv_rows.
+void accumulate_on_tiles(const Scratch& sc, int row_tiles, int kv_rows, float* o) {
+    const int dvp = sc.dvp;
+    const int key_chunks = (kv_rows + kTileBf16Cols - 1) / kTileBf16Cols;
+    for (int m = 0; m < row_tiles; m += 2)
+        for (int c = 0; c < dvp / 16; c += 2) {
+            float* acc = o + (m * 16) * dvp + c * 16;
+            _tile_loadd(0, acc, dvp * 4);
+            _tile_loadd(1, acc + 16, dvp * 4);
+            _tile_loadd(2, acc + 16 * dvp, dvp * 4);
+            _tile_loadd(3, acc + 16 * dvp + 16, dvp * 4);
+            for (int kk = 0; kk < key_chunks; ++kk) {
+                _tile_loadd(4, sc.p() + (m * 16) * kBlockKV + kk * 32, kBlockKV * 2);
+                _tile_loadd(5, sc.p() + (m * 16 + 16) * kBlockKV + kk * 32, kBlockKV * 2);
+                _tile_loadd(6, sc.v() + (kk * 16) * dvp + c * 16, dvp * 4);
+                _tile_loadd(7, sc.v() + (kk * 16) * dvp + c * 16 + 16, dvp * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, acc, dvp * 4);
+            _tile_stored(1, acc + 16, dvp * 4);
+            _tile_stored(2, acc + 16 * dvp, dvp * 4);
+            _tile_stored(3, acc + 16 * dvp + 16, dvp * 4);
+        }
+}
+
+// Turns row r's raw scores into base-2 units (scale, masks), updates its
+// running max and sum, writes its probabilities as bf16 and rescales its
+// accumulator row when the max grew.  `plain` rows need only the scale: no
+// mask, no causal cut and no padding keys in this block.
+void softmax_row(const SdpaForwardArgs& a, Scratch& sc, float* s_row, const float* mask_row, int r, int64_t i,
+                 int64_t j0, int kv_rows, bool plain, float scale_log2, float* o_row) {
+    VecF x[kVecsPerRow];
+    if (plain) {
+        for (int v = 0; v < kVecsPerRow; ++v) x[v] = load(s_row + v * kLanes) * scale_log2;
+    } else {
+        mask_score_row(a, s_row, kBlockKV, kv_rows, mask_row, i, j0);
+        for (int v = 0; v < kVecsPerRow; ++v) x[v] = to_log2_units(load(s_row + v * kLanes));
+    }
+    VecF m = splat(-__builtin_inff());
+    for (int v = 0; v < kVecsPerRow; ++v) m = max_ignoring_nan(x[v], m);
+    const float old_max = sc.row_max[r];
+    float new_max = _mm512_reduce_max_ps((__m512)m);
+    new_max = new_max > old_max ? new_max : old_max;
+    const float base = new_max == -__builtin_inff() ? 0.0f : new_max;  // no finite score yet: 2^-inf = 0
+    VecF sum{};
+    uint16_t* p_row = sc.p() + r * kBlockKV;
+    for (int v = 0; v < kVecsPerRow; v += 2) {
+        const VecF p0 = vexp2(x[v] - base), p1 = vexp2(x[v + 1] - base);
+        sum += p0 + p1;
+        _mm512_storeu_si512(p_row + v * kLanes, (__m512i)_mm512_cvtne2ps_pbh((__m512)p1, (__m512)p0));
+    }
+    const float correction = new_max == old_max ? 1.0f : std::exp2(old_max - base);
+    sc.row_sum[r] = sc.row_sum[r] * correction + _mm512_reduce_add_ps((__m512)sum);
+    sc.row_max[r] = new_max;
+    if (correction != 1.0f)
+        for (int c = 0; c < sc.dvp; c += kLanes) store(o_row + c, load(o_row + c) * correction);
+}
+
+void write_row(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int r, int64_t i, int Dv) {
+    const float sum = sc.row_sum[r];
+    const float fully_masked = a.inf_as_zero ? 0.0f : std::nanf("");
+    const float factor = sum > 0.0f ? 1.0f / sum : (sum == 0.0f ? fully_masked : std::nanf(""));
+    const float* o_row = sc.o_store.get() + size_t(r) * sc.dvp;
+    float* out = sc.out_store.get();
+    for (int c = 0; c < Dv; ++c) out[c] = o_row[c] * factor;
+    const TensorView& o = a.output;
+    store_row(out, Dv, const_cast<char*>(element_ptr(o.data, o.dtype, view_batch_offset(o, b) + i * o.strides[3])),
+              o.dtype, o.strides[4]);
+    if (a.stats.data) {
+        const float lse = sum > 0.0f ? sc.row_max[r] * kLn2 + std::log(sum)
+                                     : (sum == 0.0f && a.inf_as_zero ? -__builtin_inff() : std::nanf(""));
+        float* stats = static_cast<float*>(const_cast<void*>(a.stats.data));
+        stats[view_batch_offset(a.stats, b) + i * a.stats.strides[3]] = lse;
+    }
+}
+
+void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows,
+              bool skip_causal_blocks) {
+    const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
+    const int row_tiles = round_up(rows, 32) / 16;  // tiles go in pairs
+    const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
+    const float scale_log2 = scale * kLog2e;
+    const TensorView &q = a.query, &k = a.key, &v = a.value, &m = a.mask;
+    pack_q(q, view_batch_offset(q, b) + i0 * q.strides[3], rows, D, sc);
+    std::fill(sc.o_store.get(), sc.o_store.get() + size_t(kBlockQ) * sc.dvp, 0.0f);
+    std::fill(sc.row_max, sc.row_max + kBlockQ, -__builtin_inff());
+    std::fill(sc.row_sum, sc.row_sum + kBlockQ, 0.0f);
+
+    const int64_t kv_end = skip_causal_blocks ? causal_key_end(i0 + rows - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
+    const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
+    for (int64_t j0 = 0; j0 < kv_end; j0 += kBlockKV) {
+        const int kv_rows = int(std::min<int64_t>(kBlockKV, kv_end - j0));
+        pack_k(k, k_base + j0 * k.strides[3], kv_rows, D, sc);
+        pack_v(v, v_base + j0 * v.strides[3], kv_rows, Dv, sc);
+        scores_on_tiles(sc, row_tiles, sc.s_store.get());
+        if (a.mask_kind != MaskKind::none)
+            load_block(element_ptr(m.data, m.dtype, view_batch_offset(m, b) + i0 * m.strides[3] + j0 * m.strides[4]),
+                       m.dtype, m.strides[3], m.strides[4], rows, kv_rows, sc.mask_store.get(), kBlockKV, 1);
+        // Causal blocks wholly on or below the diagonal keep every score.
+        const bool causal_cut = a.causal && j0 + kv_rows - 1 - i0 > a.causal_offset;
+        const bool plain = a.mask_kind == MaskKind::none && !causal_cut && kv_rows == kBlockKV;
+        for (int r = 0; r < rows; ++r)
+            softmax_row(a, sc, sc.s_store.get() + r * kBlockKV, sc.mask_store.get() + r * kBlockKV, r, i0 + r, j0,
+                        kv_rows, plain, scale_log2, sc.o_store.get() + size_t(r) * sc.dvp);
+        accumulate_on_tiles(sc, row_tiles, kv_rows, sc.o_store.get());
+    }
+    for (int r = 0; r < rows; ++r) write_row(a, sc, b, r, i0 + r, Dv);
+}
+
+}  // namespace
+}  // namespace isa_amx
+
+Status sdpa_forward_amx(const SdpaForwardArgs& a) {
+    using namespace isa_amx;
+    const int64_t q_blocks = (a.seq_q + kBlockQ - 1) / kBlockQ;
+    const int64_t work_items = a.batch[0] * a.batch[1] * a.batch[2] * q_blocks;
+    const bool skip_causal_blocks = a.causal && std::isinf(a.causal_fill) && a.causal_fill < 0;
+#pragma omp parallel
+    {
+        Scratch scratch(int(a.head_dim_qk), int(a.head_dim_v));
+        configure_tiles();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t w = 0; w < work_items; ++w) {
+            int64_t rest = w;
+            int64_t qb = rest % q_blocks;
+            if (skip_causal_blocks) qb = q_blocks - 1 - qb;  // the longest items first
+            rest /= q_blocks;
+            int64_t b[kBatchDims];
+            b[2] = rest % a.batch[2];
+            rest /= a.batch[2];
+            b[1] = rest % a.batch[1];
+            b[0] = rest / a.batch[1];
+            const int64_t i0 = qb * kBlockQ;
+            run_item(a, scratch, b, i0, int(std::min<int64_t>(kBlockQ, a.seq_q - i0)), skip_causal_blocks);
+        }
+        _tile_release();
+    }
+    return Status::success();
+}
+
+}  // namespace graphattn
