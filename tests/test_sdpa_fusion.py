@@ -175,3 +175,28 @@ def test_every_isa_build_matches(rng):
         result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == ("amx_bf16" if isa == "amx" else isa)
+
+
+def test_split_keys_merge_matches():
+    """With more threads than work items the keys are split and merged by log-sum-exp (run with 16 threads)."""
+    script = (
+        "import numpy as np, graphattn as ga\n"
+        "from graphattn.testing import STATS_TOLERANCE, assert_close, random_array, sdpa_reference\n"
+        "rng = np.random.default_rng(0)\n"
+        "for dt in ('f32', 'bf16'):\n"
+        "    q, k, v = (random_array(s, dt, rng) for s in ((1, 8, 3, 64), (1, 2, 3000, 64), (1, 2, 3000, 64)))\n"
+        "    mask = rng.random((1, 8, 3, 3000)) < 0.9\n"
+        "    mask[0, 1, 2] = False  # one fully masked row\n"
+        "    for kw in (dict(), dict(attn_mask=mask), dict(is_causal=True, causal_alignment='bottom_right')):\n"
+        "        got = ga.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_stats=True, **kw)\n"
+        "        want = sdpa_reference(q, k, v, enable_gqa=True, return_stats=True, **kw)\n"
+        "        assert_close(got[0], want[0], dt)\n"
+        "        assert_close(got[1], want[1], dt, 'stats', STATS_TOLERANCE)\n"
+        "    q[0, 3, 1, 5] = np.nan\n"
+        "    out = ga.scaled_dot_product_attention(q, k, v, enable_gqa=True)\n"
+        "    assert np.isnan(out[0, 3, 1]).all() and not np.isnan(np.delete(out[0, 3], 1, axis=0)).any()\n"
+        "print(ga.thread_count())\n")
+    env = dict(os.environ, OMP_NUM_THREADS="16")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "16"

@@ -10,8 +10,14 @@
 // or strides are converted block by block into f32 scratch.  The scale is
 // folded into Q^T once per work item.
 //
-// Work is split over batch x query blocks with OpenMP (dynamic schedule,
-// longest causal items first); memory is O(block * head_dim) per thread.
+// A lane is one (query row, batch index) pair.  Where K and V ignore a
+// batch dimension (the query heads of a GQA/MQA group), the rows of all its
+// indices share the lanes of one work item, so each K/V block is read once
+// per group; decode (one query row per head) then fills lanes with the
+// group's heads.  Work items are batch x row blocks x key splits: when there
+// are fewer items than threads, the keys are split and the partial results
+// merged by their log-sum-exp, so small N*H still uses every core.  Memory
+// is O(block * head_dim) per thread, plus the partial rows of split items.
 #pragma once
 
 #include <omp.h>
@@ -31,15 +37,42 @@
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
-// RV vectors of query rows per work item; NT broadcast operands per tile.
+// Which lanes of a call belong together: the batch dimension that K and V
+// share (or -1), the row space of one work item, and the key splits.
+struct LanePlan {
+    int shared_dim = -1;
+    int64_t group = 1;          // size of the shared dimension
+    int64_t rows_total = 0;     // group * seq_q rows per outer batch index
+    int64_t row_blocks = 0;
+    int64_t outer_items = 0;    // outer batch indices x row blocks
+    int64_t splits = 1;
+    int64_t keys_per_split = 0;
+};
+
+// The batch dimension that K and V ignore (stride 0 in both), so that its
+// indices can share lanes; -1 and group 1 when there is none.
+inline int find_shared_dim(const SdpaForwardArgs& a, int64_t& group) {
+    int shared = -1;
+    group = 1;
+    for (int d = 0; d < kBatchDims; ++d)
+        if (a.batch[d] > group && a.key.strides[d] == 0 && a.value.strides[d] == 0) {
+            shared = d;
+            group = a.batch[d];
+        }
+    return shared;
+}
+
+// RV vectors of lanes per work item; NT broadcast operands per tile.
 template <int RV, int NT>
 struct LaneForward {
     static constexpr int kBlockQ = RV * kLanes;
-    static constexpr int kBlockKV = 192;
+    static constexpr int kBlockKV = 128;
+    static constexpr int64_t kMinKeysPerSplit = 512;
 
     // Scratch of one thread, allocated once per parallel region.
     struct Scratch {
-        AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, out_row;
+        AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_row;
+        int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         Scratch(int D, int Dv)
             : q_t(size_t(D) * kBlockQ),
               k_rows(size_t(kBlockKV) * D),
@@ -49,8 +82,55 @@ struct LaneForward {
               o_t(size_t(Dv) * kBlockQ),
               row_max(kBlockQ),
               row_sum(kBlockQ),
+              query_index(kBlockQ),
               out_row(size_t(Dv)) {}
     };
+
+    static LanePlan plan(const SdpaForwardArgs& a) {
+        LanePlan p;
+        p.shared_dim = find_shared_dim(a, p.group);
+        p.rows_total = p.group * a.seq_q;
+        p.row_blocks = (p.rows_total + kBlockQ - 1) / kBlockQ;
+        p.outer_items = a.batch[0] * a.batch[1] * a.batch[2] / p.group * p.row_blocks;
+        const int64_t threads = omp_get_max_threads();
+        if (p.outer_items < threads) {
+            const int64_t by_threads = (threads + p.outer_items - 1) / p.outer_items;
+            p.splits = std::max<int64_t>(1, std::min(by_threads, a.seq_kv / kMinKeysPerSplit));
+        }
+        const int64_t per_split = (a.seq_kv + p.splits - 1) / p.splits;
+        p.keys_per_split = (per_split + kBlockKV - 1) / kBlockKV * kBlockKV;
+        p.splits = std::max<int64_t>(1, (a.seq_kv + p.keys_per_split - 1) / p.keys_per_split);
+        return p;
+    }
+
+    // Outer batch index (shared dimension at 0) and first row of item `outer`.
+    static void item_origin(const SdpaForwardArgs& a, const LanePlan& p, int64_t outer, int64_t b[kBatchDims],
+                            int64_t& row0) {
+        row0 = (outer % p.row_blocks) * kBlockQ;
+        int64_t rest = outer / p.row_blocks;
+        for (int d = kBatchDims - 1; d >= 0; --d) {
+            const int64_t size = d == p.shared_dim ? 1 : a.batch[d];
+            b[d] = rest % size;
+            rest /= size;
+        }
+    }
+
+    // Per-lane element offsets of Q, O, mask and stats, and query indices.
+    static int map_lanes(const SdpaForwardArgs& a, const LanePlan& p, Scratch& sc, const int64_t outer_b[kBatchDims],
+                         int64_t row0) {
+        const int rows = int(std::min<int64_t>(kBlockQ, p.rows_total - row0));
+        int64_t b[kBatchDims] = {outer_b[0], outer_b[1], outer_b[2]};
+        for (int r = 0; r < kBlockQ; ++r) {
+            const int64_t g = (row0 + std::min(r, rows - 1)) / a.seq_q, i = (row0 + std::min(r, rows - 1)) % a.seq_q;
+            if (p.shared_dim >= 0) b[p.shared_dim] = g;
+            sc.q_off[r] = view_batch_offset(a.query, b) + i * a.query.strides[3];
+            sc.o_off[r] = view_batch_offset(a.output, b) + i * a.output.strides[3];
+            sc.m_off[r] = view_batch_offset(a.mask, b) + i * a.mask.strides[3];
+            sc.st_off[r] = view_batch_offset(a.stats, b) + i * a.stats.strides[3];
+            sc.query_index.get()[r] = float(i);
+        }
+        return rows;
+    }
 
     // Rows of a K or V block as f32 with unit column stride: in place when
     // the tensor already is, else converted into `scratch`.
@@ -67,9 +147,16 @@ struct LaneForward {
     }
 
     // Explicit and causal masks applied, in base-2 units, to S^T[j][lanes]
-    // for keys j0 .. j0 + kv_rows and query rows i0 .. i0 + kBlockQ.
-    static void mask_scores(const SdpaForwardArgs& a, float* s_t, const float* mask_t, int kv_rows, int64_t i0,
-                            int64_t j0) {
+    // for keys j0 .. j0 + kv_rows.
+    static void mask_scores(const SdpaForwardArgs& a, Scratch& sc, int rows, int kv_rows, int64_t j0) {
+        float* s_t = sc.s_t.get();
+        if (a.mask_kind != MaskKind::none) {
+            const TensorView& m = a.mask;
+            for (int r = 0; r < rows; ++r)
+                load_block(element_ptr(m.data, m.dtype, sc.m_off[r] + j0 * m.strides[4]), m.dtype, 0, m.strides[4], 1,
+                           kv_rows, sc.mask_t.get() + r, 1, kBlockQ);
+        }
+        const float* mask_t = sc.mask_t.get();
         if (a.mask_kind == MaskKind::additive) {
             for (int j = 0; j < kv_rows; ++j)
                 for (int v = 0; v < RV; ++v) {
@@ -85,15 +172,13 @@ struct LaneForward {
                 }
         }
         if (a.causal) {
-            // Row i keeps key j iff j - i <= offset, so key j masks rows r < j - offset - i0.
-            const VecF fill = splat(to_log2_units(a.causal_fill)), lanes = lane_index();
+            // Lane with query index i keeps key j iff j - i <= offset.
+            const VecF fill = splat(to_log2_units(a.causal_fill));
             for (int j = 0; j < kv_rows; ++j) {
-                const int64_t first_kept = j0 + j - a.causal_offset - i0;
-                if (first_kept <= 0) continue;
-                const VecF limit = splat(float(std::min<int64_t>(first_kept, kBlockQ)));
+                const VecF first_masked_query = splat(float(j0 + j - a.causal_offset));
                 for (int v = 0; v < RV; ++v) {
                     float* s = s_t + j * kBlockQ + v * kLanes;
-                    store(s, lanes + float(v * kLanes) < limit ? fill : load(s));
+                    store(s, load(sc.query_index.get() + v * kLanes) < first_masked_query ? fill : load(s));
                 }
             }
         }
@@ -131,41 +216,36 @@ struct LaneForward {
             }
     }
 
-    // O = O^T / row_sum, transposed back into the output rows; stats = logsumexp.
-    static void write_rows(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows,
-                           int Dv) {
+    // Normalises rows of o_t by row_sum into the output; stats = logsumexp.
+    static void write_rows(const SdpaForwardArgs& a, Scratch& sc, const float* o_t, const float* row_max,
+                           const float* row_sum, int rows, int Dv) {
         const TensorView& o = a.output;
-        const TensorView& st = a.stats;
         const float fully_masked = a.inf_as_zero ? 0.0f : std::nanf("");
         for (int r = 0; r < rows; ++r) {
-            const float sum = sc.row_sum.get()[r];
+            const float sum = row_sum[r];
             // sum > 0: normal row; sum == 0: every score was masked; NaN: a NaN score.
             const float factor = sum > 0.0f ? 1.0f / sum : (sum == 0.0f ? fully_masked : std::nanf(""));
             float* out = sc.out_row.get();
-            const float* o_col = sc.o_t.get() + r;
-            for (int c = 0; c < Dv; ++c) out[c] = o_col[c * kBlockQ] * factor;
-            const int64_t i = i0 + r;
-            store_row(out, Dv, const_cast<char*>(element_ptr(o.data, o.dtype, view_batch_offset(o, b) + i * o.strides[3])),
-                      o.dtype, o.strides[4]);
-            if (st.data) {
-                const float lse = sum > 0.0f ? sc.row_max.get()[r] * kLn2 + std::log(sum)
+            for (int c = 0; c < Dv; ++c) out[c] = o_t[c * kBlockQ + r] * factor;
+            store_row(out, Dv, const_cast<char*>(element_ptr(o.data, o.dtype, sc.o_off[r])), o.dtype, o.strides[4]);
+            if (a.stats.data) {
+                const float lse = sum > 0.0f ? row_max[r] * kLn2 + std::log(sum)
                                              : (sum == 0.0f && a.inf_as_zero ? -__builtin_inff() : std::nanf(""));
-                float* stats = static_cast<float*>(const_cast<void*>(st.data));
-                stats[view_batch_offset(st, b) + i * st.strides[3]] = lse;
+                static_cast<float*>(const_cast<void*>(a.stats.data))[sc.st_off[r]] = lse;
             }
         }
     }
 
-    static void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows,
-                         bool skip_causal_blocks) {
+    // Keys [key_begin, key_end) of one item into sc.o_t, row_max, row_sum.
+    static void attend(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
+                       int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
-        const int64_t Skv = a.seq_kv;
-        const TensorView &q = a.query, &k = a.key, &v = a.value, &m = a.mask;
+        const TensorView &q = a.query, &k = a.key, &v = a.value;
 
         // Q^T with the scale and log2(e) folded in; lanes past the last row stay 0.
         float* q_t = sc.q_t.get();
-        load_block(element_ptr(q.data, q.dtype, view_batch_offset(q, b) + i0 * q.strides[3]), q.dtype, q.strides[3],
-                   q.strides[4], rows, D, q_t, 1, kBlockQ);
+        for (int r = 0; r < rows; ++r)
+            load_block(element_ptr(q.data, q.dtype, sc.q_off[r]), q.dtype, 0, q.strides[4], 1, D, q_t + r, 1, kBlockQ);
         if (rows < kBlockQ)
             for (int d = 0; d < D; ++d) std::fill(q_t + d * kBlockQ + rows, q_t + (d + 1) * kBlockQ, 0.0f);
         const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
@@ -174,49 +254,94 @@ struct LaneForward {
         std::fill(sc.row_max.get(), sc.row_max.get() + kBlockQ, -__builtin_inff());
         std::fill(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, 0.0f);
 
-        const int64_t kv_end = skip_causal_blocks ? causal_key_end(i0 + rows - 1, a.causal_offset, Skv) : Skv;
-        const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
-        for (int64_t j0 = 0; j0 < kv_end; j0 += kBlockKV) {
-            const int kv_rows = int(std::min<int64_t>(kBlockKV, kv_end - j0));
+        if (skip_causal_blocks) {
+            const float* qi = sc.query_index.get();
+            const int64_t last_query = int64_t(*std::max_element(qi, qi + rows));
+            key_end = std::min(key_end, causal_key_end(last_query, a.causal_offset, a.seq_kv));
+        }
+        const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
+        for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockKV) {
+            const int kv_rows = int(std::min<int64_t>(kBlockKV, key_end - j0));
             int64_t k_stride, v_stride;
             const float* k_rows = block_rows(k, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
             const float* v_rows = block_rows(v, v_base, j0, kv_rows, Dv, sc.v_rows.get(), v_stride);
-
             lane_gemm<RV, NT, false>(q_t, D, k_rows, k_stride, 1, kv_rows, sc.s_t.get());
-            if (a.mask_kind != MaskKind::none)
-                load_block(element_ptr(m.data, m.dtype, view_batch_offset(m, b) + i0 * m.strides[3] + j0 * m.strides[4]),
-                           m.dtype, m.strides[3], m.strides[4], rows, kv_rows, sc.mask_t.get(), 1, kBlockQ);
-            mask_scores(a, sc.s_t.get(), sc.mask_t.get(), kv_rows, i0, j0);
+            mask_scores(a, sc, rows, kv_rows, j0);
             online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), sc.o_t.get(), Dv);
             lane_gemm<RV, NT, true>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, sc.o_t.get());
         }
-        write_rows(a, sc, b, i0, rows, Dv);
+    }
+
+    // Partial results of one (item, split): O^T unnormalised, then max and sum.
+    static size_t partial_floats(int Dv) { return size_t(Dv + 2) * kBlockQ; }
+
+    // Merges the splits of one item by their log-sum-exp and writes it.
+    static void merge_and_write(const SdpaForwardArgs& a, const LanePlan& p, Scratch& sc, const float* partials,
+                                int rows) {
+        const int Dv = int(a.head_dim_v);
+        float* o_t = sc.o_t.get();
+        float* row_max = sc.row_max.get();
+        float* row_sum = sc.row_sum.get();
+        for (int r = 0; r < rows; ++r) {
+            float m = -__builtin_inff();
+            for (int64_t s = 0; s < p.splits; ++s) m = std::max(m, partials[s * partial_floats(Dv) + Dv * kBlockQ + r]);
+            const float base = m == -__builtin_inff() ? 0.0f : m;
+            float sum = 0.0f;
+            for (int c = 0; c < Dv; ++c) o_t[c * kBlockQ + r] = 0.0f;
+            for (int64_t s = 0; s < p.splits; ++s) {
+                const float* part = partials + s * partial_floats(Dv);
+                const float weight = std::exp2(part[Dv * kBlockQ + r] - base);
+                sum += weight * part[(Dv + 1) * kBlockQ + r];
+                if (weight != 0.0f)
+                    for (int c = 0; c < Dv; ++c) o_t[c * kBlockQ + r] += weight * part[c * kBlockQ + r];
+            }
+            row_max[r] = m;
+            row_sum[r] = sum;
+        }
+        write_rows(a, sc, o_t, row_max, row_sum, rows, Dv);
     }
 
     static Status run(const SdpaForwardArgs& a) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
-        const int64_t q_blocks = (a.seq_q + kBlockQ - 1) / kBlockQ;
-        const int64_t work_items = a.batch[0] * a.batch[1] * a.batch[2] * q_blocks;
+        const LanePlan p = plan(a);
         // Causal key blocks can only be skipped when masked scores are -inf;
         // any other fill value still takes part in the softmax.
         const bool skip_causal_blocks = a.causal && std::isinf(a.causal_fill) && a.causal_fill < 0;
+        const int64_t work_items = p.outer_items * p.splits;
+        AlignedFloats partials(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 1);
 
 #pragma omp parallel
         {
-            Scratch scratch(D, Dv);
+            Scratch sc(D, Dv);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < work_items; ++w) {
-                int64_t rest = w;
-                int64_t qb = rest % q_blocks;
-                if (skip_causal_blocks) qb = q_blocks - 1 - qb;  // the longest items first
-                rest /= q_blocks;
-                int64_t b[kBatchDims];
-                b[2] = rest % a.batch[2];
-                rest /= a.batch[2];
-                b[1] = rest % a.batch[1];
-                b[0] = rest / a.batch[1];
-                const int64_t i0 = qb * kBlockQ;
-                run_item(a, scratch, b, i0, int(std::min<int64_t>(kBlockQ, a.seq_q - i0)), skip_causal_blocks);
+                int64_t outer = w / p.splits;
+                const int64_t split = w % p.splits;
+                if (skip_causal_blocks)  // the longest items (last row blocks) first
+                    outer = (outer / p.row_blocks) * p.row_blocks + (p.row_blocks - 1 - outer % p.row_blocks);
+                int64_t b[kBatchDims], row0;
+                item_origin(a, p, outer, b, row0);
+                const int rows = map_lanes(a, p, sc, b, row0);
+                const int64_t key_begin = split * p.keys_per_split;
+                const int64_t key_end = std::min(a.seq_kv, key_begin + p.keys_per_split);
+                attend(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
+                if (p.splits == 1) {
+                    write_rows(a, sc, sc.o_t.get(), sc.row_max.get(), sc.row_sum.get(), rows, Dv);
+                } else {
+                    float* part = partials.get() + (outer * p.splits + split) * partial_floats(Dv);
+                    std::copy(sc.o_t.get(), sc.o_t.get() + size_t(Dv) * kBlockQ, part);
+                    std::copy(sc.row_max.get(), sc.row_max.get() + kBlockQ, part + size_t(Dv) * kBlockQ);
+                    std::copy(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, part + size_t(Dv + 1) * kBlockQ);
+                }
+            }
+            if (p.splits > 1) {
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t outer = 0; outer < p.outer_items; ++outer) {
+                    int64_t b[kBatchDims], row0;
+                    item_origin(a, p, outer, b, row0);
+                    const int rows = map_lanes(a, p, sc, b, row0);
+                    merge_and_write(a, p, sc, partials.get() + outer * p.splits * partial_floats(Dv), rows);
+                }
             }
         }
         return Status::success();

@@ -1,10 +1,11 @@
 // The forward kernels built for the portable target (flags set in CMakeLists.txt):
-// 4 floats per vector, 3 vectors of query rows per block, 4-wide register tiles.
+// 4 floats per vector, 3 vectors of query rows per block, 4-wide register tiles
+// (8-wide for one vector of lanes).
 #define GRAPHATTN_ISA_NS isa_portable
 #define GRAPHATTN_LANES 4
 #include "sdpa_forward_select.hpp"
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
-Status sdpa_forward_portable(const SdpaForwardArgs& args) { return isa_portable::sdpa_forward_for_isa<3, 4>(args); }
+Status sdpa_forward_portable(const SdpaForwardArgs& args) { return isa_portable::sdpa_forward_for_isa<3, 4, 8>(args); }
 }  // namespace graphattn

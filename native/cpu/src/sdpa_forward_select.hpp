@@ -5,16 +5,16 @@
 
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
-#include "microkernels_portable.hpp"
 #include "sdpa_forward_lanes.hpp"
-#include "sdpa_forward_rows.hpp"
 
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
-template <int RV, int NT>
+template <int RV, int NT, int NTShort>
 Status sdpa_forward_for_isa(const SdpaForwardArgs& args) {
-    if (args.seq_q < kLanes) return sdpa_forward_rows<PortableMicroKernels>(args);
+    int64_t group;
+    find_shared_dim(args, group);
+    if (group * args.seq_q <= kLanes) return LaneForward<1, NTShort>::run(args);
     return LaneForward<RV, NT>::run(args);
 }
 

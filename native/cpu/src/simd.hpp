@@ -53,29 +53,6 @@ inline float horizontal_max(VecF v) {
     return m;
 }
 
-// exp(x) per lane; the vector twin of fast_exp (same reduction, same
-// polynomial, same bound), with exp(-inf) = 0 and NaN kept.
-inline VecF vexp(VecF x) {
-    const VecF lowest = splat(-87.0f), highest = splat(88.0f);
-    VecF c = x < lowest ? lowest : x;
-    c = c > highest ? highest : c;
-    const VecF round_magic = splat(12582912.0f);
-    const VecF k = (c * 1.44269504088896341f + round_magic) - round_magic;
-    const VecF r = (c - k * 0.693145751953125f) - k * 1.428606765330187e-06f;
-    VecF p = splat(1.0f / 720.0f);
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const VecI bits = (__builtin_convertvector(k, VecI) + 127) << 23;
-    VecF two_to_k;
-    std::memcpy(&two_to_k, &bits, sizeof two_to_k);
-    const VecF result = p * two_to_k;
-    return x < lowest ? VecF{} : result;
-}
-
 // 2^f for f in [-1/2, 1/2]: degree-5 polynomial fitted to the relative error
 // (weighted least squares on Chebyshev nodes); max relative error 1.5e-7 with
 // these f32 coefficients, about one ulp.
