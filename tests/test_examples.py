@@ -1,5 +1,8 @@
-"""Every Python example runs and checks itself against the NumPy reference."""
+"""Every example runs and checks itself: the Python ones against the NumPy reference, the C++ ones
+(examples/cpp, built here with CMake) against a double-precision reference of their own."""
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -34,3 +37,27 @@ def test_demo_runs(args):
 def test_info_command():
     result = subprocess.run([sys.executable, "-m", "graphattn", "info"], capture_output=True, text=True)
     assert result.returncode == 0 and "graphattn 0.1.0" in result.stdout and "openmp threads:" in result.stdout
+
+
+def build_tool(name):
+    """The tool from this environment (the test extra installs it), else from PATH."""
+    local = pathlib.Path(sys.executable).parent / name
+    return str(local) if local.exists() else shutil.which(name)
+
+
+def test_cpp_examples_build_and_match(tmp_path):
+    cmake, ninja = build_tool("cmake"), build_tool("ninja")
+    if cmake is None or ninja is None:
+        pytest.fail("cmake and ninja are needed to build the C++ examples: pip install '.[test]'")
+    source = EXAMPLES.parent
+    configure = [cmake, "-S", str(source), "-B", str(tmp_path), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}",
+                 "-DGRAPHATTN_BUILD_EXAMPLES=ON", "-DGRAPHATTN_BUILD_PYTHON=OFF"]
+    for command in (configure, [cmake, "--build", str(tmp_path), "-j", str(os.cpu_count() or 2)]):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    binaries = sorted((tmp_path / "examples" / "cpp").glob("example_*"))
+    assert [b.name for b in binaries] == ["example_gqa_bf16_causal", "example_sdpa"]
+    for binary in binaries:
+        result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "matches the reference" in result.stdout and " ms" in result.stdout
