@@ -31,7 +31,7 @@ namespace isa_amx {
 namespace {
 
 constexpr int kBlockQ = 64;
-constexpr int kBlockKV = 64;
+constexpr int kBlockKV = 128;
 constexpr int kVecsPerRow = kBlockKV / kLanes;
 
 int round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
