@@ -150,7 +150,7 @@ def test_output_into_a_larger_buffer_writes_only_its_view(rng):
 
 def test_every_isa_build_matches(rng):
     """Each kernel build (portable, avx2, avx512, amx) runs where the CPU has it, in a fresh process,
-    through both drivers (short query rows and lane blocks) and every mask kind."""
+    with short and long query blocks and every mask kind, forward and backward."""
     script = (
         "import numpy as np, graphattn as ga\n"
         "from graphattn.testing import STATS_TOLERANCE, SdpaGraphSpec, assert_close\n"
@@ -164,6 +164,16 @@ def test_every_isa_build_matches(rng):
         "    for name in ('output', 'stats'):\n"
         "        tol = None if name == 'output' else STATS_TOLERANCE\n"
         "        assert_close(fused[s.ids[name]], ref[s.ids[name]], dt, name, tol)\n"
+        "from graphattn.testing import assert_grad_close, random_array, sdpa_reference_backward\n"
+        "for dt in ('f32', 'bf16'):\n"
+        "    for kw in (dict(is_causal=True), dict(enable_gqa=True, attn_mask=rng.random((37, 70)) < 0.8)):\n"
+        "        q, k, v = (random_array(s, dt, rng) for s in ((1, 4, 37, 80), (1, 2, 70, 80), (1, 2, 70, 80)))\n"
+        "        kw.setdefault('enable_gqa', True)\n"
+        "        out, st = ga.scaled_dot_product_attention(q, k, v, return_stats=True, **kw)\n"
+        "        do = random_array(out.shape, dt, rng)\n"
+        "        got = ga.scaled_dot_product_attention_backward(do, q, k, v, out, st, **kw)\n"
+        "        for g, w in zip(got, sdpa_reference_backward(do, q, k, v, **kw)):\n"
+        "            assert_grad_close(g, w, dt)\n"
         "print(ga.forward_isa('bf16'))\n")
     features = set(ga.cpu_features())
     builds = (("portable", set()), ("avx2", {"avx2", "fma", "f16c"}), ("avx512", {"avx512f", "avx512bw"}),

@@ -22,10 +22,11 @@ from .verbose import set_verbose
 from . import run, testing  # noqa: F401  (ga.run.run_graph, ga.testing)
 from .run import run_graph
 from .functional import scaled_dot_product_attention
+from .functional_backward import scaled_dot_product_attention_backward
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CompiledPartition", "DataType", "Engine", "Graph", "Layout", "LogicalTensor", "Op", "OpKind", "Partition",
-    "Property", "Stream", "Tensor", "cpu_features", "forward_isa", "run_graph", "scaled_dot_product_attention", "set_verbose", "thread_count",
+    "Property", "Stream", "Tensor", "cpu_features", "forward_isa", "run_graph", "scaled_dot_product_attention", "scaled_dot_product_attention_backward", "set_verbose", "thread_count",
 ]

@@ -44,11 +44,20 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         float causal_fill
         bool inf_as_zero
 
+    cdef struct SdpaBackwardArgs:
+        SdpaForwardArgs forward
+        TensorView grad_output
+        TensorView grad_query
+        TensorView grad_key
+        TensorView grad_value
+        TensorView grad_mask
+
     cdef cppclass Status:
         bool ok
         string message
 
     Status sdpa_forward(const SdpaForwardArgs& args) nogil
+    Status sdpa_backward(const SdpaBackwardArgs& args) nogil
     const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q)
 
 

@@ -11,8 +11,8 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from graphattn._cpu cimport (DType, MaskKind, SdpaForwardArgs, Status, TensorView, cpu_features_string,
-                             max_threads, sdpa_forward, sdpa_forward_isa)
+from graphattn._cpu cimport (DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
+                             cpu_features_string, max_threads, sdpa_backward, sdpa_forward, sdpa_forward_isa)
 
 
 cdef void _set_view(TensorView* view, object spec) except *:
@@ -87,6 +87,58 @@ cdef class ForwardPlan:
             status = sdpa_forward(local)
         if not status.ok:
             raise ValueError(status.message.decode())
+
+
+cdef void _set_array_view(TensorView* view, object spec) except *:
+    # spec = (dtype code, five strides in elements, ndarray whose first element is the view's origin)
+    code, strides, array = spec
+    _set_view(view, (code, strides))
+    view.data = <const void*>cnp.PyArray_DATA(<cnp.ndarray>array)
+
+
+def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,
+             int mask_kind=0, bint select_keep_value=True, bint has_scale=False, float scale=1.0,
+             bint causal=False, int64_t causal_offset=0, float select_fill=float("-inf"),
+             float causal_fill=float("-inf"), bint inf_as_zero=True):
+    """Run the fused backward kernel.  views maps query, key, value, output, stats, grad_output,
+    grad_query, grad_key, grad_value and optionally mask and grad_mask to (dtype code, 5 strides,
+    ndarray); raises ValueError on bad arguments."""
+    cdef SdpaBackwardArgs args
+    cdef Status status
+    if len(batch) != 3:
+        raise ValueError("batch must have 3 dimensions")
+    for i in range(3):
+        args.forward.batch[i] = batch[i]
+    args.forward.seq_q = seq_q
+    args.forward.seq_kv = seq_kv
+    args.forward.head_dim_qk = head_dim_qk
+    args.forward.head_dim_v = head_dim_v
+    _set_array_view(&args.forward.query, views["query"])
+    _set_array_view(&args.forward.key, views["key"])
+    _set_array_view(&args.forward.value, views["value"])
+    _set_array_view(&args.forward.output, views["output"])
+    _set_array_view(&args.forward.stats, views["stats"])
+    _set_array_view(&args.grad_output, views["grad_output"])
+    _set_array_view(&args.grad_query, views["grad_query"])
+    _set_array_view(&args.grad_key, views["grad_key"])
+    _set_array_view(&args.grad_value, views["grad_value"])
+    if "mask" in views:
+        _set_array_view(&args.forward.mask, views["mask"])
+    if "grad_mask" in views:
+        _set_array_view(&args.grad_mask, views["grad_mask"])
+    args.forward.mask_kind = <MaskKind>mask_kind
+    args.forward.select_keep_value = select_keep_value
+    args.forward.has_scale = has_scale
+    args.forward.scale = scale
+    args.forward.causal = causal
+    args.forward.causal_offset = causal_offset
+    args.forward.select_fill = select_fill
+    args.forward.causal_fill = causal_fill
+    args.forward.inf_as_zero = inf_as_zero
+    with nogil:
+        status = sdpa_backward(args)
+    if not status.ok:
+        raise ValueError(status.message.decode())
 
 
 def forward_isa(dtype="f32", seq_q=1 << 20):

@@ -24,6 +24,14 @@ TOLERANCES: dict[DataType, tuple[float, float]] = {
 }
 # stats (logsumexp) are f32 whatever the input dtype.
 STATS_TOLERANCE = (1e-4, 1e-4)
+# (rtol, atol as a fraction of the largest expected magnitude) of gradients:
+# each is a sum over a whole sequence of rounded products, so its absolute
+# error grows with the gradient's scale, not with the single element's.
+GRAD_TOLERANCES: dict[DataType, tuple[float, float]] = {
+    DataType.f32: (1e-4, 1e-5),
+    DataType.bf16: (2e-2, 1e-2),
+    DataType.f16: (4e-3, 2e-3),
+}
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray, dtype, what: str = "result",
@@ -232,3 +240,64 @@ def sdpa_reference(query, key, value, attn_mask=None, is_causal=False, scale=Non
         out = np.where(masked, 0.0, (e / np.where(masked, 1.0, total)) @ v)
         stats = np.where(masked, -np.inf, row_max + np.log(total))
     return (out, stats) if return_stats else out
+
+
+def assert_grad_close(actual: np.ndarray, expected: np.ndarray, dtype, what: str = "gradient") -> None:
+    """assert_close with GRAD_TOLERANCES, the absolute part scaled by the largest expected magnitude (at least 1)."""
+    rtol, atol = GRAD_TOLERANCES[as_data_type(dtype)]
+    finite = np.asarray(expected, np.float64)[np.isfinite(expected)]
+    scale = float(np.abs(finite).max()) if finite.size else 1.0
+    assert_close(actual, expected, dtype, what, (rtol, atol * max(scale, 1.0)))
+
+
+def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_causal=False, scale=None,
+                            enable_gqa=False, causal_alignment="top_left"):
+    """Float64 gradients (dq, dk, dv, dmask) of sdpa_reference by the textbook formulas.
+
+    P = softmax(S), dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)),
+    dQ = scale * dS K, dK = scale * dS^T Q; dmask = dS summed to the mask's
+    shape (None for a bool mask or no mask).  GQA sums dK/dV over the group.
+    """
+    q, k, v, do = (np.asarray(x).astype(np.float64) for x in (query, key, value, grad_out))
+    rep = 1
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
+    factor = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ np.swapaxes(k, -1, -2) * factor
+    seq_q, seq_kv = scores.shape[-2:]
+    keep = np.ones(scores.shape, bool)
+    if is_causal:
+        offset = 0 if causal_alignment == "top_left" else seq_kv - seq_q
+        keep &= np.arange(seq_kv)[None, :] - np.arange(seq_q)[:, None] <= offset
+    mask = None if attn_mask is None else np.asarray(attn_mask)
+    if mask is not None and mask.dtype == np.bool_:
+        keep &= mask
+    elif mask is not None:
+        scores = scores + mask.astype(np.float64)
+    scores = np.where(keep, scores, -np.inf)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        row_max = scores.max(-1, keepdims=True)
+        masked = np.isneginf(row_max)
+        e = np.exp(scores - np.where(masked, 0.0, row_max))
+        p = np.where(masked, 0.0, e / np.where(masked, 1.0, e.sum(-1, keepdims=True)))
+    dv = np.swapaxes(p, -1, -2) @ do
+    dp = do @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    dq = ds @ k * factor
+    dk = np.swapaxes(ds, -1, -2) @ q * factor
+    if rep > 1:
+        dk = dk.reshape(dk.shape[:-3] + (dk.shape[-3] // rep, rep) + dk.shape[-2:]).sum(-3)
+        dv = dv.reshape(dv.shape[:-3] + (dv.shape[-3] // rep, rep) + dv.shape[-2:]).sum(-3)
+    dk = _sum_to(dk, np.shape(key))
+    dv = _sum_to(dv, np.shape(value))
+    dq = _sum_to(dq, np.shape(query))
+    dmask = None if mask is None or mask.dtype == np.bool_ else _sum_to(ds, mask.shape)
+    return dq, dk, dv, dmask
+
+
+def _sum_to(grad: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sums a broadcast gradient back to `shape`."""
+    lead = grad.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1)
+    return grad.sum(axis=axes, keepdims=True).reshape(shape) if axes else grad

@@ -121,5 +121,20 @@ inline void store_row(const float* src, int cols, void* dst, DType dt, int64_t c
     }
 }
 
+// Rows j0 .. j0 + rows of a K/V-like view (at batch offset `base`) as f32
+// with unit column stride: in place when the tensor already is, else
+// converted into `scratch` (rows x cols).
+inline const float* rows_as_f32(const TensorView& t, int64_t base, int64_t j0, int rows, int cols, float* scratch,
+                                int64_t& row_stride) {
+    if (t.dtype == DType::f32 && t.strides[4] == 1) {
+        row_stride = t.strides[3];
+        return static_cast<const float*>(t.data) + base + j0 * t.strides[3];
+    }
+    load_block(element_ptr(t.data, t.dtype, base + j0 * t.strides[3]), t.dtype, t.strides[3], t.strides[4], rows, cols,
+               scratch, cols, 1);
+    row_stride = cols;
+    return scratch;
+}
+
 }  // namespace GRAPHATTN_ISA_NS
 }  // namespace graphattn

@@ -12,10 +12,12 @@ namespace graphattn {
 namespace {
 
 using ForwardFn = Status (*)(const SdpaForwardArgs&);
+using BackwardFn = Status (*)(const SdpaBackwardArgs&);
 
 struct ForwardKernel {
     const char* isa;
     ForwardFn run;
+    BackwardFn run_backward;
 };
 
 // GRAPHATTN_ISA=portable|avx2|avx512|amx caps the choice (for testing each build).
@@ -32,10 +34,10 @@ ForwardKernel choose_vector_kernel() {
     const bool allow_avx512 = limit.empty() || limit == "amx" || limit == "avx512";
     const bool allow_avx2 = allow_avx512 || limit == "avx2";
     if (allow_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.f16c)
-        return {"avx512", sdpa_forward_avx512};
-    if (allow_avx2 && f.avx2 && f.fma && f.f16c) return {"avx2", sdpa_forward_avx2};
+        return {"avx512", sdpa_forward_avx512, sdpa_backward_avx512};
+    if (allow_avx2 && f.avx2 && f.fma && f.f16c) return {"avx2", sdpa_forward_avx2, sdpa_backward_avx2};
 #endif
-    return {"portable", sdpa_forward_portable};
+    return {"portable", sdpa_forward_portable, sdpa_backward_portable};
 }
 
 const ForwardKernel& vector_kernel() {
@@ -61,7 +63,7 @@ constexpr int64_t kAmxMinQueryRows = 16;
 
 ForwardKernel forward_kernel_for(DType input_dtype, int64_t seq_q) {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
-    if (input_dtype == DType::bf16 && seq_q >= kAmxMinQueryRows && amx_allowed()) return {"amx_bf16", sdpa_forward_amx};
+    if (input_dtype == DType::bf16 && seq_q >= kAmxMinQueryRows && amx_allowed()) return {"amx_bf16", sdpa_forward_amx, nullptr};
 #endif
     (void)input_dtype;
     (void)seq_q;
@@ -102,6 +104,44 @@ Status sdpa_forward(const SdpaForwardArgs& args) {
     const bool all_bf16 =
         args.query.dtype == DType::bf16 && args.key.dtype == DType::bf16 && args.value.dtype == DType::bf16;
     return forward_kernel_for(all_bf16 ? DType::bf16 : DType::f32, args.seq_q).run(args);
+}
+
+namespace {
+
+// The gradient views must be writable without races: dQ has no broadcast
+// batch dim, and dK/dV are broadcast exactly where K and V are (their sums
+// over those dims happen inside one work item).
+Status check_backward_args(const SdpaBackwardArgs& b) {
+    const SdpaForwardArgs& a = b.forward;
+    Status s;
+    if (!(s = check_args(a)).ok) return s;
+    if (!a.stats.data) return Status::error("stats: the forward's log-sum-exp is required");
+    if (!(s = check_view(b.grad_output, "grad_output", true)).ok) return s;
+    if (!(s = check_view(b.grad_query, "grad_query", true)).ok) return s;
+    if (!(s = check_view(b.grad_key, "grad_key", true)).ok) return s;
+    if (!(s = check_view(b.grad_value, "grad_value", true)).ok) return s;
+    if (b.grad_mask.data && b.grad_mask.dtype != DType::f32) return Status::error("grad_mask: dtype must be f32");
+    for (int d = 0; d < kBatchDims; ++d) {
+        if (a.batch[d] < 2) continue;
+        const std::string dim = "batch dim " + std::to_string(d);
+        if (a.query.strides[d] == 0 || b.grad_query.strides[d] == 0)
+            return Status::error("query: broadcast over " + dim + "; its gradient would need a reduction");
+        const bool k0 = a.key.strides[d] == 0;
+        if (k0 != (a.value.strides[d] == 0) || k0 != (b.grad_key.strides[d] == 0) || k0 != (b.grad_value.strides[d] == 0))
+            return Status::error("key, value, grad_key and grad_value must all be broadcast (stride 0) over " + dim +
+                                 ", or none of them");
+    }
+    return Status::success();
+}
+
+}  // namespace
+
+Status sdpa_backward(const SdpaBackwardArgs& args) {
+    Status status = check_backward_args(args);
+    if (!status.ok) return status;
+    const SdpaForwardArgs& a = args.forward;
+    if (a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return status;
+    return vector_kernel().run_backward(args);
 }
 
 const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q) { return forward_kernel_for(input_dtype, seq_q).isa; }

@@ -6,9 +6,12 @@
 namespace graphattn {
 
 Status sdpa_forward_portable(const SdpaForwardArgs& args);
+Status sdpa_backward_portable(const SdpaBackwardArgs& args);
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
 Status sdpa_forward_avx2(const SdpaForwardArgs& args);
+Status sdpa_backward_avx2(const SdpaBackwardArgs& args);
 Status sdpa_forward_avx512(const SdpaForwardArgs& args);
+Status sdpa_backward_avx512(const SdpaBackwardArgs& args);
 Status sdpa_forward_amx(const SdpaForwardArgs& args);  // bf16 Q/K/V only
 #endif
 

@@ -30,6 +30,7 @@
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
 #include "lane_gemm.hpp"
+#include "lane_masks.hpp"
 #include "mask.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
@@ -132,58 +133,6 @@ struct LaneForward {
         return rows;
     }
 
-    // Rows of a K or V block as f32 with unit column stride: in place when
-    // the tensor already is, else converted into `scratch`.
-    static const float* block_rows(const TensorView& t, int64_t base, int64_t j0, int rows, int cols, float* scratch,
-                                   int64_t& row_stride) {
-        if (t.dtype == DType::f32 && t.strides[4] == 1) {
-            row_stride = t.strides[3];
-            return static_cast<const float*>(t.data) + base + j0 * t.strides[3];
-        }
-        load_block(element_ptr(t.data, t.dtype, base + j0 * t.strides[3]), t.dtype, t.strides[3], t.strides[4], rows,
-                   cols, scratch, cols, 1);
-        row_stride = cols;
-        return scratch;
-    }
-
-    // Explicit and causal masks applied, in base-2 units, to S^T[j][lanes]
-    // for keys j0 .. j0 + kv_rows.
-    static void mask_scores(const SdpaForwardArgs& a, Scratch& sc, int rows, int kv_rows, int64_t j0) {
-        float* s_t = sc.s_t.get();
-        if (a.mask_kind != MaskKind::none) {
-            const TensorView& m = a.mask;
-            for (int r = 0; r < rows; ++r)
-                load_block(element_ptr(m.data, m.dtype, sc.m_off[r] + j0 * m.strides[4]), m.dtype, 0, m.strides[4], 1,
-                           kv_rows, sc.mask_t.get() + r, 1, kBlockQ);
-        }
-        const float* mask_t = sc.mask_t.get();
-        if (a.mask_kind == MaskKind::additive) {
-            for (int j = 0; j < kv_rows; ++j)
-                for (int v = 0; v < RV; ++v) {
-                    float* s = s_t + j * kBlockQ + v * kLanes;
-                    store(s, load(s) + to_log2_units(load(mask_t + j * kBlockQ + v * kLanes)));
-                }
-        } else if (a.mask_kind == MaskKind::select) {
-            const VecF keep = splat(a.select_keep_value ? 1.0f : 0.0f), fill = splat(to_log2_units(a.select_fill));
-            for (int j = 0; j < kv_rows; ++j)
-                for (int v = 0; v < RV; ++v) {
-                    float* s = s_t + j * kBlockQ + v * kLanes;
-                    store(s, load(mask_t + j * kBlockQ + v * kLanes) == keep ? load(s) : fill);
-                }
-        }
-        if (a.causal) {
-            // Lane with query index i keeps key j iff j - i <= offset.
-            const VecF fill = splat(to_log2_units(a.causal_fill));
-            for (int j = 0; j < kv_rows; ++j) {
-                const VecF first_masked_query = splat(float(j0 + j - a.causal_offset));
-                for (int v = 0; v < RV; ++v) {
-                    float* s = s_t + j * kBlockQ + v * kLanes;
-                    store(s, load(sc.query_index.get() + v * kLanes) < first_masked_query ? fill : load(s));
-                }
-            }
-        }
-    }
-
     // Online softmax over one key block: S^T becomes P^T relative to the new
     // running max; O^T is rescaled where the max grew.
     static void online_softmax(float* s_t, int kv_rows, float* row_max, float* row_sum, float* o_t, int Dv) {
@@ -263,10 +212,10 @@ struct LaneForward {
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockKV) {
             const int kv_rows = int(std::min<int64_t>(kBlockKV, key_end - j0));
             int64_t k_stride, v_stride;
-            const float* k_rows = block_rows(k, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
-            const float* v_rows = block_rows(v, v_base, j0, kv_rows, Dv, sc.v_rows.get(), v_stride);
+            const float* k_rows = rows_as_f32(k, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
+            const float* v_rows = rows_as_f32(v, v_base, j0, kv_rows, Dv, sc.v_rows.get(), v_stride);
             lane_gemm<RV, NT, false>(q_t, D, k_rows, k_stride, 1, kv_rows, sc.s_t.get());
-            mask_scores(a, sc, rows, kv_rows, j0);
+            mask_query_lanes<RV>(a, sc.s_t.get(), sc.mask_t.get(), sc.m_off, sc.query_index.get(), rows, kv_rows, j0);
             online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), sc.o_t.get(), Dv);
             lane_gemm<RV, NT, true>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, sc.o_t.get());
         }

@@ -65,6 +65,22 @@ struct SdpaForwardArgs {
     bool inf_as_zero = false;
 };
 
+// Arguments of one backward call.  `forward` describes the forward call
+// whose gradients are wanted: its output and stats views are read here (the
+// forward's O and its f32 log-sum-exp), never written.  Gradients: dQ has
+// Q's layout, dK and dV K's and V's (where K and V carry stride 0 over a
+// batch dim, as the heads of a GQA group do, their gradients are summed over
+// it), dmask (optional, f32, (B, Sq, Skv)) receives dL/d(scores), the
+// gradient of an additive mask before any broadcast reduction.
+struct SdpaBackwardArgs {
+    SdpaForwardArgs forward;
+    TensorView grad_output;   // dO, O's shape
+    TensorView grad_query;    // written
+    TensorView grad_key;      // written
+    TensorView grad_value;    // written
+    TensorView grad_mask;     // written when data != nullptr
+};
+
 // Result of a kernel call: ok, or a message naming the offending argument.
 struct Status {
     bool ok = true;
@@ -76,6 +92,12 @@ struct Status {
 // Runs the fused forward kernel with OpenMP.  Thread-safe; allocates only
 // per-thread scratch of O(block * head_dim) floats.
 Status sdpa_forward(const SdpaForwardArgs& args);
+
+// Runs the fused backward kernel (FlashAttention-2 style: P recomputed from
+// the stats; one pass over key blocks for dK/dV, one over query blocks for
+// dQ), in f32 whatever the input dtype.  Memory: O(B * Sq) floats plus
+// per-thread blocks.
+Status sdpa_backward(const SdpaBackwardArgs& args);
 
 // Name of the kernel build sdpa_forward uses on this machine for inputs of
 // this dtype and query length (for example "amx_bf16", "avx512" or "portable").

@@ -1,11 +1,13 @@
-// The forward kernels built for the avx512 target (flags set in CMakeLists.txt):
+// The forward and backward kernels built for the avx512 target (flags set in CMakeLists.txt):
 // 16 floats per vector, 4 vectors of query rows per block, 6-wide register tiles
 // (12-wide for one vector of lanes).
 #define GRAPHATTN_ISA_NS isa_avx512
 #define GRAPHATTN_LANES 16
+#include "sdpa_backward_lanes.hpp"
 #include "sdpa_forward_select.hpp"
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
 Status sdpa_forward_avx512(const SdpaForwardArgs& args) { return isa_avx512::sdpa_forward_for_isa<4, 6, 12>(args); }
+Status sdpa_backward_avx512(const SdpaBackwardArgs& args) { return isa_avx512::LaneBackward<4, 6>::run(args); }
 }  // namespace graphattn

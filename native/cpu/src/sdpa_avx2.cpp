@@ -1,11 +1,13 @@
-// The forward kernels built for the avx2 target (flags set in CMakeLists.txt):
+// The forward and backward kernels built for the avx2 target (flags set in CMakeLists.txt):
 // 8 floats per vector, 3 vectors of query rows per block, 4-wide register tiles
 // (8-wide for one vector of lanes).
 #define GRAPHATTN_ISA_NS isa_avx2
 #define GRAPHATTN_LANES 8
+#include "sdpa_backward_lanes.hpp"
 #include "sdpa_forward_select.hpp"
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
 Status sdpa_forward_avx2(const SdpaForwardArgs& args) { return isa_avx2::sdpa_forward_for_isa<3, 4, 8>(args); }
+Status sdpa_backward_avx2(const SdpaBackwardArgs& args) { return isa_avx2::LaneBackward<3, 4>::run(args); }
 }  // namespace graphattn

@@ -1,0 +1,326 @@
+// FlashAttention-2 backward in f32 on the lane GEMMs of lane_gemm.hpp.
+//
+// P is recomputed from the forward's log-sum-exp, so nothing of size
+// Sq x Skv is stored.  Three parallel passes:
+//   1. D[i] = rowsum(dO[i] * O[i]) for every query row (O(B * Sq) floats).
+//   2. dK and dV, parallel over (K/V batch index, key block): the keys are
+//      the vector lanes, K^T and V^T are loaded once per item, and the item
+//      walks every query row of every batch index that shares these K/V
+//      (all heads of a GQA group), so the group reduction happens in
+//      registers and no per-head dK/dV is ever materialised.
+//   3. dQ, parallel over (batch index, query block): the query rows are the
+//      lanes, as in the forward.
+// Causal blocks that the mask removes entirely are skipped in passes 2 and 3.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "block_io.hpp"
+#include "graphattn/sdpa.hpp"
+#include "isa_namespace.hpp"
+#include "lane_gemm.hpp"
+#include "lane_masks.hpp"
+#include "mask.hpp"
+#include "scratch.hpp"
+#include "simd.hpp"
+
+namespace graphattn {
+namespace GRAPHATTN_ISA_NS {
+
+template <int RV, int NT>
+struct LaneBackward {
+    static constexpr int kLaneBlock = RV * kLanes;  // keys (pass 2) or query rows (pass 3) per item
+    static constexpr int kRowChunk = 32;           // query rows per step of pass 2
+    static constexpr int kKeyBlock = 64;           // keys per step of pass 3
+
+    const SdpaBackwardArgs& args;
+    const SdpaForwardArgs& a;
+    int D, Dv;
+    float scale;          // multiplies Q K^T
+    bool skip_causal;     // causal blocks with a -inf fill can be skipped
+    bool zero_unkept;
+    int64_t batch_total;
+    bool shared[kBatchDims];  // batch dims K and V ignore (their gradients sum over them)
+    int64_t group = 1;        // product of the shared dims' sizes
+    AlignedFloats row_delta;  // D[i] of pass 1, indexed by flat batch * Sq + i
+
+    explicit LaneBackward(const SdpaBackwardArgs& backward)
+        : args(backward),
+          a(backward.forward),
+          D(int(a.head_dim_qk)),
+          Dv(int(a.head_dim_v)),
+          scale(a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f),
+          skip_causal(a.causal && fill_is_neg_inf(a.causal_fill)),
+          zero_unkept(needs_unkept_zeroing(a)),
+          batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
+          row_delta(size_t(batch_total * a.seq_q)) {
+        for (int d = 0; d < kBatchDims; ++d) {
+            shared[d] = a.batch[d] > 1 && a.key.strides[d] == 0;
+            if (shared[d]) group *= a.batch[d];
+        }
+    }
+
+    static void unflatten(const int64_t sizes[kBatchDims], int64_t flat, int64_t b[kBatchDims]) {
+        for (int d = kBatchDims - 1; d >= 0; --d) {
+            b[d] = flat % sizes[d];
+            flat /= sizes[d];
+        }
+    }
+
+    int64_t flat_batch(const int64_t b[kBatchDims]) const { return (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]; }
+
+    // log2-unit log-sum-exp of row i; +inf for a fully masked row (-inf), so that its P is 0.
+    float lse_log2(const int64_t b[kBatchDims], int64_t i) const {
+        const float lse = static_cast<const float*>(a.stats.data)[view_batch_offset(a.stats, b) + i * a.stats.strides[3]];
+        return lse == -__builtin_inff() ? __builtin_inff() : lse * kLog2e;
+    }
+
+    // ---- pass 1 --------------------------------------------------------------------------
+    void row_deltas() {
+        const int64_t rows = batch_total * a.seq_q;
+#pragma omp parallel
+        {
+            AlignedFloats o_row{size_t(Dv)}, do_row{size_t(Dv)};
+#pragma omp for schedule(static)
+            for (int64_t x = 0; x < rows; ++x) {
+                int64_t b[kBatchDims];
+                unflatten(a.batch, x / a.seq_q, b);
+                const int64_t i = x % a.seq_q;
+                const TensorView &o = a.output, &g = args.grad_output;
+                load_block(element_ptr(o.data, o.dtype, view_batch_offset(o, b) + i * o.strides[3]), o.dtype, 0,
+                           o.strides[4], 1, Dv, o_row.get(), Dv, 1);
+                load_block(element_ptr(g.data, g.dtype, view_batch_offset(g, b) + i * g.strides[3]), g.dtype, 0,
+                           g.strides[4], 1, Dv, do_row.get(), Dv, 1);
+                float sum = 0.0f;
+                for (int c = 0; c < Dv; ++c) sum += o_row.get()[c] * do_row.get()[c];
+                row_delta.get()[x] = sum;
+            }
+        }
+    }
+
+    // ---- pass 2: dK, dV with keys as lanes -------------------------------------------------
+    struct KeyScratch {
+        AlignedFloats k_t, v_t, dk_t, dv_t, q_rows, do_rows, s, dp, mask_rows, out_row;
+        float lse[kRowChunk], delta[kRowChunk];
+        int64_t m_off[kRowChunk], dm_off[kRowChunk], qi[kRowChunk];
+        KeyScratch(int D, int Dv)
+            : k_t(size_t(D) * kLaneBlock),
+              v_t(size_t(Dv) * kLaneBlock),
+              dk_t(size_t(D) * kLaneBlock),
+              dv_t(size_t(Dv) * kLaneBlock),
+              q_rows(size_t(kRowChunk) * D),
+              do_rows(size_t(kRowChunk) * Dv),
+              s(size_t(kRowChunk) * kLaneBlock),
+              dp(size_t(kRowChunk) * kLaneBlock),
+              mask_rows(size_t(kRowChunk) * kLaneBlock),
+              out_row(size_t(std::max(D, Dv))) {}
+    };
+
+    // Rows i0 .. i0 + rows of batch index b against the item's keys.
+    void key_item_rows(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows, int64_t j0, int kv_rows) {
+        const TensorView &q = a.query, &g = args.grad_output;
+        const int64_t fb = flat_batch(b);
+        for (int r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r;
+            load_block(element_ptr(q.data, q.dtype, view_batch_offset(q, b) + i * q.strides[3]), q.dtype, 0, q.strides[4],
+                       1, D, sc.q_rows.get() + r * D, D, 1);
+            load_block(element_ptr(g.data, g.dtype, view_batch_offset(g, b) + i * g.strides[3]), g.dtype, 0, g.strides[4],
+                       1, Dv, sc.do_rows.get() + r * Dv, Dv, 1);
+            sc.lse[r] = lse_log2(b, i);
+            sc.delta[r] = row_delta.get()[fb * a.seq_q + i];
+            sc.qi[r] = i;
+            sc.m_off[r] = view_batch_offset(a.mask, b) + i * a.mask.strides[3];
+            sc.dm_off[r] = view_batch_offset(args.grad_mask, b) + i * args.grad_mask.strides[3];
+        }
+        float* s = sc.s.get();
+        float* dp = sc.dp.get();
+        // S (log2 units, K^T carries scale * log2 e), masked; then P = 2^(S - lse).
+        lane_gemm<RV, NT, false>(sc.k_t.get(), D, sc.q_rows.get(), D, 1, rows, s);
+        mask_key_lanes<RV>(a, s, sc.mask_rows.get(), sc.m_off, sc.qi, rows, kv_rows, j0);
+        for (int r = 0; r < rows; ++r)
+            for (int v = 0; v < RV; ++v) store(s + r * kLaneBlock + v * kLanes, vexp2(load(s + r * kLaneBlock + v * kLanes) - sc.lse[r]));
+        // dP = dO V^T, then dS = P (dP - D).
+        lane_gemm<RV, NT, false>(sc.v_t.get(), Dv, sc.do_rows.get(), Dv, 1, rows, dp);
+        for (int r = 0; r < rows; ++r)
+            for (int v = 0; v < RV; ++v) {
+                float* x = dp + r * kLaneBlock + v * kLanes;
+                store(x, load(s + r * kLaneBlock + v * kLanes) * (load(x) - sc.delta[r]));
+            }
+        if (args.grad_mask.data) {
+            float* dmask = static_cast<float*>(const_cast<void*>(args.grad_mask.data));
+            for (int r = 0; r < rows; ++r)
+                for (int l = 0; l < kv_rows; ++l)
+                    dmask[sc.dm_off[r] + (j0 + l) * args.grad_mask.strides[4]] = dp[r * kLaneBlock + l];
+        }
+        if (zero_unkept) zero_unkept_key_lanes<RV>(a, dp, sc.mask_rows.get(), sc.qi, rows, j0);
+        // dV^T += P^T dO and dK^T += dS^T Q (the scale is applied once, at the end).
+        lane_gemm<RV, NT, true>(s, rows, sc.do_rows.get(), 1, Dv, Dv, sc.dv_t.get());
+        lane_gemm<RV, NT, true>(dp, rows, sc.q_rows.get(), 1, D, D, sc.dk_t.get());
+    }
+
+    void key_item(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t j0) {
+        const int kv_rows = int(std::min<int64_t>(kLaneBlock, a.seq_kv - j0));
+        const TensorView &k = a.key, &v = a.value;
+        // K^T and V^T, lanes past kv_rows zero; K^T carries scale * log2(e).
+        float* k_t = sc.k_t.get();
+        float* v_t = sc.v_t.get();
+        std::fill(k_t, k_t + size_t(D) * kLaneBlock, 0.0f);
+        std::fill(v_t, v_t + size_t(Dv) * kLaneBlock, 0.0f);
+        load_block(element_ptr(k.data, k.dtype, view_batch_offset(k, outer_b) + j0 * k.strides[3]), k.dtype, k.strides[3],
+                   k.strides[4], kv_rows, D, k_t, 1, kLaneBlock);
+        load_block(element_ptr(v.data, v.dtype, view_batch_offset(v, outer_b) + j0 * v.strides[3]), v.dtype, v.strides[3],
+                   v.strides[4], kv_rows, Dv, v_t, 1, kLaneBlock);
+        for (int x = 0; x < D * kLaneBlock; x += kLanes) store(k_t + x, load(k_t + x) * (scale * kLog2e));
+        std::fill(sc.dk_t.get(), sc.dk_t.get() + size_t(D) * kLaneBlock, 0.0f);
+        std::fill(sc.dv_t.get(), sc.dv_t.get() + size_t(Dv) * kLaneBlock, 0.0f);
+
+        // Query rows before first_row see none of these keys through the causal mask.
+        const int64_t first_row = skip_causal ? std::max<int64_t>(0, j0 - a.causal_offset) : 0;
+        int64_t shared_sizes[kBatchDims];
+        for (int d = 0; d < kBatchDims; ++d) shared_sizes[d] = shared[d] ? a.batch[d] : 1;
+        for (int64_t gi = 0; gi < group; ++gi) {
+            int64_t b[kBatchDims];
+            unflatten(shared_sizes, gi, b);
+            for (int d = 0; d < kBatchDims; ++d)
+                if (!shared[d]) b[d] = outer_b[d];
+            for (int64_t i0 = first_row; i0 < a.seq_q; i0 += kRowChunk)
+                key_item_rows(sc, b, i0, int(std::min<int64_t>(kRowChunk, a.seq_q - i0)), j0, kv_rows);
+        }
+
+        // dK = scale * dK^T, dV = dV^T, transposed back into their rows.
+        const TensorView &dk = args.grad_key, &dv = args.grad_value;
+        float* out = sc.out_row.get();
+        for (int l = 0; l < kv_rows; ++l) {
+            for (int d = 0; d < D; ++d) out[d] = sc.dk_t.get()[d * kLaneBlock + l] * scale;
+            store_row(out, D, const_cast<char*>(element_ptr(dk.data, dk.dtype, view_batch_offset(dk, outer_b) +
+                                                                                  (j0 + l) * dk.strides[3])),
+                      dk.dtype, dk.strides[4]);
+            for (int c = 0; c < Dv; ++c) out[c] = sc.dv_t.get()[c * kLaneBlock + l];
+            store_row(out, Dv, const_cast<char*>(element_ptr(dv.data, dv.dtype, view_batch_offset(dv, outer_b) +
+                                                                                   (j0 + l) * dv.strides[3])),
+                      dv.dtype, dv.strides[4]);
+        }
+    }
+
+    void key_pass() {
+        int64_t outer_sizes[kBatchDims];
+        for (int d = 0; d < kBatchDims; ++d) outer_sizes[d] = shared[d] ? 1 : a.batch[d];
+        const int64_t key_blocks = (a.seq_kv + kLaneBlock - 1) / kLaneBlock;
+        const int64_t items = outer_sizes[0] * outer_sizes[1] * outer_sizes[2] * key_blocks;
+#pragma omp parallel
+        {
+            KeyScratch sc(D, Dv);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t w = 0; w < items; ++w) {
+                int64_t b[kBatchDims];
+                unflatten(outer_sizes, w / key_blocks, b);
+                key_item(sc, b, (w % key_blocks) * kLaneBlock);
+            }
+        }
+    }
+
+    // ---- pass 3: dQ with query rows as lanes ---------------------------------------------
+    struct QueryScratch {
+        AlignedFloats q_t, do_t, dq_t, k_rows, v_rows, s_t, dp_t, mask_t, query_index, lse, delta, out_row;
+        int64_t m_off[kLaneBlock];
+        QueryScratch(int D, int Dv)
+            : q_t(size_t(D) * kLaneBlock),
+              do_t(size_t(Dv) * kLaneBlock),
+              dq_t(size_t(D) * kLaneBlock),
+              k_rows(size_t(kKeyBlock) * D),
+              v_rows(size_t(kKeyBlock) * Dv),
+              s_t(size_t(kKeyBlock) * kLaneBlock),
+              dp_t(size_t(kKeyBlock) * kLaneBlock),
+              mask_t(size_t(kKeyBlock) * kLaneBlock),
+              query_index(kLaneBlock),
+              lse(kLaneBlock),
+              delta(kLaneBlock),
+              out_row(size_t(D)) {}
+    };
+
+    void query_item(QueryScratch& sc, const int64_t b[kBatchDims], int64_t i0) {
+        const int rows = int(std::min<int64_t>(kLaneBlock, a.seq_q - i0));
+        const TensorView &q = a.query, &g = args.grad_output, &k = a.key, &v = a.value;
+        float* q_t = sc.q_t.get();
+        float* do_t = sc.do_t.get();
+        std::fill(q_t, q_t + size_t(D) * kLaneBlock, 0.0f);
+        std::fill(do_t, do_t + size_t(Dv) * kLaneBlock, 0.0f);
+        load_block(element_ptr(q.data, q.dtype, view_batch_offset(q, b) + i0 * q.strides[3]), q.dtype, q.strides[3],
+                   q.strides[4], rows, D, q_t, 1, kLaneBlock);
+        load_block(element_ptr(g.data, g.dtype, view_batch_offset(g, b) + i0 * g.strides[3]), g.dtype, g.strides[3],
+                   g.strides[4], rows, Dv, do_t, 1, kLaneBlock);
+        for (int x = 0; x < D * kLaneBlock; x += kLanes) store(q_t + x, load(q_t + x) * (scale * kLog2e));
+        std::fill(sc.dq_t.get(), sc.dq_t.get() + size_t(D) * kLaneBlock, 0.0f);
+        const int64_t fb = flat_batch(b);
+        for (int r = 0; r < kLaneBlock; ++r) {
+            const int64_t i = i0 + std::min(r, rows - 1);  // padding lanes repeat the last row
+            sc.query_index.get()[r] = float(i);
+            sc.lse.get()[r] = r < rows ? lse_log2(b, i) : __builtin_inff();
+            sc.delta.get()[r] = r < rows ? row_delta.get()[fb * a.seq_q + i] : 0.0f;
+            sc.m_off[r] = view_batch_offset(a.mask, b) + i * a.mask.strides[3];
+        }
+
+        const int64_t key_end = skip_causal ? causal_key_end(i0 + rows - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
+        const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
+        float* s_t = sc.s_t.get();
+        float* dp_t = sc.dp_t.get();
+        for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+            const int kv_rows = int(std::min<int64_t>(kKeyBlock, key_end - j0));
+            int64_t k_stride, v_stride;
+            const float* k_rows = rows_as_f32(k, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
+            const float* v_rows = rows_as_f32(v, v_base, j0, kv_rows, Dv, sc.v_rows.get(), v_stride);
+            lane_gemm<RV, NT, false>(q_t, D, k_rows, k_stride, 1, kv_rows, s_t);
+            mask_query_lanes<RV>(a, s_t, sc.mask_t.get(), sc.m_off, sc.query_index.get(), rows, kv_rows, j0);
+            lane_gemm<RV, NT, false>(do_t, Dv, v_rows, v_stride, 1, kv_rows, dp_t);
+            for (int j = 0; j < kv_rows; ++j)
+                for (int v = 0; v < RV; ++v) {
+                    const VecF p = vexp2(load(s_t + j * kLaneBlock + v * kLanes) - load(sc.lse.get() + v * kLanes));
+                    float* x = dp_t + j * kLaneBlock + v * kLanes;
+                    store(x, p * (load(x) - load(sc.delta.get() + v * kLanes)));
+                }
+            if (zero_unkept) zero_unkept_query_lanes<RV>(a, dp_t, sc.mask_t.get(), sc.query_index.get(), kv_rows, j0);
+            lane_gemm<RV, NT, true>(dp_t, kv_rows, k_rows, 1, k_stride, D, sc.dq_t.get());
+        }
+
+        const TensorView& dq = args.grad_query;
+        float* out = sc.out_row.get();
+        for (int r = 0; r < rows; ++r) {
+            for (int d = 0; d < D; ++d) out[d] = sc.dq_t.get()[d * kLaneBlock + r] * scale;
+            store_row(out, D, const_cast<char*>(element_ptr(dq.data, dq.dtype, view_batch_offset(dq, b) +
+                                                                                   (i0 + r) * dq.strides[3])),
+                      dq.dtype, dq.strides[4]);
+        }
+    }
+
+    void query_pass() {
+        const int64_t query_blocks = (a.seq_q + kLaneBlock - 1) / kLaneBlock;
+        const int64_t items = batch_total * query_blocks;
+#pragma omp parallel
+        {
+            QueryScratch sc(D, Dv);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t w = 0; w < items; ++w) {
+                int64_t b[kBatchDims];
+                unflatten(a.batch, w / query_blocks, b);
+                int64_t qb = w % query_blocks;
+                if (skip_causal) qb = query_blocks - 1 - qb;  // the longest items first
+                query_item(sc, b, qb * kLaneBlock);
+            }
+        }
+    }
+
+    static Status run(const SdpaBackwardArgs& backward) {
+        LaneBackward pass(backward);
+        pass.row_deltas();
+        pass.key_pass();
+        pass.query_pass();
+        return Status::success();
+    }
+};
+
+}  // namespace GRAPHATTN_ISA_NS
+}  // namespace graphattn
