@@ -1,5 +1,7 @@
 """ga.scaled_dot_product_attention_backward against float64 gradients, which are in turn checked
 against finite differences."""
+import math
+
 import numpy as np
 import pytest
 
@@ -131,3 +133,64 @@ def test_bad_arguments(bad, match, rng):
     stats = np.zeros((1, 2, 9, 1), bad.get("stats_dtype", np.float32))
     with pytest.raises(ValueError, match=match):
         ga.scaled_dot_product_attention_backward(np.zeros_like(out), q, k, v, out, stats)
+
+
+DROPOUT_CASES = {
+    "plain": dict(q=(1, 2, 37, 32), k=(1, 2, 70, 32), v=(1, 2, 70, 24)),
+    "gqa_causal": dict(q=(1, 4, 65, 32), k=(1, 2, 65, 32), v=(1, 2, 65, 32), enable_gqa=True, is_causal=True),
+    "decode": dict(q=(1, 8, 1, 64), k=(1, 2, 300, 64), v=(1, 2, 300, 64), enable_gqa=True),
+}
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("case", sorted(DROPOUT_CASES))
+def test_dropout_forward_and_backward_match_reference(case, dtype, rng):
+    args = dict(DROPOUT_CASES[case])
+    q, k, v = (random_array(args.pop(name), dtype, rng) for name in ("q", "k", "v"))
+    drop = dict(dropout_p=0.25, dropout_seed=int(rng.integers(2**62)), dropout_offset=int(rng.integers(2**40)))
+    out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True, **drop, **args)
+    want_out, want_stats = sdpa_reference(q, k, v, return_stats=True, **drop, **args)
+    assert_grad_close(out, want_out, dtype, "out")
+    assert_grad_close(stats, want_stats, "f32", "stats (dropout does not change them)")
+    grad_out = random_array(out.shape, dtype, rng)
+    got = ga.scaled_dot_product_attention_backward(grad_out, q, k, v, out, stats, **drop, **args)
+    want = sdpa_reference_backward(grad_out, q, k, v, **drop, **args)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert_grad_close(g, w, dtype, name)
+
+
+def test_dropout_mask_is_deterministic_per_seed_and_varies_across_seeds(rng):
+    q, k, v = (random_array((1, 2, 50, 16), "f32", rng) for _ in range(3))
+    run = lambda seed, offset=0: ga.scaled_dot_product_attention(q, k, v, dropout_p=0.5, dropout_seed=seed,  # noqa: E731
+                                                                 dropout_offset=offset)
+    assert np.array_equal(run(7), run(7))
+    assert not np.array_equal(run(7), run(8))
+    assert not np.array_equal(run(7), run(7, offset=1))
+    a, b = ga.scaled_dot_product_attention(q, k, v, dropout_p=0.5), ga.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert not np.array_equal(a, b)  # dropout_seed=None draws a fresh seed per call
+
+
+def test_dropout_keep_rate_and_unbiased_mean(rng):
+    """V = identity rows expose P Z itself: the kept fraction is within binomial error of 1 - p, and
+    averaging over seeds recovers the output without dropout."""
+    p, seq = 0.3, 64
+    q = random_array((1, 1, seq, 16), "f32", rng)
+    k = random_array((1, 1, seq, 16), "f32", rng)
+    v = np.eye(seq, dtype=np.float32)[None, None]
+    dropped = ga.scaled_dot_product_attention(q, k, v, dropout_p=p, dropout_seed=123)
+    kept = np.count_nonzero(dropped) / dropped.size
+    sigma = math.sqrt(p * (1 - p) / dropped.size)
+    assert abs(kept - (1 - p)) < 5 * sigma, (kept, sigma)
+    plain = ga.scaled_dot_product_attention(q, k, v)
+    seeds = 400
+    mean = sum(ga.scaled_dot_product_attention(q, k, v, dropout_p=p, dropout_seed=s) for s in range(seeds)) / seeds
+    # each element averages `seeds` draws of P * Z, of variance P^2 p / (1 - p)
+    bound = 5 * plain * math.sqrt(p / (1 - p) / seeds) + 1e-6
+    assert np.all(np.abs(mean - plain) <= bound)
+
+
+def test_backward_needs_the_forward_seed(rng):
+    q, k, v = (random_array((1, 2, 9, 16), "f32", rng) for _ in range(3))
+    out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True, dropout_p=0.2, dropout_seed=5)
+    with pytest.raises(ValueError, match="dropout_seed"):
+        ga.scaled_dot_product_attention_backward(out, q, k, v, out, stats, dropout_p=0.2)

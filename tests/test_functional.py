@@ -125,7 +125,6 @@ def test_repeated_calls_reuse_the_compiled_partition(rng):
     (((1, 6, 4, 16), (1, 4, 4, 16), (1, 4, 4, 16)), {"enable_gqa": True}, ValueError, r"Hq=6, Hkv=4"),
     (((1, 6, 4, 16), (1, 2, 4, 16), (1, 2, 4, 16)), {}, ValueError, r"need enable_gqa=True"),
     (((1, 4, 16), (1, 4, 16), (1, 4, 16)), {"dropout_p": 1.0}, ValueError, r"dropout_p must be in \[0, 1\)"),
-    (((1, 4, 16), (1, 4, 16), (1, 4, 16)), {"dropout_p": 0.1}, NotImplementedError, r"training kernels"),
     (((1, 4, 16), (1, 4, 16), (1, 4, 16)), {"attn_mask": np.ones((5, 4), bool)}, ValueError, r"attn_mask of shape"),
     (((1, 4, 16), (1, 4, 16), (1, 4, 16)), {"is_causal": True, "causal_alignment": "middle"}, ValueError,
      r"causal_alignment"),

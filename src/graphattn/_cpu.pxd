@@ -1,5 +1,5 @@
 # Declarations of native/cpu's C++ API (include/graphattn/*.hpp).
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libcpp cimport bool
 from libcpp.string cimport string
 
@@ -43,6 +43,9 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         int64_t causal_offset
         float causal_fill
         bool inf_as_zero
+        float dropout_p
+        uint64_t dropout_seed
+        uint64_t dropout_offset
 
     cdef struct SdpaBackwardArgs:
         SdpaForwardArgs forward

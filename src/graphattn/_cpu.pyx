@@ -5,7 +5,7 @@ A ForwardPlan holds everything a compiled partition knows at compile time
 (shapes, strides, dtypes, flags); ``run`` fills in the data addresses and the
 runtime scalars and calls the kernel with the GIL released.
 """
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
 cimport numpy as cnp
 
@@ -32,7 +32,7 @@ cdef class ForwardPlan:
     def __init__(self, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
                  query, key, value, output, mask=None, stats=None, *, int mask_kind=0,
                  bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
-                 bint causal=False, bint inf_as_zero=False):
+                 bint causal=False, bint inf_as_zero=False, float dropout_p=0.0):
         if len(batch) != 3:
             raise ValueError("batch must have 3 dimensions")
         for i in range(3):
@@ -55,21 +55,23 @@ cdef class ForwardPlan:
         self.args.scale_is_divisor = scale_is_divisor
         self.args.causal = causal
         self.args.inf_as_zero = inf_as_zero
+        self.args.dropout_p = dropout_p
 
     def run_arrays(self, cnp.ndarray query, cnp.ndarray key, cnp.ndarray value, cnp.ndarray output,
                    cnp.ndarray mask=None, cnp.ndarray stats=None, float scale=1.0, int64_t causal_offset=0,
-                   float select_fill=float("-inf"), float causal_fill=float("-inf")):
+                   float select_fill=float("-inf"), float causal_fill=float("-inf"), uint64_t dropout_seed=0,
+                   uint64_t dropout_offset=0):
         """As run, taking the arrays themselves (their first element's address is used; strides were
         fixed at plan time and are checked by the caller)."""
         self.run(<uintptr_t>cnp.PyArray_DATA(query), <uintptr_t>cnp.PyArray_DATA(key),
                  <uintptr_t>cnp.PyArray_DATA(value), <uintptr_t>cnp.PyArray_DATA(output),
                  <uintptr_t>cnp.PyArray_DATA(mask) if mask is not None else 0,
                  <uintptr_t>cnp.PyArray_DATA(stats) if stats is not None else 0,
-                 scale, causal_offset, select_fill, causal_fill)
+                 scale, causal_offset, select_fill, causal_fill, dropout_seed, dropout_offset)
 
     def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
             uintptr_t stats=0, float scale=1.0, int64_t causal_offset=0, float select_fill=float("-inf"),
-            float causal_fill=float("-inf")):
+            float causal_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0):
         """Run the kernel on the given data addresses; raises ValueError on bad arguments."""
         cdef SdpaForwardArgs local = self.args
         cdef Status status
@@ -83,6 +85,8 @@ cdef class ForwardPlan:
         local.causal_offset = causal_offset
         local.select_fill = select_fill
         local.causal_fill = causal_fill
+        local.dropout_seed = dropout_seed
+        local.dropout_offset = dropout_offset
         with nogil:
             status = sdpa_forward(local)
         if not status.ok:
@@ -99,7 +103,8 @@ cdef void _set_array_view(TensorView* view, object spec) except *:
 def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,
              int mask_kind=0, bint select_keep_value=True, bint has_scale=False, float scale=1.0,
              bint causal=False, int64_t causal_offset=0, float select_fill=float("-inf"),
-             float causal_fill=float("-inf"), bint inf_as_zero=True):
+             float causal_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
+             uint64_t dropout_seed=0, uint64_t dropout_offset=0):
     """Run the fused backward kernel.  views maps query, key, value, output, stats, grad_output,
     grad_query, grad_key, grad_value and optionally mask and grad_mask to (dtype code, 5 strides,
     ndarray); raises ValueError on bad arguments."""
@@ -135,6 +140,9 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
     args.forward.select_fill = select_fill
     args.forward.causal_fill = causal_fill
     args.forward.inf_as_zero = inf_as_zero
+    args.forward.dropout_p = dropout_p
+    args.forward.dropout_seed = dropout_seed
+    args.forward.dropout_offset = dropout_offset
     with nogil:
         status = sdpa_backward(args)
     if not status.ok:

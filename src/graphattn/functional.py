@@ -7,6 +7,7 @@ same shapes, strides, dtypes and flags only bind data and run the kernel.
 from __future__ import annotations
 
 import math
+import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -36,6 +37,11 @@ class _Compiled:
     dtype: DataType
 
 
+def new_dropout_seed() -> int:
+    """A fresh 63-bit seed from the OS's entropy (what dropout_seed=None uses)."""
+    return secrets.randbits(63)
+
+
 def _layout(a: np.ndarray) -> tuple:
     return a.shape, element_strides(a) if a.size else a.shape, a.dtype.str
 
@@ -56,8 +62,6 @@ def _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignm
         raise ValueError(f"key and value sequence lengths differ: key {k.shape} vs value {v.shape}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if dropout_p > 0.0:
-        raise NotImplementedError("dropout_p > 0 needs the fused Dropout of the training kernels, not available yet")
     if is_causal and mask is not None:
         raise ValueError("pass either attn_mask or is_causal=True, not both")
     if causal_alignment not in ALIGNMENTS:
@@ -103,7 +107,7 @@ def _normalize_mask(mask):
     return mask
 
 
-def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats) -> _Compiled:
+def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p) -> _Compiled:
     dt = dtype_of(q.dtype)
     f32 = DataType.f32
     b = GraphBuilder()
@@ -147,7 +151,12 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats) -> _Compiled:
     if return_stats:
         softmax_out.append(tensor("stats", f32, masked_shape[:-1] + (1,)))
     op("SoftMax", [score], softmax_out, axis=-1, mode="inf_as_zero")
-    out = op("MatMul", [softmax_out[0], lv], [tensor(None, dt, masked_shape[:-1] + (v.shape[-1],))])
+    probabilities = softmax_out[0]
+    if dropout_p > 0.0:
+        s64 = DataType.s64
+        probabilities = op("Dropout", [probabilities, tensor("seed", s64, (1,)), tensor("offset", s64, (1,))],
+                           [tensor(None, dt, masked_shape)], p=dropout_p)
+    out = op("MatMul", [probabilities, lv], [tensor(None, dt, masked_shape[:-1] + (v.shape[-1],))])
     if gqa:
         out = reshape(out, out.shape[:-4] + (hq,) + out.shape[-2:])
     roles = b.roles
@@ -171,25 +180,28 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     means no mask.  is_causal applies the implicit causal mask aligned
     "top_left" (PyTorch) or "bottom_right".  enable_gqa lets key/value have
     fewer heads (dim -3) than query, dividing it; K/V are never repeated.
-    Fully masked rows give 0.  Returns an array of query's kind and dtype, or
-    (out, stats) with return_stats, stats being the f32 logsumexp (..., L, 1).
+    Fully masked rows give 0.  dropout_p > 0 drops probabilities with the
+    Philox keep-mask of (dropout_seed, dropout_offset) and scales the kept
+    ones by 1 / (1 - dropout_p); the same seed and offset always drop the same
+    elements (pass them to the backward too); dropout_seed=None draws a fresh
+    seed.  Returns an array of query's kind and dtype, or (out, stats) with
+    return_stats, stats being the f32 logsumexp (..., L, 1) of the scores
+    (dropout does not change it).
     """
     q, kind = to_numpy(query, "query")
     k, _ = to_numpy(key, "key")
     v, _ = to_numpy(value, "value")
     mask = _normalize_mask(None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0])
     dropout_p = float(dropout_p)
-    if dropout_p != 0.0:
-        _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment)
     # A signature seen before was validated when it was built: only new ones are checked.
     signature = (_layout(q), _layout(k), _layout(v), _layout(mask) if mask is not None else None, bool(enable_gqa),
-                 bool(is_causal), causal_alignment, bool(return_stats))
+                 bool(is_causal), causal_alignment, bool(return_stats), dropout_p)
     entry = _cache.get(signature)
     if entry is None:
         gqa = _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment)
         if mask is not None and mask.dtype != np.bool_ and mask.dtype not in (q.dtype, np.float32):
             raise TypeError(f"a float attn_mask must be float32 or the query's dtype {q.dtype}, got {mask.dtype}")
-        entry = _build(q, k, v, mask, gqa, bool(is_causal), causal_alignment, return_stats)
+        entry = _build(q, k, v, mask, gqa, bool(is_causal), causal_alignment, return_stats, dropout_p)
         _cache[signature] = entry
         if len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
@@ -207,6 +219,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if "seq_kv" in roles:
         data[roles["seq_kv"]] = np.array([k.shape[-2]], np.int32)
         data[roles["seq_q"]] = np.array([q.shape[-2]], np.int32)
+    if "seed" in roles:
+        data[roles["seed"]] = np.array([new_dropout_seed() if dropout_seed is None else int(dropout_seed)], np.int64)
+        data[roles["offset"]] = np.array([int(dropout_offset)], np.int64)
     out = np.empty(entry.out_shape, numpy_dtype(entry.dtype))
     outputs = {roles["output"]: out}
     if return_stats:

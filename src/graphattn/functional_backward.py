@@ -68,6 +68,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     arguments are the forward's.  dk and dv have key's and value's own shapes
     (Hkv heads under enable_gqa).  return_mask_grad=True appends the gradient
     of a float attn_mask, of the mask's shape (None for a bool mask).
+    With dropout, pass the forward's dropout_p, dropout_seed and
+    dropout_offset: the kernel regenerates the same keep-mask.
     """
     q, kind = to_numpy(query, "query")
     k, _ = to_numpy(key, "key")
@@ -78,6 +80,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     user_mask = None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0]
     mask = _normalize_mask(user_mask)
     gqa = _check_inputs(q, k, v, mask, float(dropout_p), is_causal, enable_gqa, causal_alignment)
+    if dropout_p > 0 and dropout_seed is None:
+        raise ValueError("dropout_p > 0 needs the forward's dropout_seed (and dropout_offset) to rebuild its mask")
     hq, hkv = q.shape[-3], k.shape[-3]
     lead = [q.shape[:-3], k.shape[:-3], v.shape[:-3]] if gqa else [q.shape[:-2], k.shape[:-2], v.shape[:-2]]
     out_shape = broadcast_shapes(lead, "batch") + ((hq,) if gqa else ()) + (q.shape[-2], v.shape[-1])
@@ -150,7 +154,9 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
                                                  ("select" if m2.dtype == np.bool_ else "additive")],
                   has_scale=True, scale=scale_value, causal=bool(is_causal),
                   causal_offset=(seq_kv - seq_q) if causal_alignment == "bottom_right" else 0,
-                  inf_as_zero=True)
+                  inf_as_zero=True, dropout_p=float(dropout_p),
+                  dropout_seed=int(dropout_seed or 0) & 0xFFFFFFFFFFFFFFFF,
+                  dropout_offset=int(dropout_offset) & 0xFFFFFFFFFFFFFFFF)
 
     dq = _reduce_to(dq_full, q2.shape).astype(q.dtype, copy=False).reshape(q.shape)
     dk = (dk_own if kv_alike else _reduce_to(dk_own, k2.shape).astype(k.dtype, copy=False)).reshape(k.shape)

@@ -71,6 +71,7 @@ class SdpaGraphSpec:
     causal_form: "ge" = Select(row >= col, score, -inf) (oneDNN's form);
                  "gt" = Select(col > row, -inf, score) (the RFC's form)
     layout: "bhsd" (dense inputs) or "bshd" (Q, K, V are strided views of (N, S, H, D) arrays)
+    dropout: p of a Dropout between SoftMax and MatMul(P, V) (0 = none), with s64 seed and offset inputs
     """
     batch: int = 1
     heads_q: int = 2
@@ -90,6 +91,7 @@ class SdpaGraphSpec:
     causal_form: str = "ge"
     key_transposed: bool = False
     layout: str = "bhsd"
+    dropout: float = 0.0
     ids: dict = field(default_factory=dict, init=False, repr=False)
 
     def with_(self, **changes) -> "SdpaGraphSpec":
@@ -172,8 +174,13 @@ class SdpaGraphSpec:
         if self.stats:
             softmax_outputs.append(tensor("stats", f32, masked_shape[:-1] + (1,)))
         op("SoftMax", [score], softmax_outputs, axis=-1, mode=self.softmax_mode)
+        probabilities = softmax_outputs[0]
+        if self.dropout:
+            s64 = DataType.s64
+            probabilities = op("Dropout", [probabilities, tensor("seed", s64, (1,)), tensor("offset", s64, (1,))],
+                               [tensor(None, dt, masked_shape)], p=self.dropout)
         out_shape = masked_shape[:-2] + (sq, dv)
-        out = op("MatMul", [softmax_outputs[0], v], [tensor(None, dt, out_shape)])
+        out = op("MatMul", [probabilities, v], [tensor(None, dt, out_shape)])
         if self.gqa == "4d":
             out = reshape(out, (n, hq, sq, dv))
         if self.reorder:
@@ -209,6 +216,9 @@ class SdpaGraphSpec:
         if "seq_kv" in ids:
             data[ids["seq_kv"]] = np.array([self.skv], np.int32)
             data[ids["seq_q"]] = np.array([self.seq_q], np.int32)
+        if "seed" in ids:
+            data[ids["seed"]] = np.array([int(rng.integers(-2**62, 2**62))], np.int64)
+            data[ids["offset"]] = np.array([int(rng.integers(0, 2**40))], np.int64)
         return data
 
 
@@ -216,8 +226,17 @@ def _broadcast(a: tuple, b: tuple) -> tuple:
     return tuple(np.broadcast_shapes(a, b))
 
 
+def dropout_multipliers(shape: tuple, dropout_p: float, seed: int, offset: int) -> np.ndarray:
+    """1 / (1 - p) where the Philox keep-mask keeps an element of the (..., L, S) probabilities, else 0."""
+    from .ops.philox import dropout_keep_mask
+    if not dropout_p:
+        return np.ones(shape)
+    return np.where(dropout_keep_mask(shape, dropout_p, seed, offset), 1.0 / (1.0 - dropout_p), 0.0)
+
+
 def sdpa_reference(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
-                   causal_alignment="top_left", return_stats=False):
+                   causal_alignment="top_left", return_stats=False, dropout_p=0.0, dropout_seed=0,
+                   dropout_offset=0):
     """Plain float64 NumPy SDPA with the functional API's semantics (fully masked rows give 0)."""
     q, k, v = (np.asarray(x).astype(np.float64) for x in (query, key, value))
     if enable_gqa and q.shape[-3] != k.shape[-3]:
@@ -237,7 +256,8 @@ def sdpa_reference(query, key, value, attn_mask=None, is_causal=False, scale=Non
         masked = np.isneginf(row_max)
         e = np.exp(scores - np.where(masked, 0.0, row_max))
         total = e.sum(-1, keepdims=True)
-        out = np.where(masked, 0.0, (e / np.where(masked, 1.0, total)) @ v)
+        p = e / np.where(masked, 1.0, total) * dropout_multipliers(scores.shape, dropout_p, dropout_seed, dropout_offset)
+        out = np.where(masked, 0.0, p @ v)
         stats = np.where(masked, -np.inf, row_max + np.log(total))
     return (out, stats) if return_stats else out
 
@@ -251,10 +271,12 @@ def assert_grad_close(actual: np.ndarray, expected: np.ndarray, dtype, what: str
 
 
 def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_causal=False, scale=None,
-                            enable_gqa=False, causal_alignment="top_left"):
+                            enable_gqa=False, causal_alignment="top_left", dropout_p=0.0, dropout_seed=0,
+                            dropout_offset=0):
     """Float64 gradients (dq, dk, dv, dmask) of sdpa_reference by the textbook formulas.
 
-    P = softmax(S), dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)),
+    P = softmax(S), Z the dropout multipliers, dV = (P Z)^T dO, dP = (dO V^T) Z,
+    dS = P * (dP - rowsum(dP * P)),
     dQ = scale * dS K, dK = scale * dS^T Q; dmask = dS summed to the mask's
     shape (None for a bool mask or no mask).  GQA sums dK/dV over the group.
     """
@@ -281,8 +303,9 @@ def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_caus
         masked = np.isneginf(row_max)
         e = np.exp(scores - np.where(masked, 0.0, row_max))
         p = np.where(masked, 0.0, e / np.where(masked, 1.0, e.sum(-1, keepdims=True)))
-    dv = np.swapaxes(p, -1, -2) @ do
-    dp = do @ np.swapaxes(v, -1, -2)
+    z = dropout_multipliers(scores.shape, dropout_p, dropout_seed, dropout_offset)
+    dv = np.swapaxes(p * z, -1, -2) @ do
+    dp = do @ np.swapaxes(v, -1, -2) * z
     ds = p * (dp - (dp * p).sum(-1, keepdims=True))
     dq = ds @ k * factor
     dk = np.swapaxes(ds, -1, -2) @ q * factor

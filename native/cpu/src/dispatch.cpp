@@ -92,6 +92,7 @@ Status check_args(const SdpaForwardArgs& a) {
     if (a.mask_kind == MaskKind::additive && !(s = check_view(a.mask, "mask", true)).ok) return s;
     if (a.mask_kind == MaskKind::select && !(s = check_view(a.mask, "mask", false)).ok) return s;
     if (a.stats.data && a.stats.dtype != DType::f32) return Status::error("stats: dtype must be f32");
+    if (!(a.dropout_p >= 0.0f && a.dropout_p < 1.0f)) return Status::error("dropout_p must be in [0, 1)");
     return Status::success();
 }
 
@@ -103,7 +104,9 @@ Status sdpa_forward(const SdpaForwardArgs& args) {
     if (args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0) return status;
     const bool all_bf16 =
         args.query.dtype == DType::bf16 && args.key.dtype == DType::bf16 && args.value.dtype == DType::bf16;
-    return forward_kernel_for(all_bf16 ? DType::bf16 : DType::f32, args.seq_q).run(args);
+    // The AMX kernel has no fused dropout yet: dropout runs on the vector build.
+    const bool amx_candidate = all_bf16 && args.dropout_p == 0.0f;
+    return forward_kernel_for(amx_candidate ? DType::bf16 : DType::f32, args.seq_q).run(args);
 }
 
 namespace {

@@ -17,12 +17,25 @@ public:
         : data_(static_cast<float*>(::operator new[](bytes(count), std::align_val_t(64)))) {
         std::memset(data_, 0, bytes(count));
     }
-    ~AlignedFloats() { ::operator delete[](data_, std::align_val_t(64)); }
+    AlignedFloats() : data_(nullptr) {}
+    ~AlignedFloats() { release(); }
     AlignedFloats(const AlignedFloats&) = delete;
     AlignedFloats& operator=(const AlignedFloats&) = delete;
+    AlignedFloats(AlignedFloats&& other) noexcept : data_(other.data_) { other.data_ = nullptr; }
+    AlignedFloats& operator=(AlignedFloats&& other) noexcept {
+        if (this != &other) {
+            release();
+            data_ = other.data_;
+            other.data_ = nullptr;
+        }
+        return *this;
+    }
     float* get() const { return data_; }
 
 private:
+    void release() {
+        if (data_) ::operator delete[](data_, std::align_val_t(64));
+    }
     static size_t bytes(size_t count) { return ((count * sizeof(float) + 63) / 64) * 64; }
     float* data_;
 };

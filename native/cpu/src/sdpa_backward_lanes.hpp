@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "block_io.hpp"
+#include "dropout.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
 #include "lane_gemm.hpp"
@@ -34,15 +35,17 @@ namespace GRAPHATTN_ISA_NS {
 template <int RV, int NT>
 struct LaneBackward {
     static constexpr int kLaneBlock = RV * kLanes;  // keys (pass 2) or query rows (pass 3) per item
-    static constexpr int kRowChunk = 32;           // query rows per step of pass 2
+    static constexpr int kRowChunk = 64;           // query rows per step of pass 2
     static constexpr int kKeyBlock = 64;           // keys per step of pass 3
 
-    const SdpaBackwardArgs& args;
+    SdpaBackwardArgs args;  // the caller's, with Q, K, V and dO possibly redirected to f32 copies
     const SdpaForwardArgs& a;
+    AlignedFloats f32_copies[4];
     int D, Dv;
     float scale;          // multiplies Q K^T
     bool skip_causal;     // causal blocks with a -inf fill can be skipped
     bool zero_unkept;
+    DropoutPlan dropout;
     int64_t batch_total;
     bool shared[kBatchDims];  // batch dims K and V ignore (their gradients sum over them)
     int64_t group = 1;        // product of the shared dims' sizes
@@ -50,18 +53,53 @@ struct LaneBackward {
 
     explicit LaneBackward(const SdpaBackwardArgs& backward)
         : args(backward),
-          a(backward.forward),
+          a(args.forward),
           D(int(a.head_dim_qk)),
           Dv(int(a.head_dim_v)),
           scale(a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f),
           skip_causal(a.causal && fill_is_neg_inf(a.causal_fill)),
           zero_unkept(needs_unkept_zeroing(a)),
+          dropout(a),
           batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
           row_delta(size_t(batch_total * a.seq_q)) {
         for (int d = 0; d < kBatchDims; ++d) {
             shared[d] = a.batch[d] > 1 && a.key.strides[d] == 0;
             if (shared[d]) group *= a.batch[d];
         }
+        // Every row of Q and dO is read once per key block and every row of K
+        // and V once per query block: convert them to f32 once, up front.
+        as_f32(args.forward.query, a.seq_q, D, f32_copies[0]);
+        as_f32(args.forward.key, a.seq_kv, D, f32_copies[1]);
+        as_f32(args.forward.value, a.seq_kv, Dv, f32_copies[2]);
+        as_f32(args.grad_output, a.seq_q, Dv, f32_copies[3]);
+    }
+
+    // Redirects `t` to an f32 copy with unit column stride (broadcast batch
+    // dims keep stride 0) unless it already is one.
+    void as_f32(TensorView& t, int64_t rows, int cols, AlignedFloats& storage) const {
+        if (t.dtype == DType::f32 && t.strides[4] == 1) return;
+        int64_t strides[kBatchDims + 2] = {0, 0, 0, cols, 1};
+        int64_t size = rows * cols;
+        for (int d = kBatchDims - 1; d >= 0; --d) {
+            if (a.batch[d] == 1 || t.strides[d] == 0) continue;
+            strides[d] = size;
+            size *= a.batch[d];
+        }
+        storage = AlignedFloats(size_t(size));
+        float* dst = storage.get();
+        const TensorView src = t;
+#pragma omp parallel for schedule(static)
+        for (int64_t x = 0; x < batch_total * rows; ++x) {
+            int64_t b[kBatchDims];
+            unflatten(a.batch, x / rows, b);
+            const int64_t i = x % rows;
+            const int64_t to = b[0] * strides[0] + b[1] * strides[1] + b[2] * strides[2] + i * cols;
+            load_block(element_ptr(src.data, src.dtype, view_batch_offset(src, b) + i * src.strides[3]), src.dtype, 0,
+                       src.strides[4], 1, cols, dst + to, cols, 1);
+        }
+        t.data = dst;
+        t.dtype = DType::f32;
+        for (int d = 0; d < kBatchDims + 2; ++d) t.strides[d] = strides[d];
     }
 
     static void unflatten(const int64_t sizes[kBatchDims], int64_t flat, int64_t b[kBatchDims]) {
@@ -104,8 +142,10 @@ struct LaneBackward {
 
     // ---- pass 2: dK, dV with keys as lanes -------------------------------------------------
     struct KeyScratch {
-        AlignedFloats k_t, v_t, dk_t, dv_t, q_rows, do_rows, s, dp, mask_rows, out_row;
+        AlignedFloats k_t, v_t, dk_t, dv_t, q_rows, do_rows, s, dp, mask_rows, out_row, z;
         float lse[kRowChunk], delta[kRowChunk];
+        uint64_t drop_base[kRowChunk];
+        uint8_t keep[kLaneBlock];
         int64_t m_off[kRowChunk], dm_off[kRowChunk], qi[kRowChunk];
         KeyScratch(int D, int Dv)
             : k_t(size_t(D) * kLaneBlock),
@@ -117,34 +157,44 @@ struct LaneBackward {
               s(size_t(kRowChunk) * kLaneBlock),
               dp(size_t(kRowChunk) * kLaneBlock),
               mask_rows(size_t(kRowChunk) * kLaneBlock),
-              out_row(size_t(std::max(D, Dv))) {}
+              out_row(size_t(std::max(D, Dv))),
+              z(size_t(kRowChunk) * kLaneBlock) {}
     };
 
     // Rows i0 .. i0 + rows of batch index b against the item's keys.
     void key_item_rows(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows, int64_t j0, int kv_rows) {
-        const TensorView &q = a.query, &g = args.grad_output;
         const int64_t fb = flat_batch(b);
+        int64_t q_stride, do_stride;
+        const float* q_rows = rows_as_f32(a.query, view_batch_offset(a.query, b), i0, rows, D, sc.q_rows.get(), q_stride);
+        const float* do_rows =
+            rows_as_f32(args.grad_output, view_batch_offset(args.grad_output, b), i0, rows, Dv, sc.do_rows.get(), do_stride);
         for (int r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
-            load_block(element_ptr(q.data, q.dtype, view_batch_offset(q, b) + i * q.strides[3]), q.dtype, 0, q.strides[4],
-                       1, D, sc.q_rows.get() + r * D, D, 1);
-            load_block(element_ptr(g.data, g.dtype, view_batch_offset(g, b) + i * g.strides[3]), g.dtype, 0, g.strides[4],
-                       1, Dv, sc.do_rows.get() + r * Dv, Dv, 1);
             sc.lse[r] = lse_log2(b, i);
             sc.delta[r] = row_delta.get()[fb * a.seq_q + i];
             sc.qi[r] = i;
             sc.m_off[r] = view_batch_offset(a.mask, b) + i * a.mask.strides[3];
             sc.dm_off[r] = view_batch_offset(args.grad_mask, b) + i * args.grad_mask.strides[3];
+            sc.drop_base[r] = dropout.row_base(fb, i);
         }
         float* s = sc.s.get();
         float* dp = sc.dp.get();
         // S (log2 units, K^T carries scale * log2 e), masked; then P = 2^(S - lse).
-        lane_gemm<RV, NT, false>(sc.k_t.get(), D, sc.q_rows.get(), D, 1, rows, s);
+        lane_gemm<RV, NT, false>(sc.k_t.get(), D, q_rows, q_stride, 1, rows, s);
         mask_key_lanes<RV>(a, s, sc.mask_rows.get(), sc.m_off, sc.qi, rows, kv_rows, j0);
         for (int r = 0; r < rows; ++r)
             for (int v = 0; v < RV; ++v) store(s + r * kLaneBlock + v * kLanes, vexp2(load(s + r * kLaneBlock + v * kLanes) - sc.lse[r]));
-        // dP = dO V^T, then dS = P (dP - D).
-        lane_gemm<RV, NT, false>(sc.v_t.get(), Dv, sc.do_rows.get(), Dv, 1, rows, dp);
+        // dP = dO V^T (through the dropout mask Z when there is one), then dS = P (dP - D).
+        lane_gemm<RV, NT, false>(sc.v_t.get(), Dv, do_rows, do_stride, 1, rows, dp);
+        float* z = sc.z.get();
+        if (dropout.active) {
+            for (int r = 0; r < rows; ++r) dropout.multipliers(sc.drop_base[r], j0, kv_rows, z + r * kLaneBlock, 1, sc.keep);
+            for (int r = 0; r < rows; ++r)
+                for (int v = 0; v < RV; ++v) {
+                    float* x = dp + r * kLaneBlock + v * kLanes;
+                    store(x, load(x) * load(z + r * kLaneBlock + v * kLanes));
+                }
+        }
         for (int r = 0; r < rows; ++r)
             for (int v = 0; v < RV; ++v) {
                 float* x = dp + r * kLaneBlock + v * kLanes;
@@ -157,9 +207,15 @@ struct LaneBackward {
                     dmask[sc.dm_off[r] + (j0 + l) * args.grad_mask.strides[4]] = dp[r * kLaneBlock + l];
         }
         if (zero_unkept) zero_unkept_key_lanes<RV>(a, dp, sc.mask_rows.get(), sc.qi, rows, j0);
+        if (dropout.active)  // dV takes the dropped probabilities
+            for (int r = 0; r < rows; ++r)
+                for (int v = 0; v < RV; ++v) {
+                    float* x = s + r * kLaneBlock + v * kLanes;
+                    store(x, load(x) * load(z + r * kLaneBlock + v * kLanes));
+                }
         // dV^T += P^T dO and dK^T += dS^T Q (the scale is applied once, at the end).
-        lane_gemm<RV, NT, true>(s, rows, sc.do_rows.get(), 1, Dv, Dv, sc.dv_t.get());
-        lane_gemm<RV, NT, true>(dp, rows, sc.q_rows.get(), 1, D, D, sc.dk_t.get());
+        lane_gemm<RV, NT, true>(s, rows, do_rows, 1, do_stride, Dv, sc.dv_t.get());
+        lane_gemm<RV, NT, true>(dp, rows, q_rows, 1, q_stride, D, sc.dk_t.get());
     }
 
     void key_item(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t j0) {
@@ -225,8 +281,10 @@ struct LaneBackward {
 
     // ---- pass 3: dQ with query rows as lanes ---------------------------------------------
     struct QueryScratch {
-        AlignedFloats q_t, do_t, dq_t, k_rows, v_rows, s_t, dp_t, mask_t, query_index, lse, delta, out_row;
+        AlignedFloats q_t, do_t, dq_t, k_rows, v_rows, s_t, dp_t, mask_t, query_index, lse, delta, out_row, z_t;
         int64_t m_off[kLaneBlock];
+        uint64_t drop_base[kLaneBlock];
+        uint8_t keep[kKeyBlock];
         QueryScratch(int D, int Dv)
             : q_t(size_t(D) * kLaneBlock),
               do_t(size_t(Dv) * kLaneBlock),
@@ -239,7 +297,8 @@ struct LaneBackward {
               query_index(kLaneBlock),
               lse(kLaneBlock),
               delta(kLaneBlock),
-              out_row(size_t(D)) {}
+              out_row(size_t(D)),
+              z_t(size_t(kKeyBlock) * kLaneBlock) {}
     };
 
     void query_item(QueryScratch& sc, const int64_t b[kBatchDims], int64_t i0) {
@@ -262,6 +321,7 @@ struct LaneBackward {
             sc.lse.get()[r] = r < rows ? lse_log2(b, i) : __builtin_inff();
             sc.delta.get()[r] = r < rows ? row_delta.get()[fb * a.seq_q + i] : 0.0f;
             sc.m_off[r] = view_batch_offset(a.mask, b) + i * a.mask.strides[3];
+            sc.drop_base[r] = dropout.row_base(fb, i);
         }
 
         const int64_t key_end = skip_causal ? causal_key_end(i0 + rows - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
@@ -276,6 +336,16 @@ struct LaneBackward {
             lane_gemm<RV, NT, false>(q_t, D, k_rows, k_stride, 1, kv_rows, s_t);
             mask_query_lanes<RV>(a, s_t, sc.mask_t.get(), sc.m_off, sc.query_index.get(), rows, kv_rows, j0);
             lane_gemm<RV, NT, false>(do_t, Dv, v_rows, v_stride, 1, kv_rows, dp_t);
+            if (dropout.active) {
+                float* z_t = sc.z_t.get();
+                for (int r = 0; r < rows; ++r)
+                    dropout.multipliers(sc.drop_base[r], j0, kv_rows, z_t + r, kLaneBlock, sc.keep);
+                for (int j = 0; j < kv_rows; ++j)
+                    for (int v = 0; v < RV; ++v) {
+                        float* x = dp_t + j * kLaneBlock + v * kLanes;
+                        store(x, load(x) * load(z_t + j * kLaneBlock + v * kLanes));
+                    }
+            }
             for (int j = 0; j < kv_rows; ++j)
                 for (int v = 0; v < RV; ++v) {
                     const VecF p = vexp2(load(s_t + j * kLaneBlock + v * kLanes) - load(sc.lse.get() + v * kLanes));

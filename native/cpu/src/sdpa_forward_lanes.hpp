@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "block_io.hpp"
+#include "dropout.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
 #include "lane_gemm.hpp"
@@ -72,8 +73,10 @@ struct LaneForward {
 
     // Scratch of one thread, allocated once per parallel region.
     struct Scratch {
-        AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_row;
+        AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_row, drop_t;
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
+        uint64_t drop_base[kBlockQ];
+        uint8_t keep[kBlockKV];
         Scratch(int D, int Dv)
             : q_t(size_t(D) * kBlockQ),
               k_rows(size_t(kBlockKV) * D),
@@ -84,7 +87,8 @@ struct LaneForward {
               row_max(kBlockQ),
               row_sum(kBlockQ),
               query_index(kBlockQ),
-              out_row(size_t(Dv)) {}
+              out_row(size_t(Dv)),
+              drop_t(size_t(kBlockKV) * kBlockQ) {}
     };
 
     static LanePlan plan(const SdpaForwardArgs& a) {
@@ -129,6 +133,7 @@ struct LaneForward {
             sc.m_off[r] = view_batch_offset(a.mask, b) + i * a.mask.strides[3];
             sc.st_off[r] = view_batch_offset(a.stats, b) + i * a.stats.strides[3];
             sc.query_index.get()[r] = float(i);
+            sc.drop_base[r] = uint64_t(((b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]) * a.seq_q + i) * uint64_t(a.seq_kv);
         }
         return rows;
     }
@@ -185,11 +190,23 @@ struct LaneForward {
         }
     }
 
+    // P^T[j][lanes] *= dropout multiplier (after the row sums took the undropped P).
+    static void apply_dropout(const DropoutPlan& dropout, Scratch& sc, int rows, int kv_rows, int64_t j0) {
+        float* drop_t = sc.drop_t.get();
+        for (int r = 0; r < rows; ++r) dropout.multipliers(sc.drop_base[r], j0, kv_rows, drop_t + r, kBlockQ, sc.keep);
+        for (int j = 0; j < kv_rows; ++j)
+            for (int v = 0; v < RV; ++v) {
+                float* p = sc.s_t.get() + j * kBlockQ + v * kLanes;
+                store(p, load(p) * load(drop_t + j * kBlockQ + v * kLanes));
+            }
+    }
+
     // Keys [key_begin, key_end) of one item into sc.o_t, row_max, row_sum.
     static void attend(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
                        int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
         const TensorView &q = a.query, &k = a.key, &v = a.value;
+        const DropoutPlan dropout(a);
 
         // Q^T with the scale and log2(e) folded in; lanes past the last row stay 0.
         float* q_t = sc.q_t.get();
@@ -217,6 +234,7 @@ struct LaneForward {
             lane_gemm<RV, NT, false>(q_t, D, k_rows, k_stride, 1, kv_rows, sc.s_t.get());
             mask_query_lanes<RV>(a, sc.s_t.get(), sc.mask_t.get(), sc.m_off, sc.query_index.get(), rows, kv_rows, j0);
             online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), sc.o_t.get(), Dv);
+            if (dropout.active) apply_dropout(dropout, sc, rows, kv_rows, j0);
             lane_gemm<RV, NT, true>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, sc.o_t.get());
         }
     }

@@ -88,6 +88,11 @@ def _scalar(array: np.ndarray) -> float:
     return array.reshape(-1)[0].item()
 
 
+def _u64(array: np.ndarray) -> int:
+    """An s64 seed or offset as the 64-bit pattern the Philox key/counter takes."""
+    return int(array.reshape(-1)[0]) & 0xFFFFFFFFFFFFFFFF
+
+
 class FusedSdpaForward:
     """Runs one matched SDPA forward partition with graphattn::sdpa_forward."""
 
@@ -142,7 +147,10 @@ class FusedSdpaForward:
             views["output"], views.get("mask"), views.get("stats"),
             mask_kind=_cpu.MASK_KIND_CODES[m.mask_kind], select_keep_value=m.select_keep_value,
             has_scale=m.scale is not None, scale_is_divisor=m.scale_op is not None and m.scale_op.kind == OpKind.Divide,
-            causal=m.causal is not None, inf_as_zero=m.softmax.attrs["mode"] == "inf_as_zero")
+            causal=m.causal is not None, inf_as_zero=m.softmax.attrs["mode"] == "inf_as_zero",
+            dropout_p=m.dropout_op.attrs["p"] if m.dropout_op is not None else 0.0)
+        self.dropout_seed = _scalar_chain(m.dropout_seed, lts, "Dropout seed")
+        self.dropout_offset = _scalar_chain(m.dropout_offset, lts, "Dropout offset")
         input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value)}
         self.isa = _cpu.forward_isa(input_dtypes.pop().value if len(input_dtypes) == 1 else "f32", seq_q)
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
@@ -175,4 +183,6 @@ class FusedSdpaForward:
             scale=_scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0,
             causal_offset=causal_offset,
             select_fill=_scalar(inputs[self.select_fill.tensor_id]) if self.select_fill is not None else float("-inf"),
-            causal_fill=_scalar(inputs[self.causal_fill.tensor_id]) if self.causal_fill is not None else float("-inf"))
+            causal_fill=_scalar(inputs[self.causal_fill.tensor_id]) if self.causal_fill is not None else float("-inf"),
+            dropout_seed=_u64(inputs[self.dropout_seed.tensor_id]) if self.dropout_seed is not None else 0,
+            dropout_offset=_u64(inputs[self.dropout_offset.tensor_id]) if self.dropout_offset is not None else 0)

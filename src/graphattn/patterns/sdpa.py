@@ -56,10 +56,13 @@ class SdpaMatch:
     output_ops: list[Op] = field(default_factory=list)
     output_id: int = -1
     stats_id: int | None = None
+    dropout_op: Op | None = None       # Dropout between SoftMax and MatMul(P, V)
+    dropout_seed: InputChain | None = None
+    dropout_offset: InputChain | None = None
 
     def all_ops(self) -> list[Op]:
         ops = [self.qk, self.softmax, self.pv]
-        ops += [op for op in (self.scale_op, self.mask_op) if op is not None]
+        ops += [op for op in (self.scale_op, self.mask_op, self.dropout_op) if op is not None]
         for chain in self.input_chains():
             ops += chain.ops
         if self.causal:
@@ -67,7 +70,8 @@ class SdpaMatch:
         return ops + self.output_ops
 
     def input_chains(self) -> list[InputChain]:
-        chains = [self.query, self.key, self.value, self.scale, self.mask, self.select_fill]
+        chains = [self.query, self.key, self.value, self.scale, self.mask, self.select_fill, self.dropout_seed,
+                  self.dropout_offset]
         if self.causal:
             chains += [self.causal.fill] + [c for c, _ in self.causal.terms]
         return [c for c in chains if c is not None]
@@ -191,11 +195,19 @@ def match_sdpa(graph, softmax: Op) -> SdpaMatch:
     if softmax.attrs["axis"] % rank != rank - 1:
         raise NoMatch(f"{softmax.where} normalises axis {softmax.attrs['axis']}, not the last one")
     pv = _sole_consumer(graph, softmax.outputs[0].id, "SoftMax output")
-    if pv.kind == OpKind.Dropout:
-        raise NoMatch(f"{pv.where}: Dropout inside SDPA is fused by the training kernels, not yet available")
-    if pv.kind != OpKind.MatMul or pv.inputs[0].id != softmax.outputs[0].id or pv.attrs["transpose_a"]:
-        raise NoMatch(f"SoftMax output feeds {pv.where}, not the first input of MatMul(P, V)")
     parts: dict = {}
+    probabilities = softmax.outputs[0].id
+    if pv.kind == OpKind.Dropout:
+        dropout = pv
+        if len(dropout.outputs) > 1 and (graph.consumers(dropout.outputs[1].id)
+                                         or graph.is_marked_output(dropout.outputs[1].id)):
+            raise NoMatch(f"{dropout.where}: its mask output is used, and the fused kernel does not write it")
+        parts.update(dropout_op=dropout, dropout_seed=_input_chain(graph, dropout.inputs[1].id),
+                     dropout_offset=_input_chain(graph, dropout.inputs[2].id))
+        probabilities = dropout.outputs[0].id
+        pv = _sole_consumer(graph, probabilities, "Dropout output")
+    if pv.kind != OpKind.MatMul or pv.inputs[0].id != probabilities or pv.attrs["transpose_a"]:
+        raise NoMatch(f"the probabilities feed {pv.where}, not the first input of MatMul(P, V)")
     masked = softmax.inputs[0].id
     mask_op = graph.producer(masked)
     if mask_op is not None and mask_op.kind == OpKind.Select:
@@ -247,8 +259,8 @@ def _check_intermediates(graph, match: SdpaMatch) -> None:
             if lt.id not in pattern_inputs and (producer is None or producer.id not in op_ids):
                 raise NoMatch(f"{op.where} reads tensor {lt.id} from outside the pattern")
         for lt in op.outputs:
-            if lt.id in outputs:
-                continue
+            if lt.id in outputs or (op is match.dropout_op and lt is not op.outputs[0]):
+                continue  # the pattern's outputs, and Dropout's unused mask output
             if graph.is_marked_output(lt.id):
                 raise NoMatch(f"intermediate tensor {lt.id} of {op.where} is marked as an output by End")
             outside = [c for c in graph.consumers(lt.id) if c.id not in op_ids]

@@ -63,6 +63,15 @@ struct SdpaForwardArgs {
     // SoftMax mode: false = "none" (a fully masked row gives NaN),
     // true = "inf_as_zero" (a fully masked row gives 0).
     bool inf_as_zero = false;
+
+    // Dropout on the probabilities (after SoftMax, before the product with
+    // V): element (b, i, j) is kept with probability 1 - p by the Philox
+    // keep-mask of graphattn/philox.hpp, with b the row-major flat index of
+    // the 3 batch dims, and kept values are scaled by 1 / (1 - p).  The stats
+    // stay those of the softmax without dropout.
+    float dropout_p = 0.0f;
+    uint64_t dropout_seed = 0;
+    uint64_t dropout_offset = 0;
 };
 
 // Arguments of one backward call.  `forward` describes the forward call
