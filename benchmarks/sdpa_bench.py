@@ -1,12 +1,15 @@
 """graphattn's fused SDPA against the installed peers, in one process, interleaved.
 
-    python benchmarks/sdpa_bench.py [--suite quick|standard|full] [--dtypes f32,bf16]
-                                    [--only causal|plain] [--plot out.png] [--memory]
+    python benchmarks/sdpa_bench.py [--suite quick|standard|full|training] [--dtypes f32,bf16]
+                                    [--direction forward|backward|both] [--only causal|plain]
+                                    [--plot out.png] [--memory]
 
 Peers: PyTorch's CPU F.scaled_dot_product_attention when torch is importable
 (oneDNN's Graph API has no CPU build on PyPI; its figures are in the issues).
 Each case times graphattn and every peer alternately on the same inputs and
-reports the median. Prints one JSON line per case on stdout, a progress bar
+reports the median. The backward times graphattn's fused backward against
+torch's autograd backward of F.scaled_dot_product_attention (retained graph, so
+only the backward is timed). Prints one JSON line per case on stdout, a progress bar
 on stderr, then a table with ms, GFLOP/s and the ratio to each peer
 (peer time / graphattn time, so > 1 means graphattn is faster), and the
 machine's measured GEMM rate per dtype as the practical peak.
@@ -39,6 +42,8 @@ SUITES = {
     "standard": [(1, 16, 16, 1024, 1024, 64), (1, 16, 16, 2048, 2048, 128), (4, 32, 32, 512, 512, 64),
                  (1, 2, 2, 2048, 2048, 64), (1, 32, 8, 1, 4096, 128), (1, 32, 8, 1, 16384, 128)],
 }
+SUITES["training"] = [(1, 16, 16, 1024, 1024, 64), (1, 16, 16, 2048, 2048, 128), (4, 32, 32, 512, 512, 64),
+                      (1, 32, 8, 1024, 1024, 128)]
 SUITES["full"] = SUITES["standard"] + [(8, 16, 16, s, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096)] + [
     (1, 32, 8, 1, s, 128) for s in (8192, 32768)]
 
@@ -68,12 +73,31 @@ def contenders(shape, causal: bool, inputs):
     return runs
 
 
-def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float) -> dict:
+def backward_contenders(shape, causal: bool, inputs):
+    n, hq, hkv, sq, skv, d = shape
+    gqa = hq != hkv
+    q, k, v = inputs
+    out, stats = ga.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa, return_stats=True)
+    grad_out = out.clone() if torch is not None else out.copy()
+    runs = {"graphattn": lambda: ga.scaled_dot_product_attention_backward(grad_out, q, k, v, out, stats,
+                                                                          is_causal=causal, enable_gqa=gqa)}
+    if torch is not None:
+        tq, tk, tv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        tout = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=gqa)
+
+        def torch_backward():
+            tq.grad = tk.grad = tv.grad = None
+            tout.backward(grad_out, retain_graph=True)
+        runs["torch"] = torch_backward
+    return runs
+
+
+def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backward: bool = False) -> dict:
     n, hq, hkv, sq, skv, d = shape
     if causal and sq == 1:
         causal = False  # one query row: the causal mask keeps every key
     inputs = make_inputs(shape, dtype, rng)
-    runs = contenders(shape, causal, inputs)
+    runs = backward_contenders(shape, causal, inputs) if backward else contenders(shape, causal, inputs)
     times = {name: [] for name in runs}
     for name, fn in runs.items():  # warm-up (compiles and caches graphattn's partition)
         fn()
@@ -81,8 +105,8 @@ def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float) -> dict
     for _ in range(rounds):  # interleaved, so drifting clocks or neighbours hit every contender alike
         for name, fn in runs.items():
             times[name] += time_call(fn, min_seconds / rounds, max_reps=10)
-    flops = attention_flops(n, hq, sq, skv, d, causal=causal)
-    row = {"bench": "sdpa_forward", "shape": [n, hq, hkv, sq, skv, d], "dtype": dtype, "causal": causal,
+    flops = attention_flops(n, hq, sq, skv, d, causal=causal, backward=backward)
+    row = {"bench": "sdpa_backward" if backward else "sdpa_forward", "shape": [n, hq, hkv, sq, skv, d], "dtype": dtype, "causal": causal,
            "isa": ga.forward_isa(), "threads": ga.thread_count(), "cpu": cpu_model()}
     for name, t in times.items():
         ms = median(t) * 1e3
@@ -135,14 +159,15 @@ def memory_case() -> dict:
 
 def print_table(rows: list[dict], peaks: dict) -> None:
     peers = sorted({key[:-3] for row in rows for key in row if key.endswith("_ms")} - {"graphattn"})
-    header = f"{'shape (N,Hq,Hkv,Sq,Skv,D)':<30} {'dtype':<5} {'causal':<6} {'graphattn ms':>12} {'GFLOP/s':>8}"
+    header = (f"{'pass':<8} {'shape (N,Hq,Hkv,Sq,Skv,D)':<30} {'dtype':<5} {'causal':<6} {'graphattn ms':>12} "
+              f"{'GFLOP/s':>8}")
     for peer in peers:
         header += f" {peer + ' ms':>10} {'GFLOP/s':>8} {'ratio':>6}"
     print()
     print(f"cpu: {cpu_model()}, {core_count()} cores, {ga.thread_count()} threads, kernel isa {ga.forward_isa()}")
     print(header)
     for row in rows:
-        line = (f"{str(tuple(row['shape'])):<30} {row['dtype']:<5} {str(row['causal']):<6} "
+        line = (f"{row['bench'][5:]:<8} {str(tuple(row['shape'])):<30} {row['dtype']:<5} {str(row['causal']):<6} "
                 f"{row['graphattn_ms']:>12.3f} {row['graphattn_gflops']:>8.1f}")
         for peer in peers:
             if f"{peer}_ms" in row:
@@ -160,7 +185,7 @@ def plot(rows: list[dict], path: str) -> None:
     except ImportError:
         print("--plot needs matplotlib (pip install matplotlib); skipped", file=sys.stderr)
         return
-    labels = [f"{tuple(r['shape'])} {r['dtype']}{' causal' if r['causal'] else ''}" for r in rows]
+    labels = [f"{r['bench'][5:]} {tuple(r['shape'])} {r['dtype']}{' causal' if r['causal'] else ''}" for r in rows]
     peers = sorted({key[:-7] for row in rows for key in row if key.endswith("_gflops")})
     fig, ax = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.5))
     height = 0.8 / len(peers)
@@ -169,7 +194,7 @@ def plot(rows: list[dict], path: str) -> None:
                 label=peer)
     ax.set_yticks([y + 0.4 - height / 2 for y in range(len(rows))], labels, fontsize=7)
     ax.set_xlabel("GFLOP/s")
-    ax.set_title(f"SDPA forward, {cpu_model()}")
+    ax.set_title(f"SDPA, {cpu_model()}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -180,6 +205,7 @@ def main() -> None:
     parser.add_argument("--suite", choices=sorted(SUITES), default="standard")
     parser.add_argument("--dtypes", default="f32,bf16,f16")
     parser.add_argument("--only", choices=["causal", "plain"], default=None)
+    parser.add_argument("--direction", choices=["forward", "backward", "both"], default="forward")
     parser.add_argument("--seconds", type=float, default=1.0, help="timing budget per contender and case")
     parser.add_argument("--plot", default=None, help="write a PNG bar chart here (needs matplotlib)")
     parser.add_argument("--memory", action="store_true", help="also measure peak extra memory at S=32768")
@@ -191,14 +217,15 @@ def main() -> None:
 
     dtypes = args.dtypes.split(",")
     causal_flags = {"causal": [True], "plain": [False], None: [False, True]}[args.only]
-    cases = [(s, dt, c) for s in SUITES[args.suite] for dt in dtypes for c in causal_flags
+    directions = {"forward": [False], "backward": [True], "both": [False, True]}[args.direction]
+    cases = [(s, dt, c, b) for b in directions for s in SUITES[args.suite] for dt in dtypes for c in causal_flags
              if not (c and s[3] == 1)]
     rng = np.random.default_rng(0)
     progress = Progress(len(cases) + (1 if args.memory else 0))
     rows = []
-    for shape, dtype, causal in cases:
-        progress.step(f"{shape} {dtype} {'causal' if causal else ''}")
-        row = bench_case(shape, dtype, causal, rng, args.seconds)
+    for shape, dtype, causal, backward in cases:
+        progress.step(f"{'backward' if backward else 'forward'} {shape} {dtype} {'causal' if causal else ''}")
+        row = bench_case(shape, dtype, causal, rng, args.seconds, backward)
         print(json.dumps(row), flush=True)
         rows.append(row)
     peaks = {} if args.no_peak else {dt: gf for dt in dtypes if (gf := gemm_peak(dt)) is not None}

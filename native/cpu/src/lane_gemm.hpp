@@ -20,20 +20,20 @@ namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
 // c_t[n][lanes] (+)= sum_{k < k_count} a_t[k][lanes] * b[n * b_n + k * b_k]
-// for n < NT.  a_t and c_t rows are RV vectors long.
+// for n < NT and RV vectors of lanes; rows of a_t and c_t are lda and ldc
+// floats apart.
 template <int RV, int NT, bool Accumulate>
-inline void lane_tile(const float* __restrict a_t, int k_count, const float* __restrict b, int64_t b_n,
-                      int64_t b_k, float* __restrict c_t) {
-    constexpr int kRow = RV * kLanes;
+inline void lane_tile(const float* __restrict a_t, int64_t lda, int k_count, const float* __restrict b, int64_t b_n,
+                      int64_t b_k, float* __restrict c_t, int64_t ldc) {
     VecF acc[NT][RV];
 #pragma GCC unroll 16
     for (int n = 0; n < NT; ++n)
 #pragma GCC unroll 16
-        for (int v = 0; v < RV; ++v) acc[n][v] = Accumulate ? load(c_t + n * kRow + v * kLanes) : VecF{};
+        for (int v = 0; v < RV; ++v) acc[n][v] = Accumulate ? load(c_t + n * ldc + v * kLanes) : VecF{};
     for (int k = 0; k < k_count; ++k) {
         VecF a[RV];
 #pragma GCC unroll 16
-        for (int v = 0; v < RV; ++v) a[v] = load(a_t + k * kRow + v * kLanes);
+        for (int v = 0; v < RV; ++v) a[v] = load(a_t + k * lda + v * kLanes);
         const float* bk = b + k * b_k;
 #pragma GCC unroll 16
         for (int n = 0; n < NT; ++n) {
@@ -45,20 +45,35 @@ inline void lane_tile(const float* __restrict a_t, int k_count, const float* __r
 #pragma GCC unroll 16
     for (int n = 0; n < NT; ++n)
 #pragma GCC unroll 16
-        for (int v = 0; v < RV; ++v) store(c_t + n * kRow + v * kLanes, acc[n][v]);
+        for (int v = 0; v < RV; ++v) store(c_t + n * ldc + v * kLanes, acc[n][v]);
 }
 
 // The same product for n < n_count: full tiles of NT, then one narrower tile
-// for the remainder.
+// for the remainder.  By default rows are exactly RV vectors long.
 template <int RV, int NT, bool Accumulate>
 inline void lane_gemm(const float* a_t, int k_count, const float* b, int64_t b_n, int64_t b_k, int n_count,
-                      float* c_t) {
-    constexpr int kRow = RV * kLanes;
+                      float* c_t, int64_t lda = RV * kLanes, int64_t ldc = RV * kLanes) {
     int n = 0;
-    for (; n + NT <= n_count; n += NT) lane_tile<RV, NT, Accumulate>(a_t, k_count, b + n * b_n, b_n, b_k, c_t + n * kRow);
+    for (; n + NT <= n_count; n += NT)
+        lane_tile<RV, NT, Accumulate>(a_t, lda, k_count, b + n * b_n, b_n, b_k, c_t + n * ldc, ldc);
     if constexpr (NT > 1) {
         if (n < n_count)
-            lane_gemm<RV, NT - 1, Accumulate>(a_t, k_count, b + n * b_n, b_n, b_k, n_count - n, c_t + n * kRow);
+            lane_gemm<RV, NT - 1, Accumulate>(a_t, k_count, b + n * b_n, b_n, b_k, n_count - n, c_t + n * ldc, lda, ldc);
+    }
+}
+
+// c[n][0:width] (+)= sum_k a[k][0:width] * b[n * b_n + k * b_k] for any width
+// that is a multiple of kLanes, in column chunks of RV vectors and narrower
+// ones for the rest (rows of a and c are lda and ldc floats apart).
+template <int RV, int NT, bool Accumulate>
+inline void lane_gemm_wide(const float* a, int64_t lda, int k_count, const float* b, int64_t b_n, int64_t b_k,
+                           int n_count, float* c, int64_t ldc, int width) {
+    int x = 0;
+    for (; x + RV * kLanes <= width; x += RV * kLanes)
+        lane_gemm<RV, NT, Accumulate>(a + x, k_count, b, b_n, b_k, n_count, c + x, lda, ldc);
+    if constexpr (RV > 1) {
+        if (x < width)
+            lane_gemm_wide<RV - 1, NT + 2, Accumulate>(a + x, lda, k_count, b, b_n, b_k, n_count, c + x, ldc, width - x);
     }
 }
 

@@ -10,6 +10,10 @@
 //      registers and no per-head dK/dV is ever materialised.
 //   3. dQ, parallel over (batch index, query block): the query rows are the
 //      lanes, as in the forward.
+// When pass 2 has at least one item per thread without splitting the keys,
+// its items take whole K/V batch indices instead and also accumulate dQ
+// (dS K, in an f32 buffer of dQ's size that each item owns rows of), which
+// saves pass 3's recomputation of S and dP.
 // Causal blocks that the mask removes entirely are skipped in passes 2 and 3.
 #pragma once
 
@@ -50,6 +54,11 @@ struct LaneBackward {
     bool shared[kBatchDims];  // batch dims K and V ignore (their gradients sum over them)
     int64_t group = 1;        // product of the shared dims' sizes
     AlignedFloats row_delta;  // D[i] of pass 1, indexed by flat batch * Sq + i
+    int64_t outer_sizes[kBatchDims];
+    int64_t outer_items = 1;
+    bool fused_dq = false;    // dQ accumulated by pass 2 (see above)
+    int d_padded = 0;         // D rounded up to whole vectors: the row length of dq_sum
+    AlignedFloats dq_sum;     // f32 dQ / scale, rows (flat batch * Sq + i), when fused_dq
 
     explicit LaneBackward(const SdpaBackwardArgs& backward)
         : args(backward),
@@ -65,7 +74,12 @@ struct LaneBackward {
         for (int d = 0; d < kBatchDims; ++d) {
             shared[d] = a.batch[d] > 1 && a.key.strides[d] == 0;
             if (shared[d]) group *= a.batch[d];
+            outer_sizes[d] = shared[d] ? 1 : a.batch[d];
+            outer_items *= outer_sizes[d];
         }
+        fused_dq = outer_items >= omp_get_max_threads();
+        d_padded = (D + kLanes - 1) / kLanes * kLanes;
+        if (fused_dq) dq_sum = AlignedFloats(size_t(batch_total * a.seq_q) * d_padded);
         // Every row of Q and dO is read once per key block and every row of K
         // and V once per query block: convert them to f32 once, up front.
         as_f32(args.forward.query, a.seq_q, D, f32_copies[0]);
@@ -142,12 +156,12 @@ struct LaneBackward {
 
     // ---- pass 2: dK, dV with keys as lanes -------------------------------------------------
     struct KeyScratch {
-        AlignedFloats k_t, v_t, dk_t, dv_t, q_rows, do_rows, s, dp, mask_rows, out_row, z;
+        AlignedFloats k_t, v_t, dk_t, dv_t, q_rows, do_rows, s, dp, mask_rows, out_row, z, k_rows;
         float lse[kRowChunk], delta[kRowChunk];
         uint64_t drop_base[kRowChunk];
         uint8_t keep[kLaneBlock];
         int64_t m_off[kRowChunk], dm_off[kRowChunk], qi[kRowChunk];
-        KeyScratch(int D, int Dv)
+        KeyScratch(int D, int Dv, int d_padded)
             : k_t(size_t(D) * kLaneBlock),
               v_t(size_t(Dv) * kLaneBlock),
               dk_t(size_t(D) * kLaneBlock),
@@ -158,7 +172,8 @@ struct LaneBackward {
               dp(size_t(kRowChunk) * kLaneBlock),
               mask_rows(size_t(kRowChunk) * kLaneBlock),
               out_row(size_t(std::max(D, Dv))),
-              z(size_t(kRowChunk) * kLaneBlock) {}
+              z(size_t(kRowChunk) * kLaneBlock),
+              k_rows(size_t(kLaneBlock) * d_padded) {}
     };
 
     // Rows i0 .. i0 + rows of batch index b against the item's keys.
@@ -216,6 +231,10 @@ struct LaneBackward {
         // dV^T += P^T dO and dK^T += dS^T Q (the scale is applied once, at the end).
         lane_gemm<RV, NT, true>(s, rows, do_rows, 1, do_stride, Dv, sc.dv_t.get());
         lane_gemm<RV, NT, true>(dp, rows, q_rows, 1, q_stride, D, sc.dk_t.get());
+        // dQ rows += dS K (K rows padded with zeros to d_padded).
+        if (fused_dq)
+            lane_gemm_wide<RV, NT, true>(sc.k_rows.get(), d_padded, kv_rows, dp, kLaneBlock, 1, rows,
+                                         dq_sum.get() + (fb * a.seq_q + i0) * d_padded, d_padded, d_padded);
     }
 
     void key_item(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t j0) {
@@ -231,6 +250,9 @@ struct LaneBackward {
         load_block(element_ptr(v.data, v.dtype, view_batch_offset(v, outer_b) + j0 * v.strides[3]), v.dtype, v.strides[3],
                    v.strides[4], kv_rows, Dv, v_t, 1, kLaneBlock);
         for (int x = 0; x < D * kLaneBlock; x += kLanes) store(k_t + x, load(k_t + x) * (scale * kLog2e));
+        if (fused_dq)  // rows past kv_rows keep finite old values: their dS is 0
+            load_block(element_ptr(k.data, k.dtype, view_batch_offset(k, outer_b) + j0 * k.strides[3]), k.dtype,
+                       k.strides[3], k.strides[4], kv_rows, D, sc.k_rows.get(), d_padded, 1);
         std::fill(sc.dk_t.get(), sc.dk_t.get() + size_t(D) * kLaneBlock, 0.0f);
         std::fill(sc.dv_t.get(), sc.dv_t.get() + size_t(Dv) * kLaneBlock, 0.0f);
 
@@ -263,18 +285,41 @@ struct LaneBackward {
     }
 
     void key_pass() {
-        int64_t outer_sizes[kBatchDims];
-        for (int d = 0; d < kBatchDims; ++d) outer_sizes[d] = shared[d] ? 1 : a.batch[d];
         const int64_t key_blocks = (a.seq_kv + kLaneBlock - 1) / kLaneBlock;
-        const int64_t items = outer_sizes[0] * outer_sizes[1] * outer_sizes[2] * key_blocks;
+        // Whole K/V batch indices per item when dQ is fused, else (index, key block).
+        const int64_t blocks_per_item = fused_dq ? key_blocks : 1;
+        const int64_t items = outer_items * (key_blocks / blocks_per_item);
 #pragma omp parallel
         {
-            KeyScratch sc(D, Dv);
+            KeyScratch sc(D, Dv, d_padded);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < items; ++w) {
                 int64_t b[kBatchDims];
-                unflatten(outer_sizes, w / key_blocks, b);
-                key_item(sc, b, (w % key_blocks) * kLaneBlock);
+                const int64_t outer = fused_dq ? w : w / key_blocks;
+                unflatten(outer_sizes, outer, b);
+                const int64_t first_block = fused_dq ? 0 : w % key_blocks;
+                for (int64_t kb = first_block; kb < first_block + blocks_per_item; ++kb) key_item(sc, b, kb * kLaneBlock);
+            }
+        }
+        if (fused_dq) write_fused_dq();
+    }
+
+    // dQ = scale * dq_sum, into the gradient's layout and dtype.
+    void write_fused_dq() {
+        const TensorView& dq = args.grad_query;
+#pragma omp parallel
+        {
+            AlignedFloats out{size_t(D)};
+#pragma omp for schedule(static)
+            for (int64_t x = 0; x < batch_total * a.seq_q; ++x) {
+                int64_t b[kBatchDims];
+                unflatten(a.batch, x / a.seq_q, b);
+                const int64_t i = x % a.seq_q;
+                const float* row = dq_sum.get() + x * d_padded;
+                for (int d = 0; d < D; ++d) out.get()[d] = row[d] * scale;
+                store_row(out.get(), D, const_cast<char*>(element_ptr(dq.data, dq.dtype,
+                                                                      view_batch_offset(dq, b) + i * dq.strides[3])),
+                          dq.dtype, dq.strides[4]);
             }
         }
     }
@@ -387,7 +432,7 @@ struct LaneBackward {
         LaneBackward pass(backward);
         pass.row_deltas();
         pass.key_pass();
-        pass.query_pass();
+        if (!pass.fused_dq) pass.query_pass();
         return Status::success();
     }
 };
