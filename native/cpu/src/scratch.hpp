@@ -13,11 +13,16 @@ namespace GRAPHATTN_ISA_NS {
 
 class AlignedFloats {
 public:
-    explicit AlignedFloats(size_t count)
+    explicit AlignedFloats(size_t count, bool zero = true)
         : data_(static_cast<float*>(::operator new[](bytes(count), std::align_val_t(64)))) {
-        std::memset(data_, 0, bytes(count));
+        if (zero) std::memset(data_, 0, bytes(count));
     }
     AlignedFloats() : data_(nullptr) {}
+
+    // Without the zero fill, for large buffers that are written in parallel
+    // before being read (their pages are then first touched by the threads
+    // that use them, and no single thread pays for clearing them).
+    static AlignedFloats uninitialized(size_t count) { return AlignedFloats(count, false); }
     ~AlignedFloats() { release(); }
     AlignedFloats(const AlignedFloats&) = delete;
     AlignedFloats& operator=(const AlignedFloats&) = delete;

@@ -70,7 +70,7 @@ struct LaneBackward {
           zero_unkept(needs_unkept_zeroing(a)),
           dropout(a),
           batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
-          row_delta(size_t(batch_total * a.seq_q)) {
+          row_delta(AlignedFloats::uninitialized(size_t(batch_total * a.seq_q))) {
         for (int d = 0; d < kBatchDims; ++d) {
             shared[d] = a.batch[d] > 1 && a.key.strides[d] == 0;
             if (shared[d]) group *= a.batch[d];
@@ -79,7 +79,13 @@ struct LaneBackward {
         }
         fused_dq = outer_items >= omp_get_max_threads();
         d_padded = (D + kLanes - 1) / kLanes * kLanes;
-        if (fused_dq) dq_sum = AlignedFloats(size_t(batch_total * a.seq_q) * d_padded);
+        if (fused_dq) {
+            dq_sum = AlignedFloats::uninitialized(size_t(batch_total * a.seq_q) * d_padded);
+            float* sum = dq_sum.get();
+            const int64_t rows = batch_total * a.seq_q, width = d_padded;
+#pragma omp parallel for schedule(static)
+            for (int64_t x = 0; x < rows; ++x) std::fill(sum + x * width, sum + (x + 1) * width, 0.0f);
+        }
         // Every row of Q and dO is read once per key block and every row of K
         // and V once per query block: convert them to f32 once, up front.
         as_f32(args.forward.query, a.seq_q, D, f32_copies[0]);
@@ -99,7 +105,7 @@ struct LaneBackward {
             strides[d] = size;
             size *= a.batch[d];
         }
-        storage = AlignedFloats(size_t(size));
+        storage = AlignedFloats::uninitialized(size_t(size));
         float* dst = storage.get();
         const TensorView src = t;
 #pragma omp parallel for schedule(static)
