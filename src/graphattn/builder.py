@@ -16,6 +16,7 @@ class GraphBuilder:
     def __init__(self):
         self.ops: list[Op] = []
         self.roles: dict[str, int] = {}
+        self.by_role: dict[str, LogicalTensor] = {}
         self._ids = itertools.count()
 
     def tensor(self, role: str | None, dtype, shape, strides=None) -> LogicalTensor:
@@ -23,12 +24,13 @@ class GraphBuilder:
         lt = LogicalTensor(next(self._ids), dtype, shape, strides)
         if role:
             self.roles[role] = lt.id
+            self.by_role[role] = lt
         return lt
 
-    def op(self, kind, inputs, outputs, **attrs) -> LogicalTensor:
-        """Adds an op and returns its first output."""
+    def op(self, kind, inputs, outputs, **attrs) -> LogicalTensor | None:
+        """Adds an op and returns its first output (None for End, which has none)."""
         self.ops.append(Op(len(self.ops), kind, inputs, outputs, attrs))
-        return outputs[0]
+        return outputs[0] if outputs else None
 
     def reshape(self, x: LogicalTensor, shape) -> LogicalTensor:
         return self.op("StaticReshape", [x], [self.tensor(None, x.dtype, shape)], shape=list(shape),

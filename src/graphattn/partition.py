@@ -9,22 +9,25 @@ from . import verbose
 from .dtypes import numpy_dtype
 from .engine import Engine, Stream
 from .kernels.fused_sdpa import FusedSdpaForward, NotUsable
+from .kernels.fused_sdpa_backward import FusedSdpaBackward
 from .kernels.reference import ReferenceKernel
 from .logical_tensor import LogicalTensor
 from .ops import Op, OpKind
 from .patterns.sdpa import NoMatch, SdpaMatch, match_sdpa
+from .patterns.sdpa_backward import SdpaBackwardMatch, match_sdpa_backward
 from .tensor import Tensor, element_strides
 
 
 class Partition:
     """A set of ops compiled and executed as one unit.
 
-    kind is "sdpa_forward" for a fused attention pattern, "op" for a single
-    op run by the reference executor.  Every partition is supported.
+    kind is "sdpa_forward" or "sdpa_backward" for a fused attention pattern,
+    "op" for a single op run by the reference executor.  Every partition is
+    supported.
     """
 
-    def __init__(self, graph, partition_id: int, ops: list[Op], kind: str, match: SdpaMatch | None = None,
-                 reason: str = ""):
+    def __init__(self, graph, partition_id: int, ops: list[Op], kind: str,
+                 match: SdpaMatch | SdpaBackwardMatch | None = None, reason: str = ""):
         self.id = partition_id
         self.kind = kind
         self.reason = reason
@@ -120,7 +123,8 @@ class Partition:
     def _choose_kernel(self, lts, shapes):
         if self._match is not None:
             try:
-                kernel = FusedSdpaForward(self._match, lts, shapes)
+                kernel_type = FusedSdpaBackward if self.kind == "sdpa_backward" else FusedSdpaForward
+                kernel = kernel_type(self._match, lts, shapes)
                 verbose.log("compile", f"partition={self.id}", kernel.name, f"isa={kernel.isa}", kernel.shape_text)
                 return kernel
             except NotUsable as why:
@@ -236,20 +240,22 @@ def build_partitions(graph, policy: str) -> list[Partition]:
     position = {op.id: i for i, op in enumerate(order)}
     claimed: set[int] = set()
     groups: list[tuple[list[Op], str, SdpaMatch | None, str]] = []
+    anchors = {OpKind.SoftMax: ("sdpa_forward", match_sdpa), OpKind.SoftMaxBackward: ("sdpa_backward", match_sdpa_backward)}
     if policy == "fusion":
         for op in order:
-            if op.kind != OpKind.SoftMax or op.id in claimed:
+            if op.kind not in anchors or op.id in claimed:
                 continue
+            kind, matcher = anchors[op.kind]
             try:
-                match = match_sdpa(graph, op)
+                match = matcher(graph, op)
             except NoMatch as why:
-                verbose.log("pattern", f"softmax={op.id}", "not fused", why)
+                verbose.log("pattern", f"{op.kind.value.lower()}={op.id}", "not fused", why)
                 continue
             ops = sorted(match.all_ops(), key=lambda o: position[o.id])
             if any(o.id in claimed for o in ops):
                 continue
             claimed.update(o.id for o in ops)
-            groups.append((ops, "sdpa_forward", match, "fused sdpa forward"))
+            groups.append((ops, kind, match, f"fused {kind.replace('_', ' ')}"))
     for op in order:
         if op.id not in claimed and op.kind != OpKind.End:
             reason = "debug policy" if policy == "debug" else "no fusion pattern covers this op"

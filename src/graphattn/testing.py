@@ -121,12 +121,11 @@ class SdpaGraphSpec:
         mask = self.mask_shape or ((1, 1, sq, skv) if self.gqa != "none" else (n, hq, sq, skv))
         return {"query": q, "key": k, "value": v, "mask": mask}
 
-    def build(self) -> Graph:
-        """Builds the graph; self.ids maps role names (query, key, ..., output, stats) to tensor ids."""
+    def _scores(self, b: GraphBuilder):
+        """Q, K, V and the masked scores, as the forward and the backward graphs both begin."""
         dt = as_data_type(self.dtype)
         f32 = DataType.f32
         shapes = self.input_shapes()
-        b = GraphBuilder()
         tensor, op, reshape = b.tensor, b.op, b.reshape
 
         n, hq, hkv, sq, skv, d, dv = self.batch, self.heads_q, self.hkv, self.seq_q, self.skv, self.head_dim, self.dv
@@ -170,6 +169,16 @@ class SdpaGraphSpec:
             else:
                 cond = op("GreaterThan", [col, row], [cond_out])
                 score = op("Select", [cond, fill, score], [tensor(None, f32, score_shape)])
+        return q, k, v, score, masked_shape
+
+    def build(self) -> Graph:
+        """Builds the graph; self.ids maps role names (query, key, ..., output, stats) to tensor ids."""
+        dt = as_data_type(self.dtype)
+        f32 = DataType.f32
+        b = GraphBuilder()
+        tensor, op, reshape = b.tensor, b.op, b.reshape
+        n, hq, sq, dv = self.batch, self.heads_q, self.seq_q, self.dv
+        q, k, v, score, masked_shape = self._scores(b)
         softmax_outputs = [tensor(None, dt, masked_shape)]
         if self.stats:
             softmax_outputs.append(tensor("stats", f32, masked_shape[:-1] + (1,)))
@@ -189,6 +198,60 @@ class SdpaGraphSpec:
                 out = reshape(out, (n, sq, hq * dv))
         self.ids.clear()
         self.ids.update(b.roles, output=out.id)
+        return b.graph()
+
+    def build_backward(self, grad_mask: bool = False) -> Graph:
+        """The spec's training-backward graph for the same variant: inputs Q, K, V, [mask], stats,
+        grad_output (and scale, fill, seed, offset as the forward); outputs grad_query, grad_key,
+        grad_value and, with grad_mask, dS marked by End.  self.ids maps those roles to tensor ids."""
+        dt = as_data_type(self.dtype)
+        f32 = DataType.f32
+        b = GraphBuilder()
+        tensor, op, reshape = b.tensor, b.op, b.reshape
+        n, hq, hkv, sq, skv, d, dv = self.batch, self.heads_q, self.hkv, self.seq_q, self.skv, self.head_dim, self.dv
+        q, k, v, score, masked_shape = self._scores(b)
+        batch = masked_shape[:-2]
+        stats = tensor("stats", f32, masked_shape[:-1] + (1,))
+        p = op("Exp", [op("Subtract", [score, stats], [tensor(None, f32, masked_shape)])],
+               [tensor(None, f32, masked_shape)])
+        seed_offset = []
+        if self.dropout:
+            seed_offset = [tensor("seed", DataType.s64, (1,)), tensor("offset", DataType.s64, (1,))]
+        p_used = p
+        if self.dropout:
+            p_used = op("Dropout", [p] + seed_offset, [tensor(None, f32, masked_shape)], p=self.dropout)
+        if dt != f32:
+            p_used = op("TypeCast", [p_used], [tensor(None, dt, masked_shape)])
+        grad_out = tensor("grad_output", dt, (n, hq, sq, dv) if self.gqa == "4d" else batch + (sq, dv))
+        if self.gqa == "4d":
+            grad_out = reshape(grad_out, batch + (sq, dv))
+        grad_v = op("MatMul", [p_used, grad_out], [tensor(None, dt, batch + (skv, dv))], transpose_a=True)
+        grad_p = op("MatMul", [grad_out, v], [tensor(None, f32, masked_shape)], transpose_b=True)
+        if self.dropout:
+            grad_p = op("Dropout", [grad_p] + seed_offset, [tensor(None, f32, masked_shape)], p=self.dropout)
+        grad_s = op("SoftMaxBackward", [grad_p, p], [tensor(None, f32, masked_shape)], axis=-1)
+        if grad_mask:
+            op("End", [grad_s], [])
+        grad_scores = grad_s
+        if self.scale in ("multiply", "divide"):
+            kind = "Multiply" if self.scale == "multiply" else "Divide"
+            grad_scores = op(kind, [grad_s, b.by_role["scale"]], [tensor(None, f32, masked_shape)])
+        if dt != f32:
+            grad_scores = op("TypeCast", [grad_scores], [tensor(None, dt, masked_shape)])
+        grad_q = op("MatMul", [grad_scores, k], [tensor(None, dt, batch + (sq, d))])
+        grad_k = op("MatMul", [grad_scores, q], [tensor(None, dt, batch + (skv, d))], transpose_a=True)
+        if self.gqa != "none":
+            grad_k = op("ReduceSum", [grad_k], [tensor(None, dt, batch[:-1] + (1, skv, d))], axes=[-3], keep_dims=True)
+            grad_v = op("ReduceSum", [grad_v], [tensor(None, dt, batch[:-1] + (1, skv, dv))], axes=[-3],
+                        keep_dims=True)
+        if self.gqa == "4d":
+            grad_q = reshape(grad_q, (n, hq, sq, d))
+            grad_k = reshape(grad_k, (n, hkv, skv, d))
+            grad_v = reshape(grad_v, (n, hkv, skv, dv))
+        self.ids.clear()
+        self.ids.update(b.roles, grad_query=grad_q.id, grad_key=grad_k.id, grad_value=grad_v.id)
+        if grad_mask:
+            self.ids["grad_mask"] = grad_s.id
         return b.graph()
 
     def random_inputs(self, rng: np.random.Generator) -> dict[int, np.ndarray]:

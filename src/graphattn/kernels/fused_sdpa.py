@@ -71,6 +71,23 @@ def _kernel_strides(view: _View, batch: tuple[int, ...], rows: int, cols: int, n
     return tuple(strides)
 
 
+def output_view(out, output_ops, shapes) -> _View:
+    """The view of a partition output as the op before `output_ops` (view ops) produced it: reorders and
+    reshapes after a kernel's result are folded into its output strides."""
+    view = _View(out.shape, out.strides)
+    for op in reversed(output_ops):
+        in_shape = shapes[op.inputs[0].id]
+        if op.kind == OpKind.StaticTranspose:
+            order = [a % len(in_shape) for a in op.attrs["order"]]
+            view = _View(in_shape, untranspose_strides(view.strides, order))
+        else:
+            strides = reshape_strides(view.shape, view.strides, in_shape)
+            if strides is None:
+                raise NotUsable(f"{op.where}: output strides {out.strides} cannot be reached without a copy")
+            view = _View(in_shape, strides)
+    return view
+
+
 def _scalar_chain(chain: InputChain | None, lts, what: str) -> InputChain | None:
     if chain is not None and lts[chain.tensor_id].numel() != 1:
         raise NotUsable(f"{what} (tensor {chain.tensor_id}) has shape {lts[chain.tensor_id].shape}; "
@@ -126,7 +143,7 @@ class FusedSdpaForward:
             "value": (_code(lts[m.value.tensor_id].dtype, FLOAT_TYPES, "value"),
                       _kernel_strides(v, batch, seq_kv, head_dim_v, "value")),
             "output": (_code(lts[m.output_id].dtype, FLOAT_TYPES, "output"),
-                       _kernel_strides(self._output_view(lts, shapes), batch, seq_q, head_dim_v, "output")),
+                       _kernel_strides(output_view(lts[m.output_id], m.output_ops, shapes), batch, seq_q, head_dim_v, "output")),
         }
         if m.mask is not None:
             allowed = FLOAT_TYPES if m.mask_kind == "additive" else {DataType.boolean}
@@ -155,21 +172,6 @@ class FusedSdpaForward:
         self.isa = _cpu.forward_isa(input_dtypes.pop().value if len(input_dtypes) == 1 else "f32", seq_q)
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
                            f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None}")
-
-    def _output_view(self, lts, shapes) -> _View:
-        out = lts[self.match.output_id]
-        view = _View(out.shape, out.strides)
-        for op in reversed(self.match.output_ops):
-            in_shape = shapes[op.inputs[0].id]
-            if op.kind == OpKind.StaticTranspose:
-                order = [a % len(in_shape) for a in op.attrs["order"]]
-                view = _View(in_shape, untranspose_strides(view.strides, order))
-            else:
-                strides = reshape_strides(view.shape, view.strides, in_shape)
-                if strides is None:
-                    raise NotUsable(f"{op.where}: output strides {out.strides} cannot be reached without a copy")
-                view = _View(in_shape, strides)
-        return view
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match

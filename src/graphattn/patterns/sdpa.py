@@ -88,13 +88,15 @@ def _sole_consumer(graph, tensor_id: int, what: str) -> Op:
     return consumers[0]
 
 
-def _input_chain(graph, tensor_id: int) -> InputChain:
-    """Walks up through view ops whose output is used only by the next op of the chain."""
+def _input_chain(graph, tensor_id: int, uses: int = 1) -> InputChain:
+    """Walks up through view ops whose output is used only by the next op of the chain; the first
+    tensor may have `uses` consumers (all of them inside the pattern, as the caller ensures)."""
     ops: list[Op] = []
     current = tensor_id
     while True:
         producer = graph.producer(current)
-        if producer is None or producer.kind not in VIEW_KINDS or len(graph.consumers(current)) != 1 \
+        allowed = uses if current == tensor_id else 1
+        if producer is None or producer.kind not in VIEW_KINDS or len(graph.consumers(current)) != allowed \
                 or graph.is_marked_output(current):
             return InputChain(current, list(reversed(ops)))
         ops.append(producer)
@@ -189,26 +191,9 @@ def _causal(graph, select: Op, compare: Op, score_side: int, score_ids: set[int]
     return CausalSpec(terms, adjust, fill, ops)
 
 
-def match_sdpa(graph, softmax: Op) -> SdpaMatch:
-    """Matches the SDPA forward pattern around `softmax`; raises NoMatch with the reason."""
-    rank = softmax.inputs[0].ndim
-    if softmax.attrs["axis"] % rank != rank - 1:
-        raise NoMatch(f"{softmax.where} normalises axis {softmax.attrs['axis']}, not the last one")
-    pv = _sole_consumer(graph, softmax.outputs[0].id, "SoftMax output")
-    parts: dict = {}
-    probabilities = softmax.outputs[0].id
-    if pv.kind == OpKind.Dropout:
-        dropout = pv
-        if len(dropout.outputs) > 1 and (graph.consumers(dropout.outputs[1].id)
-                                         or graph.is_marked_output(dropout.outputs[1].id)):
-            raise NoMatch(f"{dropout.where}: its mask output is used, and the fused kernel does not write it")
-        parts.update(dropout_op=dropout, dropout_seed=_input_chain(graph, dropout.inputs[1].id),
-                     dropout_offset=_input_chain(graph, dropout.inputs[2].id))
-        probabilities = dropout.outputs[0].id
-        pv = _sole_consumer(graph, probabilities, "Dropout output")
-    if pv.kind != OpKind.MatMul or pv.inputs[0].id != probabilities or pv.attrs["transpose_a"]:
-        raise NoMatch(f"the probabilities feed {pv.where}, not the first input of MatMul(P, V)")
-    masked = softmax.inputs[0].id
+def match_masked_scores(graph, masked: int, parts: dict) -> None:
+    """From the masked-score tensor up to MatMul(Q, K): the optional mask (float Add, bool Select or the
+    implicit causal Select) and scale; fills `parts` with the SdpaMatch fields it found, and "qk"."""
     mask_op = graph.producer(masked)
     if mask_op is not None and mask_op.kind == OpKind.Select:
         score_side = _score_side(graph, mask_op, (1, 2))
@@ -235,6 +220,28 @@ def match_sdpa(graph, softmax: Op) -> SdpaMatch:
                      mask=_input_chain(graph, mask_op.inputs[1 - score_side].id))
     else:
         _trace_scores(graph, masked, parts)
+
+
+def match_sdpa(graph, softmax: Op) -> SdpaMatch:
+    """Matches the SDPA forward pattern around `softmax`; raises NoMatch with the reason."""
+    rank = softmax.inputs[0].ndim
+    if softmax.attrs["axis"] % rank != rank - 1:
+        raise NoMatch(f"{softmax.where} normalises axis {softmax.attrs['axis']}, not the last one")
+    pv = _sole_consumer(graph, softmax.outputs[0].id, "SoftMax output")
+    parts: dict = {}
+    probabilities = softmax.outputs[0].id
+    if pv.kind == OpKind.Dropout:
+        dropout = pv
+        if len(dropout.outputs) > 1 and (graph.consumers(dropout.outputs[1].id)
+                                         or graph.is_marked_output(dropout.outputs[1].id)):
+            raise NoMatch(f"{dropout.where}: its mask output is used, and the fused kernel does not write it")
+        parts.update(dropout_op=dropout, dropout_seed=_input_chain(graph, dropout.inputs[1].id),
+                     dropout_offset=_input_chain(graph, dropout.inputs[2].id))
+        probabilities = dropout.outputs[0].id
+        pv = _sole_consumer(graph, probabilities, "Dropout output")
+    if pv.kind != OpKind.MatMul or pv.inputs[0].id != probabilities or pv.attrs["transpose_a"]:
+        raise NoMatch(f"the probabilities feed {pv.where}, not the first input of MatMul(P, V)")
+    match_masked_scores(graph, softmax.inputs[0].id, parts)
     qk = parts.pop("qk")
     output_ops, output_id = _output_chain(graph, pv.outputs[0].id)
     match = SdpaMatch(qk=qk, softmax=softmax, pv=pv,
