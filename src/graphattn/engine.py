@@ -28,4 +28,5 @@ class Stream:
         self.engine = engine
 
     def wait(self) -> None:
+        """Waits for the work submitted to this stream (CPU execution is synchronous, so it returns at once)."""
         return None

@@ -27,6 +27,7 @@ class Graph:
 
     # ---- construction -------------------------------------------------------
     def add_op(self, op: Op, allow_exists: bool = False) -> None:
+        """Adds an op; its attributes and tensor counts are checked against the op's schema now."""
         if self._finalized:
             raise ValueError("graph is finalized: no more ops can be added")
         if not isinstance(op, Op):
@@ -62,6 +63,7 @@ class Graph:
             raise ValueError(f"{op.where}: tensor {lt.id} has shape {lt.shape} here but {known.shape} elsewhere")
 
     def finalize(self) -> None:
+        """Checks the graph (one producer per tensor, no cycles, shapes and dtypes agree) and freezes it."""
         if self._finalized:
             return
         if not self._ops:
@@ -109,12 +111,15 @@ class Graph:
         return list(self._order)
 
     def op(self, op_id: int) -> Op:
+        """The op with this id."""
         return self._ops[op_id]
 
     def tensor(self, tensor_id: int) -> LogicalTensor:
+        """The logical tensor with this id, as the graph's ops declare it."""
         return self._tensors[tensor_id]
 
     def producer(self, tensor_id: int) -> Op | None:
+        """The op that outputs this tensor, or None for a graph input."""
         return self._producer.get(tensor_id)
 
     def consumers(self, tensor_id: int) -> list[Op]:
@@ -127,6 +132,8 @@ class Graph:
 
     # ---- partitioning -----------------------------------------------------------
     def get_partitions(self, policy: str = "fusion"):
+        """Splits the finalized graph into partitions: fused SDPA forward/backward patterns (policy "fusion") and one
+        reference partition per other op; "debug" fuses nothing."""
         from .partition import build_partitions
 
         policy_name = str(policy).rsplit(".", 1)[-1]

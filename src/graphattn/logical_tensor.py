@@ -86,15 +86,18 @@ class LogicalTensor:
         return self._strides is not None
 
     def is_shape_known(self) -> bool:
+        """True when no dimension is -1 (unknown)."""
         return all(d != UNKNOWN_DIM for d in self.shape)
 
     def numel(self) -> int:
+        """Number of elements (the shape must be known)."""
         n = 1
         for d in self.shape:
             n *= d
         return n
 
     def with_shape(self, shape: Sequence[int], strides: Sequence[int] | None = None) -> "LogicalTensor":
+        """A copy with this concrete shape (and strides, dense row-major if None)."""
         return LogicalTensor(self.id, self.dtype, shape, strides, self.layout, self.property)
 
     def __repr__(self) -> str:

@@ -49,21 +49,28 @@ class Partition:
                     self._outputs.append(graph.tensor(lt.id))
 
     def is_supported(self) -> bool:
+        """Always True: every partition runs, fused or on the reference executor."""
         return True
 
     def get_ops(self) -> list[int]:
+        """Ids of the partition's ops, in topological order."""
         return [op.id for op in self._ops]
 
     def get_ops_num(self) -> int:
+        """Number of ops in the partition."""
         return len(self._ops)
 
     def get_input_ports(self) -> list[LogicalTensor]:
+        """The logical tensors the partition reads (compile needs a concrete one for each)."""
         return list(self._inputs)
 
     def get_output_ports(self) -> list[LogicalTensor]:
+        """The logical tensors the partition writes."""
         return list(self._outputs)
 
     def compile(self, inputs: Sequence[LogicalTensor], outputs: Sequence[LogicalTensor], engine: Engine):
+        """Compiles for concrete input shapes and layouts (and optional output layouts); returns a CompiledPartition.
+        The fused kernel is chosen here, or the reference with the reason logged."""
         if not isinstance(engine, Engine):
             raise TypeError(f"partition {self.id}: compile needs an Engine, got {type(engine).__name__}")
         lts = self._concrete_inputs(inputs)
@@ -172,6 +179,7 @@ class CompiledPartition:
         return self.kernel.name
 
     def query_logical_tensor(self, tensor_id: int) -> LogicalTensor:
+        """The concrete logical tensor (shape, strides) of an input or output port after compilation."""
         try:
             return self._lts[tensor_id]
         except KeyError:
@@ -179,6 +187,8 @@ class CompiledPartition:
                              f"output port") from None
 
     def execute(self, stream: Stream, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> None:
+        """Runs the compiled partition; tensors are matched to ports by id and must have the compiled shapes and
+        strides."""
         if not isinstance(stream, Stream):
             raise TypeError(f"execute needs a Stream, got {type(stream).__name__}")
         in_arrays = self._bind(inputs, self.inputs, "inputs")

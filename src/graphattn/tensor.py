@@ -46,6 +46,7 @@ class Tensor:
         return self.logical_tensor.id
 
     def get_data_handle(self) -> np.ndarray:
+        """The NumPy array (a view, never a copy) this tensor wraps."""
         return self.data
 
     def __repr__(self) -> str:

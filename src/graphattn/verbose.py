@@ -8,6 +8,7 @@ _level = int(os.environ.get("GRAPHATTN_VERBOSE", "0") or 0)
 
 
 def set_verbose(level: int) -> None:
+    """0: quiet; 1: one line per partitioning decision and per kernel execution on stderr (as GRAPHATTN_VERBOSE=1)."""
     global _level
     _level = int(level)
 

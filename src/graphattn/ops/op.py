@@ -62,18 +62,21 @@ class Op:
         return SCHEMAS[self.kind]
 
     def add_input(self, lt: LogicalTensor) -> "Op":
+        """Appends an input logical tensor; returns the op, for chaining."""
         if not isinstance(lt, LogicalTensor):
             raise TypeError(f"{self.where}: inputs must be LogicalTensors, got {type(lt).__name__}")
         self.inputs.append(lt)
         return self
 
     def add_output(self, lt: LogicalTensor) -> "Op":
+        """Appends an output logical tensor; returns the op, for chaining."""
         if not isinstance(lt, LogicalTensor):
             raise TypeError(f"{self.where}: outputs must be LogicalTensors, got {type(lt).__name__}")
         self.outputs.append(lt)
         return self
 
     def set_attr(self, name, value) -> "Op":
+        """Sets an attribute (checked against the op's schema when added to a graph); returns the op."""
         name = str(name).rsplit(".", 1)[-1]
         spec = self.schema.attrs.get(name)
         if spec is None:
