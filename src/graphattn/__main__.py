@@ -13,7 +13,8 @@ def info() -> str:
         f"python {sys.version.split()[0]}",
         f"cpu features: {' '.join(ga.cpu_features()) or '(none beyond the baseline)'}",
         f"openmp threads: {ga.thread_count()}",
-        f"kernels: sdpa_forward_cpu (isa {ga.forward_isa()}), reference (NumPy, every op)",
+        f"kernels: sdpa_forward_cpu (f32/f16: {ga.forward_isa('f32')}, bf16: {ga.forward_isa('bf16')}), "
+        f"sdpa_backward_cpu ({ga.forward_isa('f32')}), reference (NumPy, every op)",
         "sycl devices: none (the SYCL plugin is not part of this build)",
     ]
     return "\n".join(lines)
