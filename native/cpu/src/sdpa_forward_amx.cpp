@@ -131,21 +131,9 @@ void scores_on_tiles(const Scratch& sc, int row_tiles, float* s) {
             _tile_zero(1);
             _tile_zero(2);
             _tile_zero(3);
-            for (int kk = 0; kk < dp / kTileBf16Cols; ++kk) {
-                _tile_loadd(4, sc.q() + (m * 16) * dp + kk * 32, dp * 2);
-                _tile_loadd(5, sc.q() + (m * 16 + 16) * dp + kk * 32, dp * 2);
-                _tile_loadd(6, sc.k() + (kk * 16) * kBlockKV + n * 16, kBlockKV * 4);
-                _tile_loadd(7, sc.k() + (kk * 16) * kBlockKV + n * 16 + 16, kBlockKV * 4);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-            }
-            float* c = s + (m * 16) * kBlockKV + n * 16;
-            _tile_stored(0, c, kBlockKV * 4);
-            _tile_stored(1, c + 16, kBlockKV * 4);
-            _tile_stored(2, c + 16 * kBlockKV, kBlockKV * 4);
-            _tile_stored(3, c + 16 * kBlockKV + 16, kBlockKV * 4);
+            tiles_2x2_product(sc.q() + (m * 16) * dp, dp * 2, 16 * dp, sc.k() + n * 16, kBlockKV * 4,
+                              dp / kTileBf16Cols);
+            store_tiles_2x2(s + (m * 16) * kBlockKV + n * 16, kBlockKV * 4);
         }
 }
 
@@ -156,24 +144,10 @@ void accumulate_on_tiles(const Scratch& sc, int row_tiles, int kv_rows, float* o
     for (int m = 0; m < row_tiles; m += 2)
         for (int c = 0; c < dvp / 16; c += 2) {
             float* acc = o + (m * 16) * dvp + c * 16;
-            _tile_loadd(0, acc, dvp * 4);
-            _tile_loadd(1, acc + 16, dvp * 4);
-            _tile_loadd(2, acc + 16 * dvp, dvp * 4);
-            _tile_loadd(3, acc + 16 * dvp + 16, dvp * 4);
-            for (int kk = 0; kk < key_chunks; ++kk) {
-                _tile_loadd(4, sc.p() + (m * 16) * kBlockKV + kk * 32, kBlockKV * 2);
-                _tile_loadd(5, sc.p() + (m * 16 + 16) * kBlockKV + kk * 32, kBlockKV * 2);
-                _tile_loadd(6, sc.v() + (kk * 16) * dvp + c * 16, dvp * 4);
-                _tile_loadd(7, sc.v() + (kk * 16) * dvp + c * 16 + 16, dvp * 4);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-            }
-            _tile_stored(0, acc, dvp * 4);
-            _tile_stored(1, acc + 16, dvp * 4);
-            _tile_stored(2, acc + 16 * dvp, dvp * 4);
-            _tile_stored(3, acc + 16 * dvp + 16, dvp * 4);
+            load_tiles_2x2(acc, dvp * 4);
+            tiles_2x2_product(sc.p() + (m * 16) * kBlockKV, kBlockKV * 2, 16 * kBlockKV, sc.v() + c * 16, dvp * 4,
+                              key_chunks);
+            store_tiles_2x2(acc, dvp * 4);
         }
 }
 
