@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "amx_packing.hpp"
 #include "amx_tiles.hpp"
 #include "block_io.hpp"
 #include "isa_entry_points.hpp"
@@ -73,53 +74,12 @@ void pack_q(const TensorView& q, int64_t base, int rows, int D, Scratch& sc) {
 
 // k[p][j] = (K[j][2p], K[j][2p + 1]) for the key block; zeros past kv_rows and D.
 void pack_k(const TensorView& k, int64_t base, int kv_rows, int D, Scratch& sc) {
-    uint32_t* dst = sc.k();
-    const int64_t rs = k.strides[3], cs = k.strides[4];
-    if (cs == 1 && kv_rows == kBlockKV && D % kTileBf16Cols == 0) {
-        __m512i in[16], out[16];
-        for (int j0 = 0; j0 < kBlockKV; j0 += 16)
-            for (int p0 = 0; p0 < D / 2; p0 += 16) {
-                for (int t = 0; t < 16; ++t) in[t] = _mm512_loadu_si512(bf16_at(k, base + (j0 + t) * rs + 2 * p0));
-                transpose_16x16_words(in, out);
-                for (int t = 0; t < 16; ++t) _mm512_storeu_si512(dst + (p0 + t) * kBlockKV + j0, out[t]);
-            }
-        return;
-    }
-    std::memset(dst, 0, size_t(sc.dp / 2) * kBlockKV * 4);
-    for (int j = 0; j < kv_rows; ++j) {
-        const uint16_t* src = bf16_at(k, base + j * rs);
-        for (int d = 0; d < D; ++d) {
-            uint16_t* pair = reinterpret_cast<uint16_t*>(dst + (d / 2) * kBlockKV + j);
-            pair[d % 2] = src[d * cs];
-        }
-    }
+    pack_column_pairs({bf16_at(k, base), k.strides[3], k.strides[4], kv_rows, D}, kBlockKV, sc.dp, sc.k(), kBlockKV);
 }
 
 // v[jp][c] = (V[2jp][c], V[2jp + 1][c]); zeros past kv_rows and Dv.
 void pack_v(const TensorView& v, int64_t base, int kv_rows, int Dv, Scratch& sc) {
-    uint32_t* dst = sc.v();
-    const int64_t rs = v.strides[3], cs = v.strides[4];
-    if (cs == 1 && kv_rows == kBlockKV && Dv % kTileBf16Cols == 0) {
-        alignas(64) int16_t low_index[32], high_index[32];
-        for (int w = 0; w < 16; ++w) {
-            low_index[2 * w] = int16_t(w), low_index[2 * w + 1] = int16_t(32 + w);
-            high_index[2 * w] = int16_t(16 + w), high_index[2 * w + 1] = int16_t(48 + w);
-        }
-        const __m512i lo = _mm512_load_si512(low_index), hi = _mm512_load_si512(high_index);
-        for (int jp = 0; jp < kBlockKV / 2; ++jp)
-            for (int c0 = 0; c0 < Dv; c0 += 32) {
-                const __m512i even = _mm512_loadu_si512(bf16_at(v, base + (2 * jp) * rs + c0));
-                const __m512i odd = _mm512_loadu_si512(bf16_at(v, base + (2 * jp + 1) * rs + c0));
-                _mm512_storeu_si512(dst + jp * sc.dvp + c0, _mm512_permutex2var_epi16(even, lo, odd));
-                _mm512_storeu_si512(dst + jp * sc.dvp + c0 + 16, _mm512_permutex2var_epi16(even, hi, odd));
-            }
-        return;
-    }
-    std::memset(dst, 0, size_t(kBlockKV / 2) * sc.dvp * 4);
-    for (int j = 0; j < kv_rows; ++j) {
-        const uint16_t* src = bf16_at(v, base + j * rs);
-        for (int c = 0; c < Dv; ++c) reinterpret_cast<uint16_t*>(dst + (j / 2) * sc.dvp + c)[j % 2] = src[c * cs];
-    }
+    pack_row_pairs({bf16_at(v, base), v.strides[3], v.strides[4], kv_rows, Dv}, kBlockKV, sc.dvp, sc.v(), sc.dvp);
 }
 
 // s[r][j] = sum_d q[r][d] k[j][d] for row tiles [0, row_tiles), on tiles 0-7.
