@@ -12,7 +12,8 @@ cimport numpy as cnp
 cnp.import_array()
 
 from graphattn._cpu cimport (DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
-                             cpu_features_string, max_threads, sdpa_backward, sdpa_forward, sdpa_forward_isa)
+                             cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_forward,
+                             sdpa_forward_isa)
 
 
 cdef void _set_view(TensorView* view, object spec) except *:
@@ -153,6 +154,12 @@ def forward_isa(dtype="f32", seq_q=1 << 20):
     """Name of the kernel build the forward kernel uses on this CPU for inputs of
     this dtype ("f32", "bf16" or "f16") and query length, e.g. "amx_bf16" or "avx512"."""
     return sdpa_forward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q).decode()
+
+
+def backward_isa(dtype="f32", seq_q=1 << 20, kv_batch_items=1 << 20):
+    """Name of the kernel build the backward kernel uses for inputs of this dtype, query length and
+    number of K/V batch indices (batch x KV heads), e.g. "amx_bf16" or "avx512"."""
+    return sdpa_backward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q, kv_batch_items).decode()
 
 
 def cpu_features():

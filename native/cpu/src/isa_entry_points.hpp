@@ -13,6 +13,8 @@ Status sdpa_backward_avx2(const SdpaBackwardArgs& args);
 Status sdpa_forward_avx512(const SdpaForwardArgs& args);
 Status sdpa_backward_avx512(const SdpaBackwardArgs& args);
 Status sdpa_forward_amx(const SdpaForwardArgs& args);  // bf16 Q/K/V only
+Status sdpa_backward_amx(const SdpaBackwardArgs& args);
+bool sdpa_backward_amx_applies(const SdpaBackwardArgs& args, int threads);
 #endif
 
 }  // namespace graphattn

@@ -1,0 +1,342 @@
+// FlashAttention-2 backward for bf16 Q/K/V/dO on AMX tiles (flags set in
+// CMakeLists.txt; chosen by dispatch.cpp where the CPU has AMX-BF16 and there
+// is a K/V batch index per thread).
+//
+// First Q and dO are copied once into tile-friendly bf16 layouts (rows padded
+// to whole tiles, and transposed), and D = rowsum(dO * O) is computed.  Each
+// work item then owns one K/V batch index (all query heads of a GQA group)
+// and walks its key blocks; per block of 64 keys and chunk of 32 query rows:
+//   S = Q K^T and dP = dO V^T on tiles (K^T, V^T packed once per key block),
+//   P = 2^(S - lse) and dS = P (dP Z - D) in AVX-512 (Z: dropout multipliers),
+//   dV^T += dO^T (P Z), dK^T += Q^T dS and dQ += dS K on tiles.
+// dK/dV leave each key block in K's and V's layout; dQ is summed in an f32
+// buffer whose rows belong to one item, and written at the end.
+#define GRAPHATTN_ISA_NS isa_amx
+#define GRAPHATTN_LANES 16
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "amx_packing.hpp"
+#include "amx_tiles.hpp"
+#include "block_io.hpp"
+#include "dropout.hpp"
+#include "isa_entry_points.hpp"
+#include "lane_masks.hpp"
+#include "mask.hpp"
+#include "scratch.hpp"
+#include "simd.hpp"
+
+namespace graphattn {
+namespace isa_amx {
+namespace {
+
+constexpr int kKeys = 64;   // keys per block: the columns of S, dP and the dK^T/dV^T accumulators
+constexpr int kRows = 32;   // query rows per chunk: two 16-row tile bands
+constexpr int kKeyVecs = kKeys / kLanes;
+
+int round_up(int64_t value, int multiple) { return int((value + multiple - 1) / multiple * multiple); }
+
+void unflatten(const int64_t sizes[kBatchDims], int64_t flat, int64_t b[kBatchDims]) {
+    for (int d = kBatchDims - 1; d >= 0; --d) {
+        b[d] = flat % sizes[d];
+        flat /= sizes[d];
+    }
+}
+
+// bf16 storage in 64-byte aligned float buffers.
+uint16_t* bf16s(AlignedFloats& a) { return reinterpret_cast<uint16_t*>(a.get()); }
+uint32_t* pairs(AlignedFloats& a) { return reinterpret_cast<uint32_t*>(a.get()); }
+
+void store_bf16_row(const float* src, int count, uint16_t* dst) {
+    for (int c = 0; c < count; c += 32)
+        _mm512_storeu_si512(dst + c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + c + 16), _mm512_loadu_ps(src + c)));
+}
+
+struct Backward {
+    const SdpaBackwardArgs& args;
+    const SdpaForwardArgs& a;
+    int D, Dv, Dp, Dvp;
+    int64_t Sq, Skv, Sqp, batch_total;
+    float scale, scale_log2;
+    bool skip_causal, zero_unkept;
+    DropoutPlan dropout;
+    bool shared[kBatchDims];
+    int64_t group = 1, outer_sizes[kBatchDims], outer_items = 1;
+    // Per flat batch index: Q and dO as padded bf16 rows and transposed, D, lse in base 2.
+    AlignedFloats q_rows, q_cols, do_rows, do_cols, delta, lse2, dq_sum;
+
+    explicit Backward(const SdpaBackwardArgs& b)
+        : args(b),
+          a(b.forward),
+          D(int(a.head_dim_qk)),
+          Dv(int(a.head_dim_v)),
+          Dp(round_up(D, kTileBf16Cols)),
+          Dvp(round_up(Dv, kTileBf16Cols)),
+          Sq(a.seq_q),
+          Skv(a.seq_kv),
+          Sqp(round_up(a.seq_q, kRows)),
+          batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
+          scale(a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f),
+          scale_log2(scale * kLog2e),
+          skip_causal(a.causal && fill_is_neg_inf(a.causal_fill)),
+          zero_unkept(needs_unkept_zeroing(a)),
+          dropout(a) {
+        for (int d = 0; d < kBatchDims; ++d) {
+            shared[d] = a.batch[d] > 1 && a.key.strides[d] == 0;
+            if (shared[d]) group *= a.batch[d];
+            outer_sizes[d] = shared[d] ? 1 : a.batch[d];
+            outer_items *= outer_sizes[d];
+        }
+    }
+
+    int64_t flat(const int64_t b[kBatchDims]) const { return (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]; }
+
+    // ---- preparation: tile layouts of Q and dO, D and lse ------------------------------
+    void prepare() {
+        const size_t q_size = size_t(batch_total) * Sqp * Dp, do_size = size_t(batch_total) * Sqp * Dvp;
+        q_rows = AlignedFloats::uninitialized(q_size / 2 + 16);
+        q_cols = AlignedFloats::uninitialized(q_size / 2 + 16);
+        do_rows = AlignedFloats::uninitialized(do_size / 2 + 16);
+        do_cols = AlignedFloats::uninitialized(do_size / 2 + 16);
+        delta = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
+        lse2 = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
+        dq_sum = AlignedFloats::uninitialized(size_t(batch_total) * Sqp * Dp);
+#pragma omp parallel
+        {
+            AlignedFloats row{size_t(std::max(Dp, Dvp))}, o_row{size_t(Dvp)};
+#pragma omp for schedule(static)
+            for (int64_t x = 0; x < batch_total * Sqp; ++x) {
+                const int64_t fb = x / Sqp, i = x % Sqp;
+                int64_t b[kBatchDims];
+                unflatten(a.batch, fb, b);
+                std::fill(dq_sum.get() + x * Dp, dq_sum.get() + (x + 1) * Dp, 0.0f);
+                const bool real = i < Sq;
+                // Q row, padded with zeros (rows past Sq are all zero).
+                std::fill(row.get(), row.get() + Dp, 0.0f);
+                if (real) load_row(a.query, b, i, D, row.get());
+                store_bf16_row(row.get(), Dp, bf16s(q_rows) + x * Dp);
+                for (int d = 0; d < Dp; ++d) bf16s(q_cols)[(fb * Dp + d) * Sqp + i] = bf16s(q_rows)[x * Dp + d];
+                // dO row, and D = dO . O.
+                std::fill(row.get(), row.get() + Dvp, 0.0f);
+                float dot = 0.0f;
+                if (real) {
+                    load_row(args.grad_output, b, i, Dv, row.get());
+                    load_row(a.output, b, i, Dv, o_row.get());
+                    for (int c = 0; c < Dv; ++c) dot += row.get()[c] * o_row.get()[c];
+                }
+                store_bf16_row(row.get(), Dvp, bf16s(do_rows) + x * Dvp);
+                for (int c = 0; c < Dvp; ++c) bf16s(do_cols)[(fb * Dvp + c) * Sqp + i] = bf16s(do_rows)[x * Dvp + c];
+                delta.get()[x] = dot;
+                // lse in base 2; +inf (P = 0) for a fully masked row and for padding rows.
+                float lse = __builtin_inff();
+                if (real) {
+                    const float l = static_cast<const float*>(a.stats.data)[view_batch_offset(a.stats, b) + i * a.stats.strides[3]];
+                    lse = l == -__builtin_inff() ? __builtin_inff() : l * kLog2e;
+                }
+                lse2.get()[x] = lse;
+            }
+        }
+    }
+
+    static void load_row(const TensorView& t, const int64_t b[kBatchDims], int64_t i, int cols, float* dst) {
+        load_block(element_ptr(t.data, t.dtype, view_batch_offset(t, b) + i * t.strides[3]), t.dtype, 0, t.strides[4], 1,
+                   cols, dst, cols, 1);
+    }
+
+    // ---- per thread ------------------------------------------------------------------------
+    struct Scratch {
+        AlignedFloats k_cols, v_cols, k_pairs, dk_t, dv_t, s, dp, mask_rows, z, p_bf16, ds_bf16, p_pairs, ds_pairs,
+            out_row;
+        int64_t m_off[kRows], dm_off[kRows], qi[kRows];
+        uint8_t keep[kKeys];
+        Scratch(int Dp, int Dvp)
+            : k_cols(size_t(Dp / 2) * kKeys),
+              v_cols(size_t(Dvp / 2) * kKeys),
+              k_pairs(size_t(kKeys / 2) * Dp),
+              dk_t(size_t(Dp) * kKeys),
+              dv_t(size_t(Dvp) * kKeys),
+              s(size_t(kRows) * kKeys),
+              dp(size_t(kRows) * kKeys),
+              mask_rows(size_t(kRows) * kKeys),
+              z(size_t(kRows) * kKeys),
+              p_bf16(size_t(kRows) * kKeys / 2),
+              ds_bf16(size_t(kRows) * kKeys / 2),
+              p_pairs(size_t(kRows / 2) * kKeys),
+              ds_pairs(size_t(kRows / 2) * kKeys),
+              out_row(size_t(std::max(Dp, Dvp))) {}
+    };
+
+    // C (rows x kKeys, f32) = A (rows padded, bf16, `cols` per row) x packed^T, for one chunk.
+    static void chunk_times_packed(const uint16_t* a_rows, int cols, const uint32_t* packed, float* c) {
+        for (int n = 0; n < kKeys / 16; n += 2) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            tiles_2x2_product(a_rows, cols * 2, 16 * cols, packed + n * 16, kKeys * 4, cols / kTileBf16Cols);
+            store_tiles_2x2(c + n * 16, kKeys * 4);
+        }
+    }
+
+    // acc_t (rows x kKeys, f32) += columns [i0, i0 + 32) of a_cols (rows x Sqp, bf16) x row pairs.
+    void accumulate_transposed(const uint16_t* a_cols, int rows, int64_t i0, const uint32_t* row_pairs, float* acc_t) {
+        for (int m = 0; m < rows / 16; m += 2)
+            for (int n = 0; n < kKeys / 16; n += 2) {
+                float* c = acc_t + (m * 16) * kKeys + n * 16;
+                load_tiles_2x2(c, kKeys * 4);
+                tiles_2x2_product(a_cols + (m * 16) * Sqp + i0, Sqp * 2, 16 * Sqp, row_pairs + n * 16, kKeys * 4, 1);
+                store_tiles_2x2(c, kKeys * 4);
+            }
+    }
+
+    void chunk(Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int64_t j0, int kv_rows) {
+        const int64_t fb = flat(b);
+        const int rows = int(std::min<int64_t>(kRows, Sq - i0));
+        for (int r = 0; r < rows; ++r) {
+            sc.qi[r] = i0 + r;
+            sc.m_off[r] = view_batch_offset(a.mask, b) + (i0 + r) * a.mask.strides[3];
+            sc.dm_off[r] = view_batch_offset(args.grad_mask, b) + (i0 + r) * args.grad_mask.strides[3];
+        }
+        float* s = sc.s.get();
+        float* dp = sc.dp.get();
+        chunk_times_packed(bf16s(q_rows) + (fb * Sqp + i0) * Dp, Dp, pairs(sc.k_cols), s);
+        chunk_times_packed(bf16s(do_rows) + (fb * Sqp + i0) * Dvp, Dvp, pairs(sc.v_cols), dp);
+
+        // P = 2^(S scale log2(e) - lse) and dS = P (dP Z - D), row by row.
+        for (int x = 0; x < kRows * kKeys; x += kLanes) store(s + x, load(s + x) * scale_log2);
+        mask_key_lanes<kKeyVecs>(a, s, sc.mask_rows.get(), sc.m_off, sc.qi, rows, kv_rows, j0);
+        float* z = sc.z.get();
+        if (dropout.active)
+            for (int r = 0; r < rows; ++r)
+                dropout.multipliers(dropout.row_base(fb, i0 + r), j0, kKeys, z + r * kKeys, 1, sc.keep);
+        for (int r = 0; r < kRows; ++r) {
+            const float lse = lse2.get()[fb * Sqp + i0 + r], d = delta.get()[fb * Sqp + i0 + r];
+            for (int v = 0; v < kKeyVecs; ++v) {
+                const int x = r * kKeys + v * kLanes;
+                const VecF p = r < rows ? vexp2(load(s + x) - lse) : VecF{};
+                const VecF zv = dropout.active && r < rows ? load(z + x) : splat(1.0f);
+                store(dp + x, p * (load(dp + x) * zv - d));
+                store(s + x, p * zv);  // the dropped probabilities, for dV
+            }
+        }
+        if (args.grad_mask.data) {
+            float* dmask = static_cast<float*>(const_cast<void*>(args.grad_mask.data));
+            for (int r = 0; r < rows; ++r)
+                for (int l = 0; l < kv_rows; ++l) dmask[sc.dm_off[r] + (j0 + l) * args.grad_mask.strides[4]] = dp[r * kKeys + l];
+        }
+        if (zero_unkept) zero_unkept_key_lanes<kKeyVecs>(a, dp, sc.mask_rows.get(), sc.qi, rows, j0);
+        for (int r = 0; r < kRows; ++r) {
+            store_bf16_row(s + r * kKeys, kKeys, bf16s(sc.p_bf16) + r * kKeys);
+            store_bf16_row(dp + r * kKeys, kKeys, bf16s(sc.ds_bf16) + r * kKeys);
+        }
+        pack_row_pairs({bf16s(sc.p_bf16), kKeys, 1, kRows, kKeys}, kRows, kKeys, pairs(sc.p_pairs), kKeys);
+        pack_row_pairs({bf16s(sc.ds_bf16), kKeys, 1, kRows, kKeys}, kRows, kKeys, pairs(sc.ds_pairs), kKeys);
+
+        // dV^T += dO^T (P Z), dK^T += Q^T dS, dQ += dS K.
+        accumulate_transposed(bf16s(do_cols) + fb * Dvp * Sqp, Dvp, i0, pairs(sc.p_pairs), sc.dv_t.get());
+        accumulate_transposed(bf16s(q_cols) + fb * Dp * Sqp, Dp, i0, pairs(sc.ds_pairs), sc.dk_t.get());
+        float* dq = dq_sum.get() + (fb * Sqp + i0) * Dp;
+        for (int n = 0; n < Dp / 16; n += 2) {
+            load_tiles_2x2(dq + n * 16, Dp * 4);
+            tiles_2x2_product(bf16s(sc.ds_bf16), kKeys * 2, 16 * kKeys, pairs(sc.k_pairs) + n * 16, Dp * 4,
+                              kKeys / kTileBf16Cols);
+            store_tiles_2x2(dq + n * 16, Dp * 4);
+        }
+    }
+
+    void key_block(Scratch& sc, const int64_t outer_b[kBatchDims], int64_t j0) {
+        const int kv_rows = int(std::min<int64_t>(kKeys, Skv - j0));
+        const TensorView &k = a.key, &v = a.value;
+        const uint16_t* k_rows = static_cast<const uint16_t*>(k.data) + view_batch_offset(k, outer_b) + j0 * k.strides[3];
+        const uint16_t* v_rows = static_cast<const uint16_t*>(v.data) + view_batch_offset(v, outer_b) + j0 * v.strides[3];
+        const Bf16Block k_block{k_rows, k.strides[3], k.strides[4], kv_rows, D};
+        pack_column_pairs(k_block, kKeys, Dp, pairs(sc.k_cols), kKeys);
+        pack_column_pairs({v_rows, v.strides[3], v.strides[4], kv_rows, Dv}, kKeys, Dvp, pairs(sc.v_cols), kKeys);
+        pack_row_pairs(k_block, kKeys, Dp, pairs(sc.k_pairs), Dp);
+        std::fill(sc.dk_t.get(), sc.dk_t.get() + size_t(Dp) * kKeys, 0.0f);
+        std::fill(sc.dv_t.get(), sc.dv_t.get() + size_t(Dvp) * kKeys, 0.0f);
+
+        // Query rows before first_row see none of these keys through the causal mask.
+        const int64_t first_row = skip_causal ? std::max<int64_t>(0, j0 - a.causal_offset) / kRows * kRows : 0;
+        int64_t shared_sizes[kBatchDims];
+        for (int d = 0; d < kBatchDims; ++d) shared_sizes[d] = shared[d] ? a.batch[d] : 1;
+        for (int64_t g = 0; g < group; ++g) {
+            int64_t b[kBatchDims];
+            unflatten(shared_sizes, g, b);
+            for (int d = 0; d < kBatchDims; ++d)
+                if (!shared[d]) b[d] = outer_b[d];
+            for (int64_t i0 = first_row; i0 < Sq; i0 += kRows) chunk(sc, b, i0, j0, kv_rows);
+        }
+
+        const TensorView &dk = args.grad_key, &dv = args.grad_value;
+        float* out = sc.out_row.get();
+        for (int l = 0; l < kv_rows; ++l) {
+            for (int d = 0; d < D; ++d) out[d] = sc.dk_t.get()[d * kKeys + l] * scale;
+            store_row(out, D, const_cast<char*>(element_ptr(dk.data, dk.dtype, view_batch_offset(dk, outer_b) +
+                                                                                  (j0 + l) * dk.strides[3])),
+                      dk.dtype, dk.strides[4]);
+            for (int c = 0; c < Dv; ++c) out[c] = sc.dv_t.get()[c * kKeys + l];
+            store_row(out, Dv, const_cast<char*>(element_ptr(dv.data, dv.dtype, view_batch_offset(dv, outer_b) +
+                                                                                   (j0 + l) * dv.strides[3])),
+                      dv.dtype, dv.strides[4]);
+        }
+    }
+
+    void run() {
+        prepare();
+        const int64_t key_blocks = (Skv + kKeys - 1) / kKeys;
+#pragma omp parallel
+        {
+            Scratch sc(Dp, Dvp);
+            configure_tiles();
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t w = 0; w < outer_items; ++w) {
+                int64_t b[kBatchDims];
+                unflatten(outer_sizes, w, b);
+                for (int64_t kb = 0; kb < key_blocks; ++kb) key_block(sc, b, kb * kKeys);
+            }
+            _tile_release();
+#pragma omp barrier
+            const TensorView& dq = args.grad_query;
+            float* out = sc.out_row.get();
+#pragma omp for schedule(static)
+            for (int64_t x = 0; x < batch_total * Sq; ++x) {
+                int64_t b[kBatchDims];
+                unflatten(a.batch, x / Sq, b);
+                const int64_t i = x % Sq;
+                const float* row = dq_sum.get() + ((x / Sq) * Sqp + i) * Dp;
+                for (int d = 0; d < D; ++d) out[d] = row[d] * scale;
+                store_row(out, D, const_cast<char*>(element_ptr(dq.data, dq.dtype, view_batch_offset(dq, b) +
+                                                                                     i * dq.strides[3])),
+                          dq.dtype, dq.strides[4]);
+            }
+        }
+    }
+};
+
+}  // namespace
+}  // namespace isa_amx
+
+Status sdpa_backward_amx(const SdpaBackwardArgs& args) {
+    isa_amx::Backward(args).run();
+    return Status::success();
+}
+
+// The AMX backward takes bf16 inputs and needs a K/V batch index per thread
+// (each work item owns its dQ rows).
+bool sdpa_backward_amx_applies(const SdpaBackwardArgs& b, int threads) {
+    const SdpaForwardArgs& a = b.forward;
+    if (a.query.dtype != DType::bf16 || a.key.dtype != DType::bf16 || a.value.dtype != DType::bf16 ||
+        b.grad_output.dtype != DType::bf16 || a.seq_q < 16)
+        return false;
+    int64_t outer = 1;
+    for (int d = 0; d < kBatchDims; ++d) outer *= (a.batch[d] > 1 && a.key.strides[d] == 0) ? 1 : a.batch[d];
+    return outer >= threads;
+}
+
+}  // namespace graphattn
