@@ -189,7 +189,8 @@ def test_every_isa_build_matches(rng):
 
 def test_split_keys_merge_matches():
     """With more threads than work items (run with 16 threads) the forward splits the keys and merges them by
-    log-sum-exp, and the backward computes dQ in its own pass instead of inside the dK/dV pass."""
+    log-sum-exp, the f32 backward computes dQ in its own pass instead of inside the dK/dV pass, and the
+    bf16 (AMX) backward splits each K/V batch index's keys among items with dQ sums of their own."""
     script = (
         "import numpy as np, graphattn as ga\n"
         "from graphattn.testing import STATS_TOLERANCE, assert_close, random_array, sdpa_reference\n"
@@ -207,14 +208,16 @@ def test_split_keys_merge_matches():
         "    out = ga.scaled_dot_product_attention(q, k, v, enable_gqa=True)\n"
         "    assert np.isnan(out[0, 3, 1]).all() and not np.isnan(np.delete(out[0, 3], 1, axis=0)).any()\n"
         "from graphattn.testing import assert_grad_close, sdpa_reference_backward\n"
-        "for kw in (dict(is_causal=True), dict(enable_gqa=True), dict(dropout_p=0.2, dropout_seed=3)):\n"
-        "    q, k, v = (random_array(s, 'f32', rng) for s in ((1, 4, 70, 48), (1, 4 if not kw.get('enable_gqa') else 2, 90, 48), (1, 4 if not kw.get('enable_gqa') else 2, 90, 48)))\n"
+        "for dt, kw in [(dt, kw) for dt in ('f32', 'bf16') for kw in (dict(is_causal=True), dict(enable_gqa=True),\n"
+        "                                                         dict(dropout_p=0.2, dropout_seed=3))]:\n"
+        "    hkv = 2 if kw.get('enable_gqa') else 4\n"
+        "    q, k, v = (random_array(s, dt, rng) for s in ((1, 4, 70, 48), (1, hkv, 200, 48), (1, hkv, 200, 48)))\n"
         "    if 'is_causal' in kw: k, v = k[:, :, :70], v[:, :, :70]\n"
         "    out, st = ga.scaled_dot_product_attention(q, k, v, return_stats=True, **kw)\n"
-        "    do = random_array(out.shape, 'f32', rng)\n"
+        "    do = random_array(out.shape, dt, rng)\n"
         "    for g, w in zip(ga.scaled_dot_product_attention_backward(do, q, k, v, out, st, **kw),\n"
         "                    sdpa_reference_backward(do, q, k, v, **kw)):\n"
-        "        assert_grad_close(g, w, 'f32')\n"
+        "        assert_grad_close(g, w, dt)\n"
         "print(ga.thread_count())\n")
     env = dict(os.environ, OMP_NUM_THREADS="16")
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)

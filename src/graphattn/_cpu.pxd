@@ -62,7 +62,7 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
     Status sdpa_forward(const SdpaForwardArgs& args) nogil
     Status sdpa_backward(const SdpaBackwardArgs& args) nogil
     const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q)
-    const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t kv_batch_items)
+    const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q)
 
 
 cdef extern from "graphattn/cpu_features.hpp" namespace "graphattn":

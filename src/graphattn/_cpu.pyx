@@ -156,10 +156,10 @@ def forward_isa(dtype="f32", seq_q=1 << 20):
     return sdpa_forward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q).decode()
 
 
-def backward_isa(dtype="f32", seq_q=1 << 20, kv_batch_items=1 << 20):
-    """Name of the kernel build the backward kernel uses for inputs of this dtype, query length and
-    number of K/V batch indices (batch x KV heads), e.g. "amx_bf16" or "avx512"."""
-    return sdpa_backward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q, kv_batch_items).decode()
+def backward_isa(dtype="f32", seq_q=1 << 20):
+    """Name of the kernel build the backward kernel uses for inputs of this dtype and query length,
+    e.g. "amx_bf16" or "avx512"."""
+    return sdpa_backward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q).decode()
 
 
 def cpu_features():

@@ -145,18 +145,17 @@ Status sdpa_backward(const SdpaBackwardArgs& args) {
     const SdpaForwardArgs& a = args.forward;
     if (a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return status;
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
-    if (amx_allowed() && sdpa_backward_amx_applies(args, max_threads())) return sdpa_backward_amx(args);
+    if (amx_allowed() && sdpa_backward_amx_applies(args)) return sdpa_backward_amx(args);
 #endif
     return vector_kernel().run_backward(args);
 }
 
-const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t kv_batch_items) {
+const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q) {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
-    if (input_dtype == DType::bf16 && seq_q >= 16 && kv_batch_items >= max_threads() && amx_allowed()) return "amx_bf16";
+    if (input_dtype == DType::bf16 && seq_q >= 16 && amx_allowed()) return "amx_bf16";
 #endif
     (void)input_dtype;
     (void)seq_q;
-    (void)kv_batch_items;
     return vector_kernel().isa;
 }
 

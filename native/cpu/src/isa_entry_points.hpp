@@ -14,7 +14,7 @@ Status sdpa_forward_avx512(const SdpaForwardArgs& args);
 Status sdpa_backward_avx512(const SdpaBackwardArgs& args);
 Status sdpa_forward_amx(const SdpaForwardArgs& args);  // bf16 Q/K/V only
 Status sdpa_backward_amx(const SdpaBackwardArgs& args);
-bool sdpa_backward_amx_applies(const SdpaBackwardArgs& args, int threads);
+bool sdpa_backward_amx_applies(const SdpaBackwardArgs& args);
 #endif
 
 }  // namespace graphattn

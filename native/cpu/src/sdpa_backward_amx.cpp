@@ -1,6 +1,6 @@
 // FlashAttention-2 backward for bf16 Q/K/V/dO on AMX tiles (flags set in
 // CMakeLists.txt; chosen by dispatch.cpp where the CPU has AMX-BF16 and there
-// is a K/V batch index per thread).
+// are query rows enough to fill its tiles).
 //
 // First Q and dO are copied once into tile-friendly bf16 layouts (rows padded
 // to whole tiles, and transposed), and D = rowsum(dO * O) is computed.  Each
@@ -10,7 +10,9 @@
 //   P = 2^(S - lse) and dS = P (dP Z - D) in AVX-512 (Z: dropout multipliers),
 //   dV^T += dO^T (P Z), dK^T += Q^T dS and dQ += dS K on tiles.
 // dK/dV leave each key block in K's and V's layout; dQ is summed in an f32
-// buffer whose rows belong to one item, and written at the end.
+// buffer whose rows belong to one item, and written at the end.  With fewer
+// K/V batch indices than threads, each index's key blocks are split among a
+// few items, each summing dQ into a buffer of its own.
 #define GRAPHATTN_ISA_NS isa_amx
 #define GRAPHATTN_LANES 16
 
@@ -67,6 +69,7 @@ struct Backward {
     DropoutPlan dropout;
     bool shared[kBatchDims];
     int64_t group = 1, outer_sizes[kBatchDims], outer_items = 1;
+    int64_t key_blocks = 0, splits = 1, blocks_per_split = 0;
     // Per flat batch index: Q and dO as padded bf16 rows and transposed, D, lse in base 2.
     AlignedFloats q_rows, q_cols, do_rows, do_cols, delta, lse2, dq_sum;
 
@@ -92,6 +95,10 @@ struct Backward {
             outer_sizes[d] = shared[d] ? 1 : a.batch[d];
             outer_items *= outer_sizes[d];
         }
+        key_blocks = (Skv + kKeys - 1) / kKeys;
+        const int64_t threads = omp_get_max_threads();
+        if (outer_items < threads) splits = std::min<int64_t>({(threads + outer_items - 1) / outer_items, 4, key_blocks});
+        blocks_per_split = (key_blocks + splits - 1) / splits;
     }
 
     int64_t flat(const int64_t b[kBatchDims]) const { return (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]; }
@@ -105,7 +112,7 @@ struct Backward {
         do_cols = AlignedFloats::uninitialized(do_size / 2 + 16);
         delta = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
         lse2 = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
-        dq_sum = AlignedFloats::uninitialized(size_t(batch_total) * Sqp * Dp);
+        dq_sum = AlignedFloats::uninitialized(size_t(splits) * batch_total * Sqp * Dp);
 #pragma omp parallel
         {
             AlignedFloats row{size_t(std::max(Dp, Dvp))}, o_row{size_t(Dvp)};
@@ -114,7 +121,10 @@ struct Backward {
                 const int64_t fb = x / Sqp, i = x % Sqp;
                 int64_t b[kBatchDims];
                 unflatten(a.batch, fb, b);
-                std::fill(dq_sum.get() + x * Dp, dq_sum.get() + (x + 1) * Dp, 0.0f);
+                for (int64_t split = 0; split < splits; ++split) {
+                    float* sum = dq_sum.get() + (split * batch_total * Sqp + x) * Dp;
+                    std::fill(sum, sum + Dp, 0.0f);
+                }
                 const bool real = i < Sq;
                 // Q row, padded with zeros (rows past Sq are all zero).
                 std::fill(row.get(), row.get() + Dp, 0.0f);
@@ -194,7 +204,7 @@ struct Backward {
             }
     }
 
-    void chunk(Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int64_t j0, int kv_rows) {
+    void chunk(Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int64_t j0, int kv_rows, float* dq_split) {
         const int64_t fb = flat(b);
         const int rows = int(std::min<int64_t>(kRows, Sq - i0));
         for (int r = 0; r < rows; ++r) {
@@ -240,7 +250,7 @@ struct Backward {
         // dV^T += dO^T (P Z), dK^T += Q^T dS, dQ += dS K.
         accumulate_transposed(bf16s(do_cols) + fb * Dvp * Sqp, Dvp, i0, pairs(sc.p_pairs), sc.dv_t.get());
         accumulate_transposed(bf16s(q_cols) + fb * Dp * Sqp, Dp, i0, pairs(sc.ds_pairs), sc.dk_t.get());
-        float* dq = dq_sum.get() + (fb * Sqp + i0) * Dp;
+        float* dq = dq_split + (fb * Sqp + i0) * Dp;
         for (int n = 0; n < Dp / 16; n += 2) {
             load_tiles_2x2(dq + n * 16, Dp * 4);
             tiles_2x2_product(bf16s(sc.ds_bf16), kKeys * 2, 16 * kKeys, pairs(sc.k_pairs) + n * 16, Dp * 4,
@@ -249,7 +259,7 @@ struct Backward {
         }
     }
 
-    void key_block(Scratch& sc, const int64_t outer_b[kBatchDims], int64_t j0) {
+    void key_block(Scratch& sc, const int64_t outer_b[kBatchDims], int64_t j0, float* dq_split) {
         const int kv_rows = int(std::min<int64_t>(kKeys, Skv - j0));
         const TensorView &k = a.key, &v = a.value;
         const uint16_t* k_rows = static_cast<const uint16_t*>(k.data) + view_batch_offset(k, outer_b) + j0 * k.strides[3];
@@ -270,7 +280,7 @@ struct Backward {
             unflatten(shared_sizes, g, b);
             for (int d = 0; d < kBatchDims; ++d)
                 if (!shared[d]) b[d] = outer_b[d];
-            for (int64_t i0 = first_row; i0 < Sq; i0 += kRows) chunk(sc, b, i0, j0, kv_rows);
+            for (int64_t i0 = first_row; i0 < Sq; i0 += kRows) chunk(sc, b, i0, j0, kv_rows, dq_split);
         }
 
         const TensorView &dk = args.grad_key, &dv = args.grad_value;
@@ -289,16 +299,18 @@ struct Backward {
 
     void run() {
         prepare();
-        const int64_t key_blocks = (Skv + kKeys - 1) / kKeys;
 #pragma omp parallel
         {
             Scratch sc(Dp, Dvp);
             configure_tiles();
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t w = 0; w < outer_items; ++w) {
+            for (int64_t w = 0; w < outer_items * splits; ++w) {
                 int64_t b[kBatchDims];
-                unflatten(outer_sizes, w, b);
-                for (int64_t kb = 0; kb < key_blocks; ++kb) key_block(sc, b, kb * kKeys);
+                unflatten(outer_sizes, w / splits, b);
+                const int64_t split = w % splits;
+                float* dq_split = dq_sum.get() + split * batch_total * Sqp * Dp;
+                const int64_t last = std::min(key_blocks, (split + 1) * blocks_per_split);
+                for (int64_t kb = split * blocks_per_split; kb < last; ++kb) key_block(sc, b, kb * kKeys, dq_split);
             }
             _tile_release();
 #pragma omp barrier
@@ -309,8 +321,13 @@ struct Backward {
                 int64_t b[kBatchDims];
                 unflatten(a.batch, x / Sq, b);
                 const int64_t i = x % Sq;
-                const float* row = dq_sum.get() + ((x / Sq) * Sqp + i) * Dp;
-                for (int d = 0; d < D; ++d) out[d] = row[d] * scale;
+                const int64_t row = (x / Sq) * Sqp + i;
+                for (int d = 0; d < D; ++d) out[d] = 0.0f;
+                for (int64_t split = 0; split < splits; ++split) {
+                    const float* sum = dq_sum.get() + (split * batch_total * Sqp + row) * Dp;
+                    for (int d = 0; d < D; ++d) out[d] += sum[d];
+                }
+                for (int d = 0; d < D; ++d) out[d] *= scale;
                 store_row(out, D, const_cast<char*>(element_ptr(dq.data, dq.dtype, view_batch_offset(dq, b) +
                                                                                      i * dq.strides[3])),
                           dq.dtype, dq.strides[4]);
@@ -327,16 +344,11 @@ Status sdpa_backward_amx(const SdpaBackwardArgs& args) {
     return Status::success();
 }
 
-// The AMX backward takes bf16 inputs and needs a K/V batch index per thread
-// (each work item owns its dQ rows).
-bool sdpa_backward_amx_applies(const SdpaBackwardArgs& b, int threads) {
+// The AMX backward takes bf16 inputs and query blocks that fill its tiles.
+bool sdpa_backward_amx_applies(const SdpaBackwardArgs& b) {
     const SdpaForwardArgs& a = b.forward;
-    if (a.query.dtype != DType::bf16 || a.key.dtype != DType::bf16 || a.value.dtype != DType::bf16 ||
-        b.grad_output.dtype != DType::bf16 || a.seq_q < 16)
-        return false;
-    int64_t outer = 1;
-    for (int d = 0; d < kBatchDims; ++d) outer *= (a.batch[d] > 1 && a.key.strides[d] == 0) ? 1 : a.batch[d];
-    return outer >= threads;
+    return a.query.dtype == DType::bf16 && a.key.dtype == DType::bf16 && a.value.dtype == DType::bf16 &&
+           b.grad_output.dtype == DType::bf16 && a.seq_q >= 16;
 }
 
 }  // namespace graphattn

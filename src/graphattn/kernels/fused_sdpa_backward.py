@@ -113,10 +113,8 @@ class FusedSdpaBackward:
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
                            f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None},"
                            f"dropout={self.options['dropout_p']}")
-        kv_items = int(np.prod([size for size, stride in zip(self.batch, self.specs["key"][1][:3])
-                                if not (size > 1 and stride == 0)]))
         input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value, m.grad_output)}
-        self.isa = _cpu.backward_isa(input_dtypes.pop().value if len(input_dtypes) == 1 else "f32", seq_q, kv_items)
+        self.isa = _cpu.backward_isa(input_dtypes.pop().value if len(input_dtypes) == 1 else "f32", seq_q)
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match

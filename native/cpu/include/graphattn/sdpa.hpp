@@ -108,9 +108,9 @@ Status sdpa_forward(const SdpaForwardArgs& args);
 // per-thread blocks.
 Status sdpa_backward(const SdpaBackwardArgs& args);
 
-// Name of the kernel build sdpa_backward uses for inputs of this dtype, query
-// length and number of K/V batch indices (batch x KV heads).
-const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t kv_batch_items);
+// Name of the kernel build sdpa_backward uses for inputs of this dtype and
+// query length.
+const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q);
 
 // Name of the kernel build sdpa_forward uses on this machine for inputs of
 // this dtype and query length (for example "amx_bf16", "avx512" or "portable").
