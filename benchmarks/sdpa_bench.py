@@ -107,7 +107,7 @@ def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backwar
             times[name] += time_call(fn, min_seconds / rounds, max_reps=10)
     flops = attention_flops(n, hq, sq, skv, d, causal=causal, backward=backward)
     row = {"bench": "sdpa_backward" if backward else "sdpa_forward", "shape": [n, hq, hkv, sq, skv, d], "dtype": dtype, "causal": causal,
-           "isa": ga.forward_isa(), "threads": ga.thread_count(), "cpu": cpu_model()}
+           "isa": (ga.backward_isa if backward else ga.forward_isa)(dtype, sq), "threads": ga.thread_count(), "cpu": cpu_model()}
     for name, t in times.items():
         ms = median(t) * 1e3
         row[f"{name}_ms"] = round(ms, 4)
@@ -159,15 +159,17 @@ def memory_case() -> dict:
 
 def print_table(rows: list[dict], peaks: dict) -> None:
     peers = sorted({key[:-3] for row in rows for key in row if key.endswith("_ms")} - {"graphattn"})
-    header = (f"{'pass':<8} {'shape (N,Hq,Hkv,Sq,Skv,D)':<30} {'dtype':<5} {'causal':<6} {'graphattn ms':>12} "
-              f"{'GFLOP/s':>8}")
+    header = (f"{'pass':<8} {'shape (N,Hq,Hkv,Sq,Skv,D)':<30} {'dtype':<5} {'causal':<6} {'isa':<9} "
+              f"{'graphattn ms':>12} {'GFLOP/s':>8}")
     for peer in peers:
         header += f" {peer + ' ms':>10} {'GFLOP/s':>8} {'ratio':>6}"
     print()
-    print(f"cpu: {cpu_model()}, {core_count()} cores, {ga.thread_count()} threads, kernel isa {ga.forward_isa()}")
+    print(f"cpu: {cpu_model()}, {core_count()} cores, {ga.thread_count()} threads; forward kernels: f32/f16 "
+          f"{ga.forward_isa('f32')}, bf16 {ga.forward_isa('bf16')}; backward bf16 {ga.backward_isa('bf16')}")
     print(header)
     for row in rows:
         line = (f"{row['bench'][5:]:<8} {str(tuple(row['shape'])):<30} {row['dtype']:<5} {str(row['causal']):<6} "
+                f"{row['isa']:<9} "
                 f"{row['graphattn_ms']:>12.3f} {row['graphattn_gflops']:>8.1f}")
         for peer in peers:
             if f"{peer}_ms" in row:

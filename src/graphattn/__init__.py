@@ -10,7 +10,7 @@ for concrete shapes and execute them on Tensors::
         compiled = partition.compile(inputs, outputs, ga.Engine("cpu"))
         compiled.execute(ga.Stream(engine), input_tensors, output_tensors)
 """
-from ._cpu import cpu_features, forward_isa, thread_count
+from ._cpu import backward_isa, cpu_features, forward_isa, thread_count
 from .dtypes import DataType
 from .engine import Engine, Stream
 from .graph import Graph
@@ -28,5 +28,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CompiledPartition", "DataType", "Engine", "Graph", "Layout", "LogicalTensor", "Op", "OpKind", "Partition",
-    "Property", "Stream", "Tensor", "cpu_features", "forward_isa", "run_graph", "scaled_dot_product_attention", "scaled_dot_product_attention_backward", "set_verbose", "thread_count",
+    "Property", "Stream", "Tensor", "backward_isa", "cpu_features", "forward_isa", "run_graph", "scaled_dot_product_attention", "scaled_dot_product_attention_backward", "set_verbose", "thread_count",
 ]

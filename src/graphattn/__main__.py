@@ -5,7 +5,6 @@ import argparse
 import sys
 
 import graphattn as ga
-from graphattn import _cpu
 
 
 def info() -> str:
@@ -15,7 +14,7 @@ def info() -> str:
         f"cpu features: {' '.join(ga.cpu_features()) or '(none beyond the baseline)'}",
         f"openmp threads: {ga.thread_count()}",
         f"kernels: sdpa_forward_cpu (f32/f16: {ga.forward_isa('f32')}, bf16: {ga.forward_isa('bf16')}), "
-        f"sdpa_backward_cpu (f32/f16: {_cpu.backward_isa('f32')}, bf16: {_cpu.backward_isa('bf16')}), "
+        f"sdpa_backward_cpu (f32/f16: {ga.backward_isa('f32')}, bf16: {ga.backward_isa('bf16')}), "
         "reference (NumPy, every op)",
         "sycl devices: none (the SYCL plugin is not part of this build)",
     ]
