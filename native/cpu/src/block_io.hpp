@@ -32,13 +32,19 @@ inline const char* element_ptr(const void* base, DType dt, int64_t offset) {
 }
 
 // Contiguous 16-bit rows to f32 with the ISA's conversion instructions
-// (F16C for f16; bf16 is a widening shift the compiler vectorises).
+// (F16C for f16; bf16 is a widening shift).
 inline void convert_contiguous(const uint16_t* s, float* d, int cols, bool is_f16) {
     int c = 0;
 #if defined(__AVX512F__)
-    if (is_f16)
+    if (is_f16) {
         for (; c + 16 <= cols; c += 16)
             _mm512_storeu_ps(d + c, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + c))));
+    } else {
+        for (; c + 16 <= cols; c += 16) {
+            const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + c)));
+            _mm512_storeu_ps(d + c, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+        }
+    }
 #elif defined(__F16C__)
     if (is_f16)
         for (; c + 8 <= cols; c += 8)
@@ -75,6 +81,12 @@ inline void load_block(const void* src, DType dt, int64_t row_stride, int64_t co
                        dst_col_stride, [](float v) { return v; });
             break;
         case DType::bf16:
+            if (col_stride == 1 && dst_col_stride == 1) {
+                for (int r = 0; r < rows; ++r)
+                    convert_contiguous(static_cast<const uint16_t*>(src) + r * row_stride, dst + r * dst_row_stride,
+                                       cols, false);
+                break;
+            }
             copy_block(static_cast<const uint16_t*>(src), row_stride, col_stride, rows, cols, dst, dst_row_stride,
                        dst_col_stride, [](uint16_t v) { return bf16_to_f32(v); });
             break;

@@ -74,6 +74,8 @@ struct LaneForward {
     // Scratch of one thread, allocated once per parallel region.
     struct Scratch {
         AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_row, drop_t;
+        // Decode (RV == 1): rows of Q and O padded to whole vectors, K/V rows likewise.
+        AlignedFloats q_pad, o_pad, k_pad, v_pad, p_rows, mask_row;
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         uint64_t drop_base[kBlockQ];
         uint8_t keep[kBlockKV];
@@ -88,7 +90,14 @@ struct LaneForward {
               row_sum(kBlockQ),
               query_index(kBlockQ),
               out_row(size_t(Dv)),
-              drop_t(size_t(kBlockKV) * kBlockQ) {}
+              drop_t(size_t(kBlockKV) * kBlockQ),
+              q_pad(RV == 1 ? size_t(kBlockQ) * padded(D) : 1),
+              o_pad(RV == 1 ? size_t(kBlockQ) * padded(Dv) : 1),
+              k_pad(RV == 1 ? size_t(kLanes) * padded(D) : 1),
+              v_pad(RV == 1 ? size_t(kLanes) * padded(Dv) : 1),
+              p_rows(RV == 1 ? size_t(kBlockQ) * kLanes : 1),
+              mask_row(kLanes) {}
+        static int padded(int n) { return (n + kLanes - 1) / kLanes * kLanes; }
     };
 
     static LanePlan plan(const SdpaForwardArgs& a) {
@@ -239,6 +248,93 @@ struct LaneForward {
         }
     }
 
+    // Decode form of attend for one vector of rows (a GQA group's heads, a few
+    // query rows): the keys are the lanes of the score vectors, so each
+    // (row, key) costs D/kLanes FMAs and a horizontal sum, and P V runs over
+    // vectors of the head dim, instead of idling most lanes of the row
+    // layout.  Results land in sc.o_t / row_max / row_sum like attend's.
+    static void attend_decode(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
+                              int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
+        const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
+        const int Dp = Scratch::padded(D), Dvp = Scratch::padded(Dv);
+        const TensorView &q = a.query, &k = a.key, &v = a.value, &m = a.mask;
+        const DropoutPlan dropout(a);
+        const float scale = (a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f) * kLog2e;
+        float* q_pad = sc.q_pad.get();
+        float* o_pad = sc.o_pad.get();
+        float* row_max = sc.row_max.get();
+        float* row_sum = sc.row_sum.get();
+        const float* qi = sc.query_index.get();
+        for (int r = 0; r < rows; ++r) {
+            float* q_row = q_pad + r * Dp;
+            load_block(element_ptr(q.data, q.dtype, sc.q_off[r]), q.dtype, 0, q.strides[4], 1, D, q_row, D, 1);
+            for (int d = 0; d < Dp; d += kLanes) store(q_row + d, load(q_row + d) * scale);
+            std::fill(o_pad + r * Dvp, o_pad + (r + 1) * Dvp, 0.0f);
+            row_max[r] = -__builtin_inff();
+            row_sum[r] = 0.0f;
+        }
+        if (skip_causal_blocks)
+            key_end = std::min(key_end, causal_key_end(int64_t(*std::max_element(qi, qi + rows)), a.causal_offset, a.seq_kv));
+        const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
+        const VecF lanes = lane_index();
+        for (int64_t j0 = key_begin; j0 < key_end; j0 += kLanes) {
+            const int kv = int(std::min<int64_t>(kLanes, key_end - j0));
+            // K and V rows as f32, padded to whole vectors (the padding columns stay 0).
+            load_block(element_ptr(k.data, k.dtype, k_base + j0 * k.strides[3]), k.dtype, k.strides[3], k.strides[4], kv, D,
+                       sc.k_pad.get(), Dp, 1);
+            load_block(element_ptr(v.data, v.dtype, v_base + j0 * v.strides[3]), v.dtype, v.strides[3], v.strides[4], kv, Dv,
+                       sc.v_pad.get(), Dvp, 1);
+            for (int r = 0; r < rows; ++r) {
+                const float* q_row = q_pad + r * Dp;
+                VecF score = splat(-__builtin_inff());
+                for (int t = 0; t < kv; ++t) {
+                    const float* k_row = sc.k_pad.get() + t * Dp;
+                    VecF acc{};
+                    for (int d = 0; d < Dp; d += kLanes) acc += load(q_row + d) * load(k_row + d);
+                    score[t] = horizontal_sum(acc);
+                }
+                if (a.mask_kind != MaskKind::none) {
+                    float* mask = sc.mask_row.get();
+                    load_block(element_ptr(m.data, m.dtype, sc.m_off[r] + j0 * m.strides[4]), m.dtype, 0, m.strides[4], 1,
+                               kv, mask, kv, 1);
+                    const VecF mv = load(mask);
+                    if (a.mask_kind == MaskKind::additive) score += to_log2_units(mv);
+                    else score = mv == splat(a.select_keep_value ? 1.0f : 0.0f) ? score : splat(to_log2_units(a.select_fill));
+                }
+                if (a.causal)  // key j0 + t is cut for this row when j0 + t - i > offset
+                    score = lanes + float(j0 - a.causal_offset) > splat(qi[r]) ? splat(to_log2_units(a.causal_fill)) : score;
+                score = lanes < float(kv) ? score : splat(-__builtin_inff());
+                // Online softmax of this row over the block.
+                const float old_max = row_max[r];
+                float new_max = horizontal_max(max_ignoring_nan(score, splat(-__builtin_inff())));
+                new_max = new_max > old_max ? new_max : old_max;
+                const float base = new_max == -__builtin_inff() ? 0.0f : new_max;
+                VecF p = vexp2(score - base);
+                const float correction = new_max == old_max ? 1.0f : std::exp2(old_max - base);
+                row_sum[r] = row_sum[r] * correction + horizontal_sum(p);
+                row_max[r] = new_max;
+                if (correction != 1.0f)
+                    for (int c = 0; c < Dvp; c += kLanes) store(o_pad + r * Dvp + c, load(o_pad + r * Dvp + c) * correction);
+                if (dropout.active) {
+                    dropout.multipliers(sc.drop_base[r], j0, kv, sc.mask_row.get(), 1, sc.keep);
+                    p *= load(sc.mask_row.get());
+                }
+                store(sc.p_rows.get() + r * kLanes, p);
+            }
+            // O += P V, over vectors of the head dim.
+            for (int t = 0; t < kv; ++t) {
+                const float* v_row = sc.v_pad.get() + t * Dvp;
+                for (int r = 0; r < rows; ++r) {
+                    const float pt = sc.p_rows.get()[r * kLanes + t];
+                    float* o_row = o_pad + r * Dvp;
+                    for (int c = 0; c < Dvp; c += kLanes) store(o_row + c, load(o_row + c) + load(v_row + c) * pt);
+                }
+            }
+        }
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < Dv; ++c) sc.o_t.get()[c * kBlockQ + r] = o_pad[r * Dvp + c];
+    }
+
     // Partial results of one (item, split): O^T unnormalised, then max and sum.
     static size_t partial_floats(int Dv) { return size_t(Dv + 2) * kBlockQ; }
 
@@ -291,7 +387,10 @@ struct LaneForward {
                 const int rows = map_lanes(a, p, sc, b, row0);
                 const int64_t key_begin = split * p.keys_per_split;
                 const int64_t key_end = std::min(a.seq_kv, key_begin + p.keys_per_split);
-                attend(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
+                if constexpr (RV == 1)
+                    attend_decode(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
+                else
+                    attend(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
                 if (p.splits == 1) {
                     write_rows(a, sc, sc.o_t.get(), sc.row_max.get(), sc.row_sum.get(), rows, Dv);
                 } else {

@@ -47,6 +47,15 @@ inline VecF lane_index() {
 // score never hides the running maximum; NaN still reaches the row sum.
 inline VecF max_ignoring_nan(VecF x, VecF m) { return x > m ? x : m; }
 
+inline float horizontal_sum(VecF v) {
+#if defined(__AVX512F__)
+    if constexpr (kLanes == 16) return _mm512_reduce_add_ps((__m512)v);
+#endif
+    float sum = v[0];
+    for (int i = 1; i < kLanes; ++i) sum += v[i];
+    return sum;
+}
+
 inline float horizontal_max(VecF v) {
     float m = v[0];
     for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m;
