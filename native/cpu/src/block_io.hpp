@@ -133,6 +133,27 @@ inline void store_row(const float* src, int cols, void* dst, DType dt, int64_t c
     }
 }
 
+// Batch index b of row-major flat index `flat` over dims of the given sizes.
+inline void unflatten_batch(const int64_t sizes[kBatchDims], int64_t flat, int64_t b[kBatchDims]) {
+    for (int d = kBatchDims - 1; d >= 0; --d) {
+        b[d] = flat % sizes[d];
+        flat /= sizes[d];
+    }
+}
+
+// Rows row0 .. row0 + count of view t at batch index b from a transposed f32
+// accumulator: row l is factor * acc_t[c * ld + l] for c < cols (`scratch`
+// holds one row).
+inline void store_transposed_rows(const float* acc_t, int64_t ld, int count, int cols, float factor,
+                                  const TensorView& t, const int64_t b[kBatchDims], int64_t row0, float* scratch) {
+    for (int l = 0; l < count; ++l) {
+        for (int c = 0; c < cols; ++c) scratch[c] = acc_t[c * ld + l] * factor;
+        store_row(scratch, cols,
+                  const_cast<char*>(element_ptr(t.data, t.dtype, view_batch_offset(t, b) + (row0 + l) * t.strides[3])),
+                  t.dtype, t.strides[4]);
+    }
+}
+
 // Rows j0 .. j0 + rows of a K/V-like view (at batch offset `base`) as f32
 // with unit column stride: in place when the tensor already is, else
 // converted into `scratch` (rows x cols).

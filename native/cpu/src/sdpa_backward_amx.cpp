@@ -43,13 +43,6 @@ constexpr int kKeyVecs = kKeys / kLanes;
 
 int round_up(int64_t value, int multiple) { return int((value + multiple - 1) / multiple * multiple); }
 
-void unflatten(const int64_t sizes[kBatchDims], int64_t flat, int64_t b[kBatchDims]) {
-    for (int d = kBatchDims - 1; d >= 0; --d) {
-        b[d] = flat % sizes[d];
-        flat /= sizes[d];
-    }
-}
-
 // bf16 storage in 64-byte aligned float buffers.
 uint16_t* bf16s(AlignedFloats& a) { return reinterpret_cast<uint16_t*>(a.get()); }
 uint32_t* pairs(AlignedFloats& a) { return reinterpret_cast<uint32_t*>(a.get()); }
@@ -120,7 +113,7 @@ struct Backward {
             for (int64_t x = 0; x < batch_total * Sqp; ++x) {
                 const int64_t fb = x / Sqp, i = x % Sqp;
                 int64_t b[kBatchDims];
-                unflatten(a.batch, fb, b);
+                unflatten_batch(a.batch, fb, b);
                 for (int64_t split = 0; split < splits; ++split) {
                     float* sum = dq_sum.get() + (split * batch_total * Sqp + x) * Dp;
                     std::fill(sum, sum + Dp, 0.0f);
@@ -277,24 +270,14 @@ struct Backward {
         for (int d = 0; d < kBatchDims; ++d) shared_sizes[d] = shared[d] ? a.batch[d] : 1;
         for (int64_t g = 0; g < group; ++g) {
             int64_t b[kBatchDims];
-            unflatten(shared_sizes, g, b);
+            unflatten_batch(shared_sizes, g, b);
             for (int d = 0; d < kBatchDims; ++d)
                 if (!shared[d]) b[d] = outer_b[d];
             for (int64_t i0 = first_row; i0 < Sq; i0 += kRows) chunk(sc, b, i0, j0, kv_rows, dq_split);
         }
 
-        const TensorView &dk = args.grad_key, &dv = args.grad_value;
-        float* out = sc.out_row.get();
-        for (int l = 0; l < kv_rows; ++l) {
-            for (int d = 0; d < D; ++d) out[d] = sc.dk_t.get()[d * kKeys + l] * scale;
-            store_row(out, D, const_cast<char*>(element_ptr(dk.data, dk.dtype, view_batch_offset(dk, outer_b) +
-                                                                                  (j0 + l) * dk.strides[3])),
-                      dk.dtype, dk.strides[4]);
-            for (int c = 0; c < Dv; ++c) out[c] = sc.dv_t.get()[c * kKeys + l];
-            store_row(out, Dv, const_cast<char*>(element_ptr(dv.data, dv.dtype, view_batch_offset(dv, outer_b) +
-                                                                                   (j0 + l) * dv.strides[3])),
-                      dv.dtype, dv.strides[4]);
-        }
+        store_transposed_rows(sc.dk_t.get(), kKeys, kv_rows, D, scale, args.grad_key, outer_b, j0, sc.out_row.get());
+        store_transposed_rows(sc.dv_t.get(), kKeys, kv_rows, Dv, 1.0f, args.grad_value, outer_b, j0, sc.out_row.get());
     }
 
     void run() {
@@ -306,7 +289,7 @@ struct Backward {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < outer_items * splits; ++w) {
                 int64_t b[kBatchDims];
-                unflatten(outer_sizes, w / splits, b);
+                unflatten_batch(outer_sizes, w / splits, b);
                 const int64_t split = w % splits;
                 float* dq_split = dq_sum.get() + split * batch_total * Sqp * Dp;
                 const int64_t last = std::min(key_blocks, (split + 1) * blocks_per_split);
@@ -319,7 +302,7 @@ struct Backward {
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < batch_total * Sq; ++x) {
                 int64_t b[kBatchDims];
-                unflatten(a.batch, x / Sq, b);
+                unflatten_batch(a.batch, x / Sq, b);
                 const int64_t i = x % Sq;
                 const int64_t row = (x / Sq) * Sqp + i;
                 for (int d = 0; d < D; ++d) out[d] = 0.0f;

@@ -111,7 +111,7 @@ struct LaneBackward {
 #pragma omp parallel for schedule(static)
         for (int64_t x = 0; x < batch_total * rows; ++x) {
             int64_t b[kBatchDims];
-            unflatten(a.batch, x / rows, b);
+            unflatten_batch(a.batch, x / rows, b);
             const int64_t i = x % rows;
             const int64_t to = b[0] * strides[0] + b[1] * strides[1] + b[2] * strides[2] + i * cols;
             load_block(element_ptr(src.data, src.dtype, view_batch_offset(src, b) + i * src.strides[3]), src.dtype, 0,
@@ -120,13 +120,6 @@ struct LaneBackward {
         t.data = dst;
         t.dtype = DType::f32;
         for (int d = 0; d < kBatchDims + 2; ++d) t.strides[d] = strides[d];
-    }
-
-    static void unflatten(const int64_t sizes[kBatchDims], int64_t flat, int64_t b[kBatchDims]) {
-        for (int d = kBatchDims - 1; d >= 0; --d) {
-            b[d] = flat % sizes[d];
-            flat /= sizes[d];
-        }
     }
 
     int64_t flat_batch(const int64_t b[kBatchDims]) const { return (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]; }
@@ -146,7 +139,7 @@ struct LaneBackward {
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < rows; ++x) {
                 int64_t b[kBatchDims];
-                unflatten(a.batch, x / a.seq_q, b);
+                unflatten_batch(a.batch, x / a.seq_q, b);
                 const int64_t i = x % a.seq_q;
                 const TensorView &o = a.output, &g = args.grad_output;
                 load_block(element_ptr(o.data, o.dtype, view_batch_offset(o, b) + i * o.strides[3]), o.dtype, 0,
@@ -268,7 +261,7 @@ struct LaneBackward {
         for (int d = 0; d < kBatchDims; ++d) shared_sizes[d] = shared[d] ? a.batch[d] : 1;
         for (int64_t gi = 0; gi < group; ++gi) {
             int64_t b[kBatchDims];
-            unflatten(shared_sizes, gi, b);
+            unflatten_batch(shared_sizes, gi, b);
             for (int d = 0; d < kBatchDims; ++d)
                 if (!shared[d]) b[d] = outer_b[d];
             for (int64_t i0 = first_row; i0 < a.seq_q; i0 += kRowChunk)
@@ -276,18 +269,8 @@ struct LaneBackward {
         }
 
         // dK = scale * dK^T, dV = dV^T, transposed back into their rows.
-        const TensorView &dk = args.grad_key, &dv = args.grad_value;
-        float* out = sc.out_row.get();
-        for (int l = 0; l < kv_rows; ++l) {
-            for (int d = 0; d < D; ++d) out[d] = sc.dk_t.get()[d * kLaneBlock + l] * scale;
-            store_row(out, D, const_cast<char*>(element_ptr(dk.data, dk.dtype, view_batch_offset(dk, outer_b) +
-                                                                                  (j0 + l) * dk.strides[3])),
-                      dk.dtype, dk.strides[4]);
-            for (int c = 0; c < Dv; ++c) out[c] = sc.dv_t.get()[c * kLaneBlock + l];
-            store_row(out, Dv, const_cast<char*>(element_ptr(dv.data, dv.dtype, view_batch_offset(dv, outer_b) +
-                                                                                   (j0 + l) * dv.strides[3])),
-                      dv.dtype, dv.strides[4]);
-        }
+        store_transposed_rows(sc.dk_t.get(), kLaneBlock, kv_rows, D, scale, args.grad_key, outer_b, j0, sc.out_row.get());
+        store_transposed_rows(sc.dv_t.get(), kLaneBlock, kv_rows, Dv, 1.0f, args.grad_value, outer_b, j0, sc.out_row.get());
     }
 
     void key_pass() {
@@ -302,7 +285,7 @@ struct LaneBackward {
             for (int64_t w = 0; w < items; ++w) {
                 int64_t b[kBatchDims];
                 const int64_t outer = fused_dq ? w : w / key_blocks;
-                unflatten(outer_sizes, outer, b);
+                unflatten_batch(outer_sizes, outer, b);
                 const int64_t first_block = fused_dq ? 0 : w % key_blocks;
                 for (int64_t kb = first_block; kb < first_block + blocks_per_item; ++kb) key_item(sc, b, kb * kLaneBlock);
             }
@@ -319,7 +302,7 @@ struct LaneBackward {
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < batch_total * a.seq_q; ++x) {
                 int64_t b[kBatchDims];
-                unflatten(a.batch, x / a.seq_q, b);
+                unflatten_batch(a.batch, x / a.seq_q, b);
                 const int64_t i = x % a.seq_q;
                 const float* row = dq_sum.get() + x * d_padded;
                 for (int d = 0; d < D; ++d) out.get()[d] = row[d] * scale;
@@ -426,7 +409,7 @@ struct LaneBackward {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < items; ++w) {
                 int64_t b[kBatchDims];
-                unflatten(a.batch, w / query_blocks, b);
+                unflatten_batch(a.batch, w / query_blocks, b);
                 int64_t qb = w % query_blocks;
                 if (skip_causal) qb = query_blocks - 1 - qb;  // the longest items first
                 query_item(sc, b, qb * kLaneBlock);

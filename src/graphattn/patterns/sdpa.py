@@ -252,24 +252,27 @@ def match_sdpa(graph, softmax: Op) -> SdpaMatch:
     return match
 
 
-def _check_intermediates(graph, match: SdpaMatch) -> None:
-    """Every tensor made inside the pattern must be used only inside it (outputs aside)."""
-    ops = match.all_ops()
+def check_closed(graph, ops: list[Op], inputs: set[int], outputs: set[int]) -> None:
+    """The matched ops read only each other's outputs and the pattern's inputs, and every tensor they make
+    (the pattern's outputs and a Dropout's unused mask aside) is used only inside the pattern."""
     op_ids = {op.id for op in ops}
     if len(op_ids) != len(ops):
         raise NoMatch("an op appears twice in the matched subgraph")
-    outputs = {match.output_id} | ({match.stats_id} if match.stats_id is not None else set())
-    pattern_inputs = {chain.tensor_id for chain in match.input_chains()}
     for op in ops:
         for lt in op.inputs:
             producer = graph.producer(lt.id)
-            if lt.id not in pattern_inputs and (producer is None or producer.id not in op_ids):
+            if lt.id not in inputs and (producer is None or producer.id not in op_ids):
                 raise NoMatch(f"{op.where} reads tensor {lt.id} from outside the pattern")
-        for lt in op.outputs:
-            if lt.id in outputs or (op is match.dropout_op and lt is not op.outputs[0]):
-                continue  # the pattern's outputs, and Dropout's unused mask output
+        for index, lt in enumerate(op.outputs):
+            if lt.id in outputs or (op.kind == OpKind.Dropout and index > 0):
+                continue
             if graph.is_marked_output(lt.id):
                 raise NoMatch(f"intermediate tensor {lt.id} of {op.where} is marked as an output by End")
             outside = [c for c in graph.consumers(lt.id) if c.id not in op_ids]
             if outside or not graph.consumers(lt.id):
                 raise NoMatch(f"intermediate tensor {lt.id} of {op.where} is also used outside the pattern")
+
+
+def _check_intermediates(graph, match: SdpaMatch) -> None:
+    outputs = {match.output_id} | ({match.stats_id} if match.stats_id is not None else set())
+    check_closed(graph, match.all_ops(), {chain.tensor_id for chain in match.input_chains()}, outputs)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ops import Op, OpKind
-from .sdpa import SCALE_KINDS, InputChain, NoMatch, _input_chain, _output_chain, match_masked_scores
+from .sdpa import SCALE_KINDS, InputChain, NoMatch, _input_chain, _output_chain, check_closed, match_masked_scores
 
 
 @dataclass
@@ -201,26 +201,6 @@ def match_sdpa_backward(graph, sbw: Op) -> SdpaBackwardMatch:
         dropout_seed=_input_chain(graph, dropouts[0].inputs[1].id) if dropouts else None,
         dropout_offset=_input_chain(graph, dropouts[0].inputs[2].id) if dropouts else None,
         grad_mask_id=ds_id if marked else None, **parts)
-    _check_closed(graph, match)
+    check_closed(graph, match.all_ops(), {chain.tensor_id for chain in match.input_chains()},
+                 set(match.output_ids()))
     return match
-
-
-def _check_closed(graph, match: SdpaBackwardMatch) -> None:
-    """Every tensor made inside the pattern is used only inside it, except the gradient outputs."""
-    ops = match.all_ops()
-    op_ids = {op.id for op in ops}
-    if len(op_ids) != len(ops):
-        raise NoMatch("an op appears twice in the matched backward subgraph")
-    outputs = set(match.output_ids())
-    inputs = {chain.tensor_id for chain in match.input_chains()}
-    for op in ops:
-        for lt in op.inputs:
-            producer = graph.producer(lt.id)
-            if lt.id not in inputs and (producer is None or producer.id not in op_ids):
-                raise NoMatch(f"{op.where} reads tensor {lt.id} from outside the pattern")
-        for index, lt in enumerate(op.outputs):
-            if lt.id in outputs or (op.kind == OpKind.Dropout and index > 0):
-                continue
-            outside = [c for c in graph.consumers(lt.id) if c.id not in op_ids]
-            if outside or graph.is_marked_output(lt.id) or not graph.consumers(lt.id):
-                raise NoMatch(f"intermediate tensor {lt.id} of {op.where} is also used outside the pattern")
