@@ -28,6 +28,7 @@
 #include "block_io.hpp"
 #include "dropout.hpp"
 #include "isa_entry_points.hpp"
+#include "kv_grouping.hpp"
 #include "lane_masks.hpp"
 #include "mask.hpp"
 #include "scratch.hpp"
@@ -60,8 +61,7 @@ struct Backward {
     float scale, scale_log2;
     bool skip_causal, zero_unkept;
     DropoutPlan dropout;
-    bool shared[kBatchDims];
-    int64_t group = 1, outer_sizes[kBatchDims], outer_items = 1;
+    KvGrouping kv;            // batch dims K and V ignore (their gradients sum over them)
     int64_t key_blocks = 0, splits = 1, blocks_per_split = 0;
     // Per flat batch index: Q and dO as padded bf16 rows and transposed, D, lse in base 2.
     AlignedFloats q_rows, q_cols, do_rows, do_cols, delta, lse2, dq_sum;
@@ -81,16 +81,11 @@ struct Backward {
           scale_log2(scale * kLog2e),
           skip_causal(a.causal && fill_is_neg_inf(a.causal_fill)),
           zero_unkept(needs_unkept_zeroing(a)),
-          dropout(a) {
-        for (int d = 0; d < kBatchDims; ++d) {
-            shared[d] = a.batch[d] > 1 && a.key.strides[d] == 0;
-            if (shared[d]) group *= a.batch[d];
-            outer_sizes[d] = shared[d] ? 1 : a.batch[d];
-            outer_items *= outer_sizes[d];
-        }
+          dropout(a),
+          kv(a) {
         key_blocks = (Skv + kKeys - 1) / kKeys;
         const int64_t threads = omp_get_max_threads();
-        if (outer_items < threads) splits = std::min<int64_t>({(threads + outer_items - 1) / outer_items, 4, key_blocks});
+        if (kv.outer_items < threads) splits = std::min<int64_t>({(threads + kv.outer_items - 1) / kv.outer_items, 4, key_blocks});
         blocks_per_split = (key_blocks + splits - 1) / splits;
     }
 
@@ -266,13 +261,9 @@ struct Backward {
 
         // Query rows before first_row see none of these keys through the causal mask.
         const int64_t first_row = skip_causal ? std::max<int64_t>(0, j0 - a.causal_offset) / kRows * kRows : 0;
-        int64_t shared_sizes[kBatchDims];
-        for (int d = 0; d < kBatchDims; ++d) shared_sizes[d] = shared[d] ? a.batch[d] : 1;
-        for (int64_t g = 0; g < group; ++g) {
+        for (int64_t g = 0; g < kv.group; ++g) {
             int64_t b[kBatchDims];
-            unflatten_batch(shared_sizes, g, b);
-            for (int d = 0; d < kBatchDims; ++d)
-                if (!shared[d]) b[d] = outer_b[d];
+            kv.member(outer_b, g, b);
             for (int64_t i0 = first_row; i0 < Sq; i0 += kRows) chunk(sc, b, i0, j0, kv_rows, dq_split);
         }
 
@@ -287,9 +278,9 @@ struct Backward {
             Scratch sc(Dp, Dvp);
             configure_tiles();
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t w = 0; w < outer_items * splits; ++w) {
+            for (int64_t w = 0; w < kv.outer_items * splits; ++w) {
                 int64_t b[kBatchDims];
-                unflatten_batch(outer_sizes, w / splits, b);
+                kv.outer_index(w / splits, b);
                 const int64_t split = w % splits;
                 float* dq_split = dq_sum.get() + split * batch_total * Sqp * Dp;
                 const int64_t last = std::min(key_blocks, (split + 1) * blocks_per_split);

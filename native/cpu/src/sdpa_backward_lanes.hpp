@@ -26,6 +26,7 @@
 #include "block_io.hpp"
 #include "dropout.hpp"
 #include "graphattn/sdpa.hpp"
+#include "kv_grouping.hpp"
 #include "isa_namespace.hpp"
 #include "lane_gemm.hpp"
 #include "lane_masks.hpp"
@@ -51,11 +52,8 @@ struct LaneBackward {
     bool zero_unkept;
     DropoutPlan dropout;
     int64_t batch_total;
-    bool shared[kBatchDims];  // batch dims K and V ignore (their gradients sum over them)
-    int64_t group = 1;        // product of the shared dims' sizes
+    KvGrouping kv;            // batch dims K and V ignore (their gradients sum over them)
     AlignedFloats row_delta;  // D[i] of pass 1, indexed by flat batch * Sq + i
-    int64_t outer_sizes[kBatchDims];
-    int64_t outer_items = 1;
     bool fused_dq = false;    // dQ accumulated by pass 2 (see above)
     int d_padded = 0;         // D rounded up to whole vectors: the row length of dq_sum
     AlignedFloats dq_sum;     // f32 dQ / scale, rows (flat batch * Sq + i), when fused_dq
@@ -70,14 +68,9 @@ struct LaneBackward {
           zero_unkept(needs_unkept_zeroing(a)),
           dropout(a),
           batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
+          kv(a),
           row_delta(AlignedFloats::uninitialized(size_t(batch_total * a.seq_q))) {
-        for (int d = 0; d < kBatchDims; ++d) {
-            shared[d] = a.batch[d] > 1 && a.key.strides[d] == 0;
-            if (shared[d]) group *= a.batch[d];
-            outer_sizes[d] = shared[d] ? 1 : a.batch[d];
-            outer_items *= outer_sizes[d];
-        }
-        fused_dq = outer_items >= omp_get_max_threads();
+        fused_dq = kv.outer_items >= omp_get_max_threads();
         d_padded = (D + kLanes - 1) / kLanes * kLanes;
         if (fused_dq) {
             dq_sum = AlignedFloats::uninitialized(size_t(batch_total * a.seq_q) * d_padded);
@@ -257,13 +250,9 @@ struct LaneBackward {
 
         // Query rows before first_row see none of these keys through the causal mask.
         const int64_t first_row = skip_causal ? std::max<int64_t>(0, j0 - a.causal_offset) : 0;
-        int64_t shared_sizes[kBatchDims];
-        for (int d = 0; d < kBatchDims; ++d) shared_sizes[d] = shared[d] ? a.batch[d] : 1;
-        for (int64_t gi = 0; gi < group; ++gi) {
+        for (int64_t gi = 0; gi < kv.group; ++gi) {
             int64_t b[kBatchDims];
-            unflatten_batch(shared_sizes, gi, b);
-            for (int d = 0; d < kBatchDims; ++d)
-                if (!shared[d]) b[d] = outer_b[d];
+            kv.member(outer_b, gi, b);
             for (int64_t i0 = first_row; i0 < a.seq_q; i0 += kRowChunk)
                 key_item_rows(sc, b, i0, int(std::min<int64_t>(kRowChunk, a.seq_q - i0)), j0, kv_rows);
         }
@@ -277,7 +266,7 @@ struct LaneBackward {
         const int64_t key_blocks = (a.seq_kv + kLaneBlock - 1) / kLaneBlock;
         // Whole K/V batch indices per item when dQ is fused, else (index, key block).
         const int64_t blocks_per_item = fused_dq ? key_blocks : 1;
-        const int64_t items = outer_items * (key_blocks / blocks_per_item);
+        const int64_t items = kv.outer_items * (key_blocks / blocks_per_item);
 #pragma omp parallel
         {
             KeyScratch sc(D, Dv, d_padded);
@@ -285,7 +274,7 @@ struct LaneBackward {
             for (int64_t w = 0; w < items; ++w) {
                 int64_t b[kBatchDims];
                 const int64_t outer = fused_dq ? w : w / key_blocks;
-                unflatten_batch(outer_sizes, outer, b);
+                kv.outer_index(outer, b);
                 const int64_t first_block = fused_dq ? 0 : w % key_blocks;
                 for (int64_t kb = first_block; kb < first_block + blocks_per_item; ++kb) key_item(sc, b, kb * kLaneBlock);
             }

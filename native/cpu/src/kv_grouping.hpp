@@ -1,0 +1,46 @@
+// How the batch indices of a backward call group around K and V: the batch
+// dims where K and V have stride 0 (the query heads of a GQA group, or any
+// broadcast) are "shared", and one K/V batch index ("outer" index, shared
+// dims at 0) stands for every batch index that differs from it only there.
+// A backward work item that owns an outer index can sum dK/dV over its
+// members without races.
+#pragma once
+
+#include <cstdint>
+
+#include "block_io.hpp"
+#include "graphattn/sdpa.hpp"
+#include "isa_namespace.hpp"
+
+namespace graphattn {
+namespace GRAPHATTN_ISA_NS {
+
+struct KvGrouping {
+    bool shared[kBatchDims];
+    int64_t shared_sizes[kBatchDims];  // sizes of the shared dims, 1 elsewhere
+    int64_t outer_sizes[kBatchDims];   // sizes of the other dims, 1 on shared ones
+    int64_t group = 1;                 // batch indices per outer index
+    int64_t outer_items = 1;           // number of outer indices
+
+    explicit KvGrouping(const SdpaForwardArgs& a) {
+        for (int d = 0; d < kBatchDims; ++d) {
+            shared[d] = a.batch[d] > 1 && a.key.strides[d] == 0;
+            shared_sizes[d] = shared[d] ? a.batch[d] : 1;
+            outer_sizes[d] = shared[d] ? 1 : a.batch[d];
+            group *= shared_sizes[d];
+            outer_items *= outer_sizes[d];
+        }
+    }
+
+    void outer_index(int64_t outer, int64_t b[kBatchDims]) const { unflatten_batch(outer_sizes, outer, b); }
+
+    // Batch index of member g (< group) of outer index outer_b.
+    void member(const int64_t outer_b[kBatchDims], int64_t g, int64_t b[kBatchDims]) const {
+        unflatten_batch(shared_sizes, g, b);
+        for (int d = 0; d < kBatchDims; ++d)
+            if (!shared[d]) b[d] = outer_b[d];
+    }
+};
+
+}  // namespace GRAPHATTN_ISA_NS
+}  // namespace graphattn
