@@ -133,6 +133,9 @@ inline void store_row(const float* src, int cols, void* dst, DType dt, int64_t c
     }
 }
 
+// The smallest multiple of `multiple` that is >= value.
+inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
 // Batch index b of row-major flat index `flat` over dims of the given sizes.
 inline void unflatten_batch(const int64_t sizes[kBatchDims], int64_t flat, int64_t b[kBatchDims]) {
     for (int d = kBatchDims - 1; d >= 0; --d) {

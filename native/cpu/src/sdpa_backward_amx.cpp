@@ -42,8 +42,6 @@ constexpr int kKeys = 64;   // keys per block: the columns of S, dP and the dK^T
 constexpr int kRows = 32;   // query rows per chunk: two 16-row tile bands
 constexpr int kKeyVecs = kKeys / kLanes;
 
-int round_up(int64_t value, int multiple) { return int((value + multiple - 1) / multiple * multiple); }
-
 // bf16 storage in 64-byte aligned float buffers.
 uint16_t* bf16s(AlignedFloats& a) { return reinterpret_cast<uint16_t*>(a.get()); }
 uint32_t* pairs(AlignedFloats& a) { return reinterpret_cast<uint32_t*>(a.get()); }
@@ -71,8 +69,8 @@ struct Backward {
           a(b.forward),
           D(int(a.head_dim_qk)),
           Dv(int(a.head_dim_v)),
-          Dp(round_up(D, kTileBf16Cols)),
-          Dvp(round_up(Dv, kTileBf16Cols)),
+          Dp(int(round_up(D, kTileBf16Cols))),
+          Dvp(int(round_up(Dv, kTileBf16Cols))),
           Sq(a.seq_q),
           Skv(a.seq_kv),
           Sqp(round_up(a.seq_q, kRows)),

@@ -71,7 +71,7 @@ struct LaneBackward {
           kv(a),
           row_delta(AlignedFloats::uninitialized(size_t(batch_total * a.seq_q))) {
         fused_dq = kv.outer_items >= omp_get_max_threads();
-        d_padded = (D + kLanes - 1) / kLanes * kLanes;
+        d_padded = int(round_up(D, kLanes));
         if (fused_dq) {
             dq_sum = AlignedFloats::uninitialized(size_t(batch_total * a.seq_q) * d_padded);
             float* sum = dq_sum.get();

@@ -35,15 +35,13 @@ constexpr int kBlockQ = 64;
 constexpr int kBlockKV = 128;
 constexpr int kVecsPerRow = kBlockKV / kLanes;
 
-int round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
-
 // Per-thread buffers; bf16 data is kept as uint16_t and pairs as uint32_t.
 struct Scratch {
     int dp, dvp;  // head sizes padded to whole tiles
     AlignedFloats q_store, k_store, v_store, s_store, p_store, mask_store, o_store, out_store;
     Scratch(int D, int Dv)
-        : dp(round_up(D, kTileBf16Cols)),
-          dvp(round_up(Dv, kTileBf16Cols)),
+        : dp(int(round_up(D, kTileBf16Cols))),
+          dvp(int(round_up(Dv, kTileBf16Cols))),
           q_store(size_t(kBlockQ) * dp / 2),
           k_store(size_t(dp / 2) * kBlockKV),
           v_store(size_t(kBlockKV / 2) * dvp),
@@ -165,7 +163,7 @@ void write_row(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims
 void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows,
               bool skip_causal_blocks) {
     const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
-    const int row_tiles = round_up(rows, 32) / 16;  // tiles go in pairs
+    const int row_tiles = int(round_up(rows, 32) / 16);  // tiles go in pairs
     const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
     const float scale_log2 = scale * kLog2e;
     const TensorView &q = a.query, &k = a.key, &v = a.value, &m = a.mask;

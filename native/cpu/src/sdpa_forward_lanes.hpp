@@ -97,7 +97,7 @@ struct LaneForward {
               v_pad(RV == 1 ? size_t(kLanes) * padded(Dv) : 1),
               p_rows(RV == 1 ? size_t(kBlockQ) * kLanes : 1),
               mask_row(kLanes) {}
-        static int padded(int n) { return (n + kLanes - 1) / kLanes * kLanes; }
+        static int padded(int n) { return int(round_up(n, kLanes)); }
     };
 
     static LanePlan plan(const SdpaForwardArgs& a) {
