@@ -11,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "graphattn/sdpa.hpp"
+
 namespace example {
 
 inline std::vector<float> random_floats(size_t count, uint32_t seed) {
@@ -72,6 +74,17 @@ public:
 private:
     std::chrono::steady_clock::time_point start_;
 };
+
+// Runs sdpa_forward once to warm up (threads, pages), then `reps` times;
+// ms is the mean time of those.  False (with the message printed) on error.
+inline bool timed_forward(const graphattn::SdpaForwardArgs& args, int reps, double& ms) {
+    graphattn::Status status = graphattn::sdpa_forward(args);
+    const Timer timer;
+    for (int rep = 0; rep < reps && status.ok; ++rep) status = graphattn::sdpa_forward(args);
+    ms = timer.ms() / reps;
+    if (!status.ok) std::fprintf(stderr, "sdpa_forward failed: %s\n", status.message.c_str());
+    return status.ok;
+}
 
 // Prints the result and returns the process exit code.
 inline int report(const char* what, double max_error, double tolerance) {

@@ -39,14 +39,8 @@ int main() {
     args.scale = 1.0f / std::sqrt(float(D));
     args.causal = true;  // top-left: key j is kept for query i when j <= i
 
-    graphattn::Status status = graphattn::sdpa_forward(args);
-    const example::Timer timer;
-    for (int rep = 0; rep < 5; ++rep) status = graphattn::sdpa_forward(args);
-    const double ms = timer.ms() / 5;
-    if (!status.ok) {
-        std::fprintf(stderr, "sdpa_forward failed: %s\n", status.message.c_str());
-        return 1;
-    }
+    double ms;
+    if (!example::timed_forward(args, 5, ms)) return 1;
     std::printf("gqa bf16 causal (Hq=%lld, Hkv=%lld, S=%lld, D=%lld) on %s: %.3f ms\n", (long long)Hq,
                 (long long)Hkv, (long long)S, (long long)D, graphattn::sdpa_forward_isa(graphattn::DType::bf16, S), ms);
 

@@ -41,14 +41,8 @@ int main() {
     args.has_scale = true;
     args.scale = 0.125f;  // 1 / sqrt(D)
 
-    graphattn::Status status = graphattn::sdpa_forward(args);  // warm-up (threads, pages)
-    const example::Timer timer;
-    for (int rep = 0; rep < 5; ++rep) status = graphattn::sdpa_forward(args);
-    const double ms = timer.ms() / 5;
-    if (!status.ok) {
-        std::fprintf(stderr, "sdpa_forward failed: %s\n", status.message.c_str());
-        return 1;
-    }
+    double ms;
+    if (!example::timed_forward(args, 5, ms)) return 1;
     const double gflops = 4.0 * N * H * S * S * D / (ms * 1e-3) / 1e9;
     std::printf("sdpa f32 (%lld,%lld,%lld,%lld) on %s: %.3f ms, %.1f GFLOP/s\n", (long long)N, (long long)H,
                 (long long)S, (long long)D, graphattn::sdpa_forward_isa(), ms, gflops);

@@ -26,6 +26,28 @@ cdef void _set_view(TensorView* view, object spec) except *:
         view.strides[i] = strides[i]
 
 
+cdef void _set_shape_and_flags(SdpaForwardArgs* args, object batch, int64_t seq_q, int64_t seq_kv,
+                               int64_t head_dim_qk, int64_t head_dim_v, int mask_kind, bint select_keep_value,
+                               bint has_scale, bint scale_is_divisor, bint causal, bint inf_as_zero,
+                               float dropout_p) except *:
+    # The compile-time part of a call, shared by the forward plan and the backward.
+    if len(batch) != 3:
+        raise ValueError("batch must have 3 dimensions")
+    for i in range(3):
+        args.batch[i] = batch[i]
+    args.seq_q = seq_q
+    args.seq_kv = seq_kv
+    args.head_dim_qk = head_dim_qk
+    args.head_dim_v = head_dim_v
+    args.mask_kind = <MaskKind>mask_kind
+    args.select_keep_value = select_keep_value
+    args.has_scale = has_scale
+    args.scale_is_divisor = scale_is_divisor
+    args.causal = causal
+    args.inf_as_zero = inf_as_zero
+    args.dropout_p = dropout_p
+
+
 cdef class ForwardPlan:
     """Compile-time half of a fused forward call."""
     cdef SdpaForwardArgs args
@@ -34,14 +56,8 @@ cdef class ForwardPlan:
                  query, key, value, output, mask=None, stats=None, *, int mask_kind=0,
                  bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
                  bint causal=False, bint inf_as_zero=False, float dropout_p=0.0):
-        if len(batch) != 3:
-            raise ValueError("batch must have 3 dimensions")
-        for i in range(3):
-            self.args.batch[i] = batch[i]
-        self.args.seq_q = seq_q
-        self.args.seq_kv = seq_kv
-        self.args.head_dim_qk = head_dim_qk
-        self.args.head_dim_v = head_dim_v
+        _set_shape_and_flags(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
+                             has_scale, scale_is_divisor, causal, inf_as_zero, dropout_p)
         _set_view(&self.args.query, query)
         _set_view(&self.args.key, key)
         _set_view(&self.args.value, value)
@@ -50,13 +66,6 @@ cdef class ForwardPlan:
             _set_view(&self.args.mask, mask)
         if stats is not None:
             _set_view(&self.args.stats, stats)
-        self.args.mask_kind = <MaskKind>mask_kind
-        self.args.select_keep_value = select_keep_value
-        self.args.has_scale = has_scale
-        self.args.scale_is_divisor = scale_is_divisor
-        self.args.causal = causal
-        self.args.inf_as_zero = inf_as_zero
-        self.args.dropout_p = dropout_p
 
     def run_arrays(self, cnp.ndarray query, cnp.ndarray key, cnp.ndarray value, cnp.ndarray output,
                    cnp.ndarray mask=None, cnp.ndarray stats=None, float scale=1.0, int64_t causal_offset=0,
@@ -111,14 +120,8 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
     ndarray); raises ValueError on bad arguments."""
     cdef SdpaBackwardArgs args
     cdef Status status
-    if len(batch) != 3:
-        raise ValueError("batch must have 3 dimensions")
-    for i in range(3):
-        args.forward.batch[i] = batch[i]
-    args.forward.seq_q = seq_q
-    args.forward.seq_kv = seq_kv
-    args.forward.head_dim_qk = head_dim_qk
-    args.forward.head_dim_v = head_dim_v
+    _set_shape_and_flags(&args.forward, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
+                         has_scale, False, causal, inf_as_zero, dropout_p)
     _set_array_view(&args.forward.query, views["query"])
     _set_array_view(&args.forward.key, views["key"])
     _set_array_view(&args.forward.value, views["value"])
@@ -132,16 +135,10 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
         _set_array_view(&args.forward.mask, views["mask"])
     if "grad_mask" in views:
         _set_array_view(&args.grad_mask, views["grad_mask"])
-    args.forward.mask_kind = <MaskKind>mask_kind
-    args.forward.select_keep_value = select_keep_value
-    args.forward.has_scale = has_scale
     args.forward.scale = scale
-    args.forward.causal = causal
     args.forward.causal_offset = causal_offset
     args.forward.select_fill = select_fill
     args.forward.causal_fill = causal_fill
-    args.forward.inf_as_zero = inf_as_zero
-    args.forward.dropout_p = dropout_p
     args.forward.dropout_seed = dropout_seed
     args.forward.dropout_offset = dropout_offset
     with nogil:

@@ -133,6 +133,11 @@ inline void store_row(const float* src, int cols, void* dst, DType dt, int64_t c
     }
 }
 
+// Writes cols values to the row of view t that starts at element `offset`.
+inline void store_view_row(const float* src, int cols, const TensorView& t, int64_t offset) {
+    store_row(src, cols, const_cast<char*>(element_ptr(t.data, t.dtype, offset)), t.dtype, t.strides[4]);
+}
+
 // The smallest multiple of `multiple` that is >= value.
 inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -151,9 +156,7 @@ inline void store_transposed_rows(const float* acc_t, int64_t ld, int count, int
                                   const TensorView& t, const int64_t b[kBatchDims], int64_t row0, float* scratch) {
     for (int l = 0; l < count; ++l) {
         for (int c = 0; c < cols; ++c) scratch[c] = acc_t[c * ld + l] * factor;
-        store_row(scratch, cols,
-                  const_cast<char*>(element_ptr(t.data, t.dtype, view_batch_offset(t, b) + (row0 + l) * t.strides[3])),
-                  t.dtype, t.strides[4]);
+        store_view_row(scratch, cols, t, view_batch_offset(t, b) + (row0 + l) * t.strides[3]);
     }
 }
 

@@ -1,7 +1,8 @@
 // The explicit and implicit causal masks on score blocks in base-2 units,
-// for both lane layouts:
+// for both layouts of a score block:
 //   query lanes: block[j][lanes], one lane per query row (forward, dQ pass);
-//   key lanes:   block[r][lanes], one lane per key (dK/dV pass).
+//   key lanes:   block[r][lanes], one lane per key (dK/dV pass, and the
+//                row-major score blocks of the AMX kernels).
 // And the matching "zero where not kept" for gradient blocks: a score that a
 // Select or the causal mask replaced by a fill value does not depend on Q K^T,
 // so its gradient must not reach dQ or dK even when the fill is finite.
@@ -17,6 +18,14 @@
 
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
+
+// First key that the causal mask drops for query row i (keys j with
+// j - i > offset are masked), clamped to [0, seq_kv]: the end of the keys a
+// block of rows ending at row i has to visit.
+inline int64_t causal_key_end(int64_t i, int64_t offset, int64_t seq_kv) {
+    const int64_t end = i + offset + 1;
+    return end < 0 ? 0 : (end > seq_kv ? seq_kv : end);
+}
 
 inline bool fill_is_neg_inf(float fill) { return fill == -__builtin_inff(); }
 

@@ -30,7 +30,6 @@
 #include "isa_entry_points.hpp"
 #include "kv_grouping.hpp"
 #include "lane_masks.hpp"
-#include "mask.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
 
@@ -300,9 +299,7 @@ struct Backward {
                     for (int d = 0; d < D; ++d) out[d] += sum[d];
                 }
                 for (int d = 0; d < D; ++d) out[d] *= scale;
-                store_row(out, D, const_cast<char*>(element_ptr(dq.data, dq.dtype, view_batch_offset(dq, b) +
-                                                                                     i * dq.strides[3])),
-                          dq.dtype, dq.strides[4]);
+                store_view_row(out, D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
             }
         }
     }

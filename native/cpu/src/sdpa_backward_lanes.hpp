@@ -30,7 +30,6 @@
 #include "isa_namespace.hpp"
 #include "lane_gemm.hpp"
 #include "lane_masks.hpp"
-#include "mask.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
 
@@ -85,6 +84,12 @@ struct LaneBackward {
         as_f32(args.forward.key, a.seq_kv, D, f32_copies[1]);
         as_f32(args.forward.value, a.seq_kv, Dv, f32_copies[2]);
         as_f32(args.grad_output, a.seq_q, Dv, f32_copies[3]);
+    }
+
+    // Row row0 of batch index b of Q, K, V or dO: f32 with unit column stride
+    // once the constructor has run (rows are strides[3] apart).
+    static const float* f32_rows(const TensorView& t, const int64_t b[kBatchDims], int64_t row0) {
+        return static_cast<const float*>(t.data) + view_batch_offset(t, b) + row0 * t.strides[3];
     }
 
     // Redirects `t` to an f32 copy with unit column stride (broadcast batch
@@ -148,7 +153,7 @@ struct LaneBackward {
 
     // ---- pass 2: dK, dV with keys as lanes -------------------------------------------------
     struct KeyScratch {
-        AlignedFloats k_t, v_t, dk_t, dv_t, q_rows, do_rows, s, dp, mask_rows, out_row, z, k_rows;
+        AlignedFloats k_t, v_t, dk_t, dv_t, s, dp, mask_rows, out_row, z, k_rows;
         float lse[kRowChunk], delta[kRowChunk];
         uint64_t drop_base[kRowChunk];
         uint8_t keep[kLaneBlock];
@@ -158,8 +163,6 @@ struct LaneBackward {
               v_t(size_t(Dv) * kLaneBlock),
               dk_t(size_t(D) * kLaneBlock),
               dv_t(size_t(Dv) * kLaneBlock),
-              q_rows(size_t(kRowChunk) * D),
-              do_rows(size_t(kRowChunk) * Dv),
               s(size_t(kRowChunk) * kLaneBlock),
               dp(size_t(kRowChunk) * kLaneBlock),
               mask_rows(size_t(kRowChunk) * kLaneBlock),
@@ -171,10 +174,9 @@ struct LaneBackward {
     // Rows i0 .. i0 + rows of batch index b against the item's keys.
     void key_item_rows(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows, int64_t j0, int kv_rows) {
         const int64_t fb = flat_batch(b);
-        int64_t q_stride, do_stride;
-        const float* q_rows = rows_as_f32(a.query, view_batch_offset(a.query, b), i0, rows, D, sc.q_rows.get(), q_stride);
-        const float* do_rows =
-            rows_as_f32(args.grad_output, view_batch_offset(args.grad_output, b), i0, rows, Dv, sc.do_rows.get(), do_stride);
+        const float* q_rows = f32_rows(a.query, b, i0);
+        const float* do_rows = f32_rows(args.grad_output, b, i0);
+        const int64_t q_stride = a.query.strides[3], do_stride = args.grad_output.strides[3];
         for (int r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
             sc.lse[r] = lse_log2(b, i);
@@ -295,16 +297,14 @@ struct LaneBackward {
                 const int64_t i = x % a.seq_q;
                 const float* row = dq_sum.get() + x * d_padded;
                 for (int d = 0; d < D; ++d) out.get()[d] = row[d] * scale;
-                store_row(out.get(), D, const_cast<char*>(element_ptr(dq.data, dq.dtype,
-                                                                      view_batch_offset(dq, b) + i * dq.strides[3])),
-                          dq.dtype, dq.strides[4]);
+                store_view_row(out.get(), D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
             }
         }
     }
 
     // ---- pass 3: dQ with query rows as lanes ---------------------------------------------
     struct QueryScratch {
-        AlignedFloats q_t, do_t, dq_t, k_rows, v_rows, s_t, dp_t, mask_t, query_index, lse, delta, out_row, z_t;
+        AlignedFloats q_t, do_t, dq_t, s_t, dp_t, mask_t, query_index, lse, delta, out_row, z_t;
         int64_t m_off[kLaneBlock];
         uint64_t drop_base[kLaneBlock];
         uint8_t keep[kKeyBlock];
@@ -312,8 +312,6 @@ struct LaneBackward {
             : q_t(size_t(D) * kLaneBlock),
               do_t(size_t(Dv) * kLaneBlock),
               dq_t(size_t(D) * kLaneBlock),
-              k_rows(size_t(kKeyBlock) * D),
-              v_rows(size_t(kKeyBlock) * Dv),
               s_t(size_t(kKeyBlock) * kLaneBlock),
               dp_t(size_t(kKeyBlock) * kLaneBlock),
               mask_t(size_t(kKeyBlock) * kLaneBlock),
@@ -348,14 +346,13 @@ struct LaneBackward {
         }
 
         const int64_t key_end = skip_causal ? causal_key_end(i0 + rows - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
-        const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
         float* s_t = sc.s_t.get();
         float* dp_t = sc.dp_t.get();
         for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
             const int kv_rows = int(std::min<int64_t>(kKeyBlock, key_end - j0));
-            int64_t k_stride, v_stride;
-            const float* k_rows = rows_as_f32(k, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
-            const float* v_rows = rows_as_f32(v, v_base, j0, kv_rows, Dv, sc.v_rows.get(), v_stride);
+            const float* k_rows = f32_rows(k, b, j0);
+            const float* v_rows = f32_rows(v, b, j0);
+            const int64_t k_stride = k.strides[3], v_stride = v.strides[3];
             lane_gemm<RV, NT, false>(q_t, D, k_rows, k_stride, 1, kv_rows, s_t);
             mask_query_lanes<RV>(a, s_t, sc.mask_t.get(), sc.m_off, sc.query_index.get(), rows, kv_rows, j0);
             lane_gemm<RV, NT, false>(do_t, Dv, v_rows, v_stride, 1, kv_rows, dp_t);
@@ -383,9 +380,7 @@ struct LaneBackward {
         float* out = sc.out_row.get();
         for (int r = 0; r < rows; ++r) {
             for (int d = 0; d < D; ++d) out[d] = sc.dq_t.get()[d * kLaneBlock + r] * scale;
-            store_row(out, D, const_cast<char*>(element_ptr(dq.data, dq.dtype, view_batch_offset(dq, b) +
-                                                                                   (i0 + r) * dq.strides[3])),
-                      dq.dtype, dq.strides[4]);
+            store_view_row(out, D, dq, view_batch_offset(dq, b) + (i0 + r) * dq.strides[3]);
         }
     }
 

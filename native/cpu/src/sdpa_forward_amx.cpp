@@ -23,7 +23,7 @@
 #include "amx_tiles.hpp"
 #include "block_io.hpp"
 #include "isa_entry_points.hpp"
-#include "mask.hpp"
+#include "lane_masks.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
 
@@ -56,6 +56,7 @@ struct Scratch {
     uint16_t* p() const { return reinterpret_cast<uint16_t*>(p_store.get()); }
     float row_max[kBlockQ];
     float row_sum[kBlockQ];
+    int64_t query_index[kBlockQ], mask_offset[kBlockQ];
 };
 
 const uint16_t* bf16_at(const TensorView& t, int64_t offset) { return static_cast<const uint16_t*>(t.data) + offset; }
@@ -109,19 +110,12 @@ void accumulate_on_tiles(const Scratch& sc, int row_tiles, int kv_rows, float* o
         }
 }
 
-// Turns row r's raw scores into base-2 units (scale, masks), updates its
-// running max and sum, writes its probabilities as bf16 and rescales its
-// accumulator row when the max grew.  `plain` rows need only the scale: no
-// mask, no causal cut and no padding keys in this block.
-void softmax_row(const SdpaForwardArgs& a, Scratch& sc, float* s_row, const float* mask_row, int r, int64_t i,
-                 int64_t j0, int kv_rows, bool plain, float scale_log2, float* o_row) {
+// Updates row r's running max and sum with its scores in base-2 units (the
+// raw scores times load_scale), writes its probabilities as bf16 and rescales
+// its accumulator row when the max grew.
+void softmax_row(Scratch& sc, const float* s_row, int r, float load_scale, float* o_row) {
     VecF x[kVecsPerRow];
-    if (plain) {
-        for (int v = 0; v < kVecsPerRow; ++v) x[v] = load(s_row + v * kLanes) * scale_log2;
-    } else {
-        mask_score_row(a, s_row, kBlockKV, kv_rows, mask_row, i, j0);
-        for (int v = 0; v < kVecsPerRow; ++v) x[v] = to_log2_units(load(s_row + v * kLanes));
-    }
+    for (int v = 0; v < kVecsPerRow; ++v) x[v] = load(s_row + v * kLanes) * load_scale;
     VecF m = splat(-__builtin_inff());
     for (int v = 0; v < kVecsPerRow; ++v) m = max_ignoring_nan(x[v], m);
     const float old_max = sc.row_max[r];
@@ -150,8 +144,7 @@ void write_row(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims
     float* out = sc.out_store.get();
     for (int c = 0; c < Dv; ++c) out[c] = o_row[c] * factor;
     const TensorView& o = a.output;
-    store_row(out, Dv, const_cast<char*>(element_ptr(o.data, o.dtype, view_batch_offset(o, b) + i * o.strides[3])),
-              o.dtype, o.strides[4]);
+    store_view_row(out, Dv, o, view_batch_offset(o, b) + i * o.strides[3]);
     if (a.stats.data) {
         const float lse = sum > 0.0f ? sc.row_max[r] * kLn2 + std::log(sum)
                                      : (sum == 0.0f && a.inf_as_zero ? -__builtin_inff() : std::nanf(""));
@@ -166,7 +159,11 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     const int row_tiles = int(round_up(rows, 32) / 16);  // tiles go in pairs
     const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
     const float scale_log2 = scale * kLog2e;
-    const TensorView &q = a.query, &k = a.key, &v = a.value, &m = a.mask;
+    const TensorView &q = a.query, &k = a.key, &v = a.value;
+    for (int r = 0; r < rows; ++r) {
+        sc.query_index[r] = i0 + r;
+        sc.mask_offset[r] = view_batch_offset(a.mask, b) + (i0 + r) * a.mask.strides[3];
+    }
     pack_q(q, view_batch_offset(q, b) + i0 * q.strides[3], rows, D, sc);
     std::fill(sc.o_store.get(), sc.o_store.get() + size_t(kBlockQ) * sc.dvp, 0.0f);
     std::fill(sc.row_max, sc.row_max + kBlockQ, -__builtin_inff());
@@ -178,16 +175,18 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         const int kv_rows = int(std::min<int64_t>(kBlockKV, kv_end - j0));
         pack_k(k, k_base + j0 * k.strides[3], kv_rows, D, sc);
         pack_v(v, v_base + j0 * v.strides[3], kv_rows, Dv, sc);
-        scores_on_tiles(sc, row_tiles, sc.s_store.get());
-        if (a.mask_kind != MaskKind::none)
-            load_block(element_ptr(m.data, m.dtype, view_batch_offset(m, b) + i0 * m.strides[3] + j0 * m.strides[4]),
-                       m.dtype, m.strides[3], m.strides[4], rows, kv_rows, sc.mask_store.get(), kBlockKV, 1);
-        // Causal blocks wholly on or below the diagonal keep every score.
+        float* s = sc.s_store.get();
+        scores_on_tiles(sc, row_tiles, s);
+        // Plain blocks (no mask, no causal cut, no padding keys) take the scale as the
+        // softmax loads them; the others are scaled and masked first.
         const bool causal_cut = a.causal && j0 + kv_rows - 1 - i0 > a.causal_offset;
         const bool plain = a.mask_kind == MaskKind::none && !causal_cut && kv_rows == kBlockKV;
+        if (!plain) {
+            for (int x = 0; x < rows * kBlockKV; x += kLanes) store(s + x, load(s + x) * scale_log2);
+            mask_key_lanes<kVecsPerRow>(a, s, sc.mask_store.get(), sc.mask_offset, sc.query_index, rows, kv_rows, j0);
+        }
         for (int r = 0; r < rows; ++r)
-            softmax_row(a, sc, sc.s_store.get() + r * kBlockKV, sc.mask_store.get() + r * kBlockKV, r, i0 + r, j0,
-                        kv_rows, plain, scale_log2, sc.o_store.get() + size_t(r) * sc.dvp);
+            softmax_row(sc, s + r * kBlockKV, r, plain ? scale_log2 : 1.0f, sc.o_store.get() + size_t(r) * sc.dvp);
         accumulate_on_tiles(sc, row_tiles, kv_rows, sc.o_store.get());
     }
     for (int r = 0; r < rows; ++r) write_row(a, sc, b, r, i0 + r, Dv);

@@ -32,7 +32,6 @@
 #include "isa_namespace.hpp"
 #include "lane_gemm.hpp"
 #include "lane_masks.hpp"
-#include "mask.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
 
@@ -190,7 +189,7 @@ struct LaneForward {
             const float factor = sum > 0.0f ? 1.0f / sum : (sum == 0.0f ? fully_masked : std::nanf(""));
             float* out = sc.out_row.get();
             for (int c = 0; c < Dv; ++c) out[c] = o_t[c * kBlockQ + r] * factor;
-            store_row(out, Dv, const_cast<char*>(element_ptr(o.data, o.dtype, sc.o_off[r])), o.dtype, o.strides[4]);
+            store_view_row(out, Dv, o, sc.o_off[r]);
             if (a.stats.data) {
                 const float lse = sum > 0.0f ? row_max[r] * kLn2 + std::log(sum)
                                              : (sum == 0.0f && a.inf_as_zero ? -__builtin_inff() : std::nanf(""));

@@ -106,10 +106,7 @@ class FusedSdpaBackward:
         views = {name: (code, strides) for name, (code, strides) in self.specs.items()}
         self.forward_plan = _cpu.ForwardPlan(
             self.batch, seq_q, seq_kv, head_dim, head_dim_v, views["query"], views["key"], views["value"],
-            self.o_spec, views.get("mask"), None, mask_kind=self.options["mask_kind"],
-            select_keep_value=m.select_keep_value, has_scale=m.scale is not None,
-            scale_is_divisor=self.scale_is_divisor, causal=m.causal is not None, inf_as_zero=True,
-            dropout_p=self.options["dropout_p"])
+            self.o_spec, views.get("mask"), None, scale_is_divisor=self.scale_is_divisor, **self.options)
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
                            f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None},"
                            f"dropout={self.options['dropout_p']}")
@@ -143,5 +140,4 @@ class FusedSdpaBackward:
         if self.scale_is_divisor:
             scale = 1.0 / scale
         _cpu.backward(self.batch, self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v, specs,
-                      scale=scale, **runtime, **{k: v for k, v in self.options.items() if k != "has_scale"},
-                      has_scale=self.options["has_scale"])
+                      scale=scale, **runtime, **self.options)
