@@ -30,7 +30,7 @@ def test_public_names_and_enums():
     (lambda: ga.Op(0, "MatMul", attrs={"transpose_c": True}), "unknown attribute 'transpose_c'", ValueError),
     (lambda: ga.Op(0, "MatMul", attrs={"transpose_b": 1}), "must be a bool", TypeError),
     (lambda: ga.Op(0, "SoftMax", attrs={"mode": "fast"}), "must be one of", ValueError),
-    (lambda: ga.Engine("gpu"), "not available", ValueError),
+    (lambda: ga.Engine("tpu"), "not available", ValueError),
 ])
 def test_bad_construction(make, error, exc):
     with pytest.raises(exc, match=error):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import sycl_runtime
 from .dtypes import DataType, from_numpy as dtype_of, numpy_dtype
 from .engine import Engine, Stream
 from .builder import GraphBuilder
@@ -42,8 +43,59 @@ def new_dropout_seed() -> int:
     return secrets.randbits(63)
 
 
-def _layout(a: np.ndarray) -> tuple:
-    return a.shape, element_strides(a) if a.size else a.shape, a.dtype.str
+def _strides(a) -> tuple:
+    """Element strides of a NumPy or USM array."""
+    return sycl_runtime.usm_element_strides(a) if sycl_runtime.is_usm_array(a) else element_strides(a)
+
+
+def _layout(a) -> tuple:
+    return tuple(a.shape), _strides(a) if a.size else tuple(a.shape), a.dtype.str
+
+
+_sycl_engines: dict = {}
+
+
+def _engine_for(queue) -> tuple[Engine, Stream]:
+    """The engine a call runs on: the CPU, or one SYCL engine per dpctl queue its USM inputs live on."""
+    if queue is None:
+        return _ENGINE, _STREAM
+    pair = _sycl_engines.get(queue)
+    if pair is None:
+        engine = Engine("sycl", queue=queue)
+        pair = _sycl_engines[queue] = (engine, Stream(engine))
+    return pair
+
+
+def _sycl_inputs(query, key, value, attn_mask):
+    """(q, k, v, mask, queue) when the inputs are USM arrays (dpnp or usm_ndarray), else None."""
+    arrays = [query, key, value] + ([attn_mask] if attn_mask is not None else [])
+    on_device = [sycl_runtime.is_usm_array(a) for a in arrays]
+    if not any(on_device):
+        return None
+    if not all(on_device):
+        raise TypeError("query, key, value and attn_mask must all be USM arrays (dpnp) or all host arrays")
+    queue = sycl_runtime.array_queue(query)
+    for name, a in zip(("key", "value", "attn_mask"), arrays[1:]):
+        if sycl_runtime.array_queue(a).sycl_context != queue.sycl_context:
+            raise ValueError(f"{name} lives on another SYCL context than query")
+    for name, a in zip(("query", "key", "value"), arrays[:3]):
+        if a.dtype not in (np.float32, np.float16):
+            raise TypeError(f"{name} dtype {a.dtype} is not supported on SYCL by the functional API (float32 or "
+                            "float16; bf16 data runs through the graph API as uint16 bit patterns)")
+    return query, key, value, attn_mask, queue
+
+
+def _empty_like_kind(template, shape, dtype, queue):
+    """An output array: NumPy on the CPU, else the USM kind of template (dpnp array or usm_ndarray)."""
+    if queue is None:
+        return np.empty(shape, dtype)
+    if type(template).__module__.startswith("dpnp.tensor"):
+        import dpnp.tensor as dpt
+
+        return dpt.empty(shape, dtype=dtype, sycl_queue=queue)
+    import dpnp
+
+    return dpnp.empty(shape, dtype=dtype, sycl_queue=queue)
 
 
 def _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment):
@@ -107,14 +159,14 @@ def _normalize_mask(mask):
     return mask
 
 
-def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p) -> _Compiled:
+def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p, engine) -> _Compiled:
     dt = dtype_of(q.dtype)
     f32 = DataType.f32
     b = GraphBuilder()
     tensor, op, reshape = b.tensor, b.op, b.reshape
-    lq = tensor("query", dt, q.shape, element_strides(q))
-    lk = tensor("key", dt, k.shape, element_strides(k))
-    lv = tensor("value", dt, v.shape, element_strides(v))
+    lq = tensor("query", dt, tuple(q.shape), _strides(q))
+    lk = tensor("key", dt, tuple(k.shape), _strides(k))
+    lv = tensor("value", dt, tuple(v.shape), _strides(v))
     hq, hkv = q.shape[-3], k.shape[-3]
     if gqa:
         rep = hq // hkv
@@ -127,7 +179,7 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p) ->
     score = op("MatMul", [lq, lk], [tensor(None, f32, score_shape)], transpose_b=True)
     score = op("Multiply", [score, tensor("scale", f32, (1,))], [tensor(None, f32, score_shape)])
     if mask is not None:
-        lm = tensor("mask", dtype_of(mask.dtype), mask.shape, element_strides(mask))
+        lm = tensor("mask", dtype_of(mask.dtype), tuple(mask.shape), _strides(mask))
         if gqa:
             full = (1,) * (q.ndim - mask.ndim) + mask.shape
             heads = (hkv, hq // hkv) if full[-3] == hq else (1, 1)
@@ -163,7 +215,7 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p) ->
     roles["output"] = out.id
     graph = b.graph()
     (partition,) = graph.get_partitions()
-    compiled = partition.compile(partition.get_input_ports(), partition.get_output_ports(), _ENGINE)
+    compiled = partition.compile(partition.get_input_ports(), partition.get_output_ports(), engine)
     stats_shape = compiled.query_logical_tensor(roles["stats"]).shape if return_stats else None
     return _Compiled(compiled, roles, compiled.query_logical_tensor(out.id).shape, stats_shape, dt)
 
@@ -188,20 +240,28 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return_stats, stats being the f32 logsumexp (..., L, 1) of the scores
     (dropout does not change it).
     """
-    q, kind = to_numpy(query, "query")
-    k, _ = to_numpy(key, "key")
-    v, _ = to_numpy(value, "value")
-    mask = _normalize_mask(None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0])
+    on_sycl = _sycl_inputs(query, key, value, attn_mask)
+    if on_sycl is not None:
+        q, k, v, mask, queue = on_sycl
+        kind = "usm"
+        mask = _normalize_mask(mask)
+    else:
+        q, kind = to_numpy(query, "query")
+        k, _ = to_numpy(key, "key")
+        v, _ = to_numpy(value, "value")
+        mask = _normalize_mask(None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0])
+        queue = None
+    engine, stream = _engine_for(queue)
     dropout_p = float(dropout_p)
     # A signature seen before was validated when it was built: only new ones are checked.
     signature = (_layout(q), _layout(k), _layout(v), _layout(mask) if mask is not None else None, bool(enable_gqa),
-                 bool(is_causal), causal_alignment, bool(return_stats), dropout_p)
+                 bool(is_causal), causal_alignment, bool(return_stats), dropout_p, queue)
     entry = _cache.get(signature)
     if entry is None:
         gqa = _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment)
         if mask is not None and mask.dtype != np.bool_ and mask.dtype not in (q.dtype, np.float32):
             raise TypeError(f"a float attn_mask must be float32 or the query's dtype {q.dtype}, got {mask.dtype}")
-        entry = _build(q, k, v, mask, gqa, bool(is_causal), causal_alignment, return_stats, dropout_p)
+        entry = _build(q, k, v, mask, gqa, bool(is_causal), causal_alignment, return_stats, dropout_p, engine)
         _cache[signature] = entry
         if len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
@@ -222,14 +282,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if "seed" in roles:
         data[roles["seed"]] = np.array([new_dropout_seed() if dropout_seed is None else int(dropout_seed)], np.int64)
         data[roles["offset"]] = np.array([int(dropout_offset)], np.int64)
-    out = np.empty(entry.out_shape, numpy_dtype(entry.dtype))
+    out = _empty_like_kind(q, entry.out_shape, numpy_dtype(entry.dtype), queue)
     outputs = {roles["output"]: out}
     if return_stats:
-        stats = np.empty(entry.stats_shape, np.float32)
+        stats = _empty_like_kind(q, entry.stats_shape, np.float32, queue)
         outputs[roles["stats"]] = stats
     compiled = entry.compiled
-    compiled.execute(_STREAM, [Tensor(lt, _ENGINE, data[lt.id]) for lt in compiled.inputs],
-                     [Tensor(lt, _ENGINE, outputs[lt.id]) for lt in compiled.outputs])
+    compiled.execute(stream, [Tensor(lt, engine, data[lt.id]) for lt in compiled.inputs],
+                     [Tensor(lt, engine, outputs[lt.id]) for lt in compiled.outputs])
+    if queue is not None:
+        stream.wait()  # dpnp does not know the kernel's event: its results are ready on return
     if return_stats:  # GQA stats come out as (..., Hkv, rep, L, 1): give them the query's head layout
-        return from_numpy(out, kind), from_numpy(stats.reshape(out.shape[:-1] + (1,)), kind)
+        return from_numpy(out, kind), from_numpy(stats.reshape(tuple(out.shape[:-1]) + (1,)), kind)
     return from_numpy(out, kind)

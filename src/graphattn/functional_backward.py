@@ -9,16 +9,17 @@ ways (5D batch broadcasting) are summed here after the kernel.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from . import _cpu
 from .dtypes import DTYPES, from_numpy as dtype_of
-from .functional import _check_inputs, _normalize_mask
+from . import sycl_runtime
+from .functional import _check_inputs, _normalize_mask, _strides, _sycl_inputs
 from .interop import from_numpy, to_numpy
 from .ops.broadcast import broadcast_shapes
-from .tensor import element_strides
 
 KERNEL_BATCH_DIMS = 3
 
@@ -71,13 +72,27 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     With dropout, pass the forward's dropout_p, dropout_seed and
     dropout_offset: the kernel regenerates the same keep-mask.
     """
-    q, kind = to_numpy(query, "query")
-    k, _ = to_numpy(key, "key")
-    v, _ = to_numpy(value, "value")
-    o, _ = to_numpy(out, "out")
-    do, _ = to_numpy(grad_out, "grad_out")
-    st, _ = to_numpy(stats, "stats")
-    user_mask = None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0]
+    on_sycl = _sycl_inputs(query, key, value, attn_mask)
+    if on_sycl is not None:  # dpnp / usm_ndarray in: the same steps with dpnp, the SYCL kernels, USM out
+        import dpnp as xp
+
+        q, k, v, user_mask, queue = on_sycl
+        kind = "usm"
+        if not all(sycl_runtime.is_usm_array(a) for a in (out, grad_out, stats)):
+            raise TypeError("out, grad_out and stats must be USM arrays like query")
+        o, do, st = out, grad_out, stats
+    else:
+        xp, queue = np, None
+        q, kind = to_numpy(query, "query")
+        k, _ = to_numpy(key, "key")
+        v, _ = to_numpy(value, "value")
+        o, _ = to_numpy(out, "out")
+        do, _ = to_numpy(grad_out, "grad_out")
+        st, _ = to_numpy(stats, "stats")
+        user_mask = None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0]
+
+    def empty(shape, dtype):
+        return np.empty(shape, dtype) if queue is None else xp.empty(shape, dtype=dtype, sycl_queue=queue)
     mask = _normalize_mask(user_mask)
     gqa = _check_inputs(q, k, v, mask, float(dropout_p), is_causal, enable_gqa, causal_alignment)
     if dropout_p > 0 and dropout_seed is None:
@@ -86,11 +101,11 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     lead = [q.shape[:-3], k.shape[:-3], v.shape[:-3]] if gqa else [q.shape[:-2], k.shape[:-2], v.shape[:-2]]
     out_shape = broadcast_shapes(lead, "batch") + ((hq,) if gqa else ()) + (q.shape[-2], v.shape[-1])
     for name, a in (("out", o), ("grad_out", do)):
-        if a.shape != out_shape:
+        if tuple(a.shape) != out_shape:
             raise ValueError(f"{name} must have the forward output's shape {out_shape}, got {a.shape}")
         if a.dtype != q.dtype:
             raise TypeError(f"{name} dtype {a.dtype} differs from query's {q.dtype}")
-    if st.shape != out_shape[:-1] + (1,) or st.dtype != np.float32:
+    if tuple(st.shape) != out_shape[:-1] + (1,) or st.dtype != np.float32:
         raise ValueError(f"stats must be float32 of shape {out_shape[:-1] + (1,)} (the forward's return_stats), "
                          f"got {st.dtype} {st.shape}")
 
@@ -111,7 +126,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     batch = broadcast_shapes(shapes, "batch")
 
     def full_view(a):
-        return np.broadcast_to(a, batch + a.shape[-2:])
+        return xp.broadcast_to(a, batch + tuple(a.shape[-2:]))
 
     def is_broadcast(a) -> list[bool]:
         padded = (1,) * (len(batch) - (a.ndim - 2)) + a.shape[:-2]
@@ -119,16 +134,16 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
 
     # The kernel reduces dK/dV over dims where K and V are both broadcast; any
     # other broadcast operand is given to it in full and its gradient summed here.
-    q_in = np.ascontiguousarray(full_view(q2)) if any(is_broadcast(q2)) else q2
+    q_in = xp.ascontiguousarray(full_view(q2)) if any(is_broadcast(q2)) else q2
     kv_alike = is_broadcast(k2) == is_broadcast(v2)
-    k_in = k2 if kv_alike else np.ascontiguousarray(full_view(k2))
-    v_in = v2 if kv_alike else np.ascontiguousarray(full_view(v2))
-    dq_full = np.empty(batch + q2.shape[-2:], q.dtype)
-    dk_own = np.empty(k_in.shape, k.dtype)
-    dv_own = np.empty(v_in.shape, v.dtype)
+    k_in = k2 if kv_alike else xp.ascontiguousarray(full_view(k2))
+    v_in = v2 if kv_alike else xp.ascontiguousarray(full_view(v2))
+    dq_full = empty(batch + tuple(q2.shape[-2:]), q.dtype)
+    dk_own = empty(tuple(k_in.shape), k.dtype)
+    dv_own = empty(tuple(v_in.shape), v.dtype)
     dmask_full = None
     if return_mask_grad and m2 is not None and m2.dtype != np.bool_:
-        dmask_full = np.empty(batch + (q.shape[-2], k.shape[-2]), np.float32)
+        dmask_full = empty(batch + (q.shape[-2], k.shape[-2]), np.float32)
 
     roles = {"query": q_in, "key": k_in, "value": v_in, "output": o2, "stats": st2, "grad_output": do2,
              "grad_query": dq_full, "grad_key": dk_own, "grad_value": dv_own}
@@ -137,11 +152,11 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     if dmask_full is not None:
         roles["grad_mask"] = dmask_full
     views = {name: full_view(a) for name, a in roles.items()}
-    strides = [list(element_strides(a)[:-2]) if a.size else [0] * len(batch) for a in views.values()]
+    strides = [list(_strides(a)[:-2]) if a.size else [0] * len(batch) for a in views.values()]
     kernel_batch, kernel_strides = _merge_batch_dims(batch, strides)
     specs = {}
     for (name, a), bst in zip(views.items(), kernel_strides):
-        matrix = element_strides(a)[-2:] if a.size else (0, 0)
+        matrix = _strides(a)[-2:] if a.size else (0, 0)
         specs[name] = (DTYPES[dtype_of(a.dtype)].kernel_code, tuple(bst) + tuple(matrix), a)
     seq_q, seq_kv = q.shape[-2], k.shape[-2]
     if m2 is not None:  # a mask broadcast along its rows or columns
@@ -149,7 +164,13 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         code, bst, a = specs["mask"]
         specs["mask"] = (code, bst[:3] + (bst[3] if m_rows != 1 else 0, bst[4] if m_cols != 1 else 0), a)
     scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    _cpu.backward(kernel_batch, seq_q, seq_kv, q.shape[-1], v.shape[-1], specs,
+    if queue is not None:
+        sycl_runtime.wait_for_producers(views.values())
+        specs = {name: (code, strides, sycl_runtime.usm_address(a)) for name, (code, strides, a) in specs.items()}
+        run_backward = functools.partial(sycl_runtime.plugin().backward, queue)
+    else:
+        run_backward = _cpu.backward
+    run_backward(kernel_batch, seq_q, seq_kv, q.shape[-1], v.shape[-1], specs,
                   mask_kind=_cpu.MASK_KIND_CODES["none" if m2 is None else
                                                  ("select" if m2.dtype == np.bool_ else "additive")],
                   has_scale=True, scale=scale_value, causal=bool(is_causal),
@@ -157,6 +178,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
                   inf_as_zero=True, dropout_p=float(dropout_p),
                   dropout_seed=int(dropout_seed or 0) & 0xFFFFFFFFFFFFFFFF,
                   dropout_offset=int(dropout_offset) & 0xFFFFFFFFFFFFFFFF)
+    if queue is not None:
+        queue.wait()  # the gradients are ready on return, as on the CPU
 
     dq = _reduce_to(dq_full, q2.shape).astype(q.dtype, copy=False).reshape(q.shape)
     dk = (dk_own if kv_alike else _reduce_to(dk_own, k2.shape).astype(k.dtype, copy=False)).reshape(k.shape)

@@ -5,12 +5,12 @@ from typing import Sequence
 
 import numpy as np
 
-from . import verbose
+from . import sycl_runtime, verbose
 from .dtypes import numpy_dtype
 from .engine import Engine, Stream
 from .kernels.fused_sdpa import FusedSdpaForward, NotUsable
 from .kernels.fused_sdpa_backward import FusedSdpaBackward
-from .kernels.reference import ReferenceKernel
+from .kernels.reference import ReferenceKernel, SyclHostFallback
 from .logical_tensor import LogicalTensor
 from .ops import Op, OpKind
 from .patterns.sdpa import NoMatch, SdpaMatch, match_sdpa
@@ -76,7 +76,7 @@ class Partition:
         lts = self._concrete_inputs(inputs)
         shapes = self._infer_shapes(lts)
         lts.update(self._concrete_outputs(outputs, shapes))
-        kernel = self._choose_kernel(lts, shapes)
+        kernel = self._choose_kernel(lts, shapes, engine)
         return CompiledPartition(self, [lts[t.id] for t in self._inputs], [lts[t.id] for t in self._outputs], kernel)
 
     # ---- compile steps -------------------------------------------------------------
@@ -127,11 +127,15 @@ class Partition:
                              f"output ports (output ports are {[t.id for t in self._outputs]})")
         return lts
 
-    def _choose_kernel(self, lts, shapes):
+    def _choose_kernel(self, lts, shapes, engine):
+        kernel = self._fused_or_reference(lts, shapes, engine)
+        return SyclHostFallback(kernel, self._ops) if engine.is_sycl and isinstance(kernel, ReferenceKernel) else kernel
+
+    def _fused_or_reference(self, lts, shapes, engine):
         if self._match is not None:
             try:
                 kernel_type = FusedSdpaBackward if self.kind == "sdpa_backward" else FusedSdpaForward
-                kernel = kernel_type(self._match, lts, shapes)
+                kernel = kernel_type(self._match, lts, shapes, engine)
                 verbose.log("compile", f"partition={self.id}", kernel.name, f"isa={kernel.isa}", kernel.shape_text)
                 return kernel
             except NotUsable as why:
@@ -218,7 +222,9 @@ class CompiledPartition:
             if tensor is None:
                 raise ValueError(f"{where}: no tensor given for {what[:-1]} port {port.id}")
             data = tensor.data
-            if data.shape != port.shape or not _strides_match(data.strides, self._byte_strides[port.id]):
+            if sycl_runtime.is_usm_array(data):
+                _checked_usm_array(data, port, where)
+            elif data.shape != port.shape or not _strides_match(data.strides, self._byte_strides[port.id]):
                 _checked_array(data, port, where)
             arrays[port.id] = data
         return arrays
@@ -242,6 +248,15 @@ def _checked_array(data: np.ndarray, lt: LogicalTensor, where: str) -> np.ndarra
             raise ValueError(f"{where}: tensor {lt.id} has strides {strides}, compiled for {lt.strides}; "
                              "compile with LogicalTensor(..., strides=...) matching the array")
     return data
+
+
+def _checked_usm_array(data, lt: LogicalTensor, where: str) -> None:
+    if tuple(data.shape) != lt.shape:
+        raise ValueError(f"{where}: tensor {lt.id} has shape {tuple(data.shape)}, compiled for {lt.shape}")
+    strides = sycl_runtime.usm_element_strides(data)
+    if data.size and any(a != b for a, b, d in zip(strides, lt.strides, lt.shape) if d != 1):
+        raise ValueError(f"{where}: tensor {lt.id} has strides {strides}, compiled for {lt.strides}; "
+                         "compile with LogicalTensor(..., strides=...) matching the array")
 
 
 def build_partitions(graph, policy: str) -> list[Partition]:

@@ -1,8 +1,10 @@
-"""run_graph: compile and execute every partition of a graph on NumPy inputs, in order."""
+"""run_graph: compile and execute every partition of a graph on NumPy inputs, in order (on the CPU or on a
+SYCL engine, the arrays then being copied to and from its queue)."""
 from __future__ import annotations
 
 import numpy as np
 
+from . import sycl_runtime
 from .dtypes import numpy_dtype
 from .engine import Engine, Stream
 from .logical_tensor import LogicalTensor
@@ -14,22 +16,52 @@ def run_graph(graph, inputs: dict[int, np.ndarray], policy: str = "fusion", engi
     """Runs the whole graph; returns {tensor id: array} for every partition output.
 
     Input arrays may be strided views: each partition is compiled for the
-    layouts it is given.  Outputs are allocated dense.
+    layouts it is given.  Outputs are allocated dense.  On a SYCL engine,
+    inputs of more than one element are copied to the engine's queue (dense),
+    single values stay host scalars, and the outputs come back as NumPy.
     """
     engine = engine or Engine("cpu")
     stream = Stream(engine)
-    values = dict(inputs)
+    values = {k: _to_device(v, engine) for k, v in inputs.items()} if engine.is_sycl else dict(inputs)
     for partition in partitions if partitions is not None else graph.get_partitions(policy):
         in_ports = partition.get_input_ports()
         missing = [lt.id for lt in in_ports if lt.id not in values]
         if missing:
             raise ValueError(f"run_graph: no array given for input tensor(s) {missing}")
-        in_lts = [LogicalTensor(lt.id, lt.dtype, values[lt.id].shape, element_strides(values[lt.id]))
+        in_lts = [LogicalTensor(lt.id, lt.dtype, tuple(values[lt.id].shape), _strides(values[lt.id]))
                   for lt in in_ports]
         compiled = partition.compile(in_lts, partition.get_output_ports(), engine)
-        out_arrays = {lt.id: np.empty(lt.shape, numpy_dtype(lt.dtype)) for lt in compiled.outputs}
+        out_arrays = {lt.id: _empty(lt, engine) for lt in compiled.outputs}
         compiled.execute(stream,
                          [Tensor(lt, engine, values[lt.id]) for lt in compiled.inputs],
                          [Tensor(lt, engine, out_arrays[lt.id]) for lt in compiled.outputs])
         values.update(out_arrays)
-    return {k: v for k, v in values.items() if k not in inputs}
+    stream.wait()
+    results = {k: v for k, v in values.items() if k not in inputs}
+    if engine.is_sycl:
+        bf16 = {lt.id for op in graph.ops for lt in op.outputs if lt.dtype.value == "bf16"}
+        results = {k: sycl_runtime.to_host(v, bf16=k in bf16) for k, v in results.items()}
+    return results
+
+
+def _strides(a) -> tuple:
+    return sycl_runtime.usm_element_strides(a) if sycl_runtime.is_usm_array(a) else element_strides(a)
+
+
+def _to_device(array: np.ndarray, engine: Engine):
+    if array.size == 1:
+        return array
+    import dpnp
+
+    if str(array.dtype) == "bfloat16":  # USM arrays carry bf16 as its bit patterns
+        array = array.view(np.uint16)
+    return dpnp.asarray(np.ascontiguousarray(array), sycl_queue=engine.queue)
+
+
+def _empty(lt: LogicalTensor, engine: Engine):
+    dtype = numpy_dtype(lt.dtype)
+    if not engine.is_sycl:
+        return np.empty(lt.shape, dtype)
+    import dpnp
+
+    return dpnp.empty(lt.shape, dtype=np.uint16 if str(dtype) == "bfloat16" else dtype, sycl_queue=engine.queue)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import sycl_runtime
 from .dtypes import numpy_dtype
 from .engine import Engine
 from .logical_tensor import LogicalTensor
@@ -19,7 +20,9 @@ def element_strides(array: np.ndarray) -> tuple[int, ...]:
 
 
 class Tensor:
-    """Binds a LogicalTensor to a NumPy array (strided views accepted, never copied)."""
+    """Binds a LogicalTensor to its data, never copied: a NumPy array on the CPU engine; on a SYCL engine a
+    dpnp array or usm_ndarray on the engine's queue (strided views and offsets honoured), or a NumPy array for
+    host scalars (scale, fill values, seeds)."""
 
     __slots__ = ("logical_tensor", "engine", "data")
 
@@ -28,11 +31,17 @@ class Tensor:
             raise TypeError(f"Tensor needs a LogicalTensor, got {type(logical_tensor).__name__}")
         if not isinstance(engine, Engine):
             raise TypeError(f"Tensor needs an Engine, got {type(engine).__name__}")
-        if not isinstance(data, np.ndarray):
-            raise TypeError(f"tensor {logical_tensor.id}: data must be a NumPy array, got {type(data).__name__}")
+        on_device = engine.is_sycl and sycl_runtime.is_usm_array(data)
+        if not on_device and not isinstance(data, np.ndarray):
+            want = "a dpnp array or usm_ndarray" if engine.is_sycl else "a NumPy array"
+            raise TypeError(f"tensor {logical_tensor.id}: data must be {want}, got {type(data).__name__}")
+        if on_device and sycl_runtime.array_queue(data).sycl_context != engine.queue.sycl_context:
+            raise ValueError(f"tensor {logical_tensor.id}: data lives on another SYCL context than the engine's queue")
         lt = logical_tensor
         expected = numpy_dtype(lt.dtype)
-        if data.dtype != expected:
+        # USM arrays have no bfloat16 dtype: bf16 data comes as its 16-bit patterns.
+        bf16_bits = on_device and lt.dtype.value == "bf16" and data.dtype in (np.uint16, np.int16)
+        if data.dtype != expected and not bf16_bits:
             raise TypeError(f"tensor {lt.id}: data dtype {data.dtype} does not match the logical tensor's "
                             f"{lt.dtype.value} ({expected})")
         if data.shape != lt.shape and (data.ndim != lt.ndim or any(d not in (-1, s) for d, s in zip(lt.shape, data.shape))):

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import functools
+
 import numpy as np
 
-from .. import _cpu
+from .. import _cpu, sycl_runtime
 from ..dtypes import DTYPES, DataType, FLOAT_TYPES
 from ..ops import OpKind
 from ..patterns.sdpa import InputChain, SdpaMatch
@@ -101,13 +103,34 @@ def _code(dtype: DataType, allowed, what: str) -> int:
     return DTYPES[dtype].kernel_code
 
 
-def _scalar(array: np.ndarray) -> float:
-    return array.reshape(-1)[0].item()
+def _host(array) -> np.ndarray:
+    """A scalar operand on the host (a USM one is copied, which waits for its producer)."""
+    return array if isinstance(array, np.ndarray) else sycl_runtime.to_host(array)
 
 
-def _u64(array: np.ndarray) -> int:
+def _scalar(array) -> float:
+    return _host(array).reshape(-1)[0].item()
+
+
+def _u64(array) -> int:
     """An s64 seed or offset as the 64-bit pattern the Philox key/counter takes."""
-    return int(array.reshape(-1)[0]) & 0xFFFFFFFFFFFFFFFF
+    return int(_host(array).reshape(-1)[0]) & 0xFFFFFFFFFFFFFFFF
+
+
+def usm_address(array, name: str) -> int:
+    """The device address of a SYCL kernel operand, which must be a USM array."""
+    if not sycl_runtime.is_usm_array(array):
+        raise TypeError(f"{name}: the SYCL kernel needs a dpnp array or usm_ndarray, got {type(array).__name__}")
+    return sycl_runtime.usm_address(array)
+
+
+def check_sycl_usable(input_dtypes: set, head_dim: int, head_dim_v: int) -> None:
+    """The SYCL kernels' limits beyond the CPU kernels' (one input dtype; head sizes the lanes hold)."""
+    limit = sycl_runtime.plugin().MAX_HEAD_DIM
+    if len(input_dtypes) != 1:
+        raise NotUsable(f"inputs of dtypes {sorted(d.value for d in input_dtypes)}; the SYCL kernels take one")
+    if max(head_dim, head_dim_v) > limit:
+        raise NotUsable(f"head sizes {head_dim}/{head_dim_v}; the SYCL kernels take at most {limit}")
 
 
 class FusedSdpaForward:
@@ -115,7 +138,7 @@ class FusedSdpaForward:
 
     name = "sdpa_forward_cpu"
 
-    def __init__(self, match: SdpaMatch, lts: dict, shapes: dict):
+    def __init__(self, match: SdpaMatch, lts: dict, shapes: dict, engine=None):
         self.match = match
         m = match
         q = _apply_chain(m.query, lts, shapes)
@@ -159,7 +182,14 @@ class FusedSdpaForward:
         self.causal_terms = [(_scalar_chain(c, lts, "causal index offset"), s) for c, s in m.causal.terms] \
             if m.causal else []
         padded = (1,) * (KERNEL_BATCH_DIMS - len(batch)) + tuple(batch)
-        self.plan = _cpu.ForwardPlan(
+        input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value)}
+        self.on_sycl = engine is not None and engine.is_sycl
+        plan_type = _cpu.ForwardPlan
+        if self.on_sycl:
+            check_sycl_usable(input_dtypes, head_dim, head_dim_v)
+            queue = engine.queue
+            plan_type = functools.partial(sycl_runtime.plugin().ForwardPlan, queue)
+        self.plan = plan_type(
             padded, seq_q, seq_kv, head_dim, head_dim_v, views["query"], views["key"], views["value"],
             views["output"], views.get("mask"), views.get("stats"),
             mask_kind=_cpu.MASK_KIND_CODES[m.mask_kind], select_keep_value=m.select_keep_value,
@@ -168,8 +198,11 @@ class FusedSdpaForward:
             dropout_p=m.dropout_op.attrs["p"] if m.dropout_op is not None else 0.0)
         self.dropout_seed = _scalar_chain(m.dropout_seed, lts, "Dropout seed")
         self.dropout_offset = _scalar_chain(m.dropout_offset, lts, "Dropout offset")
-        input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value)}
-        self.isa = _cpu.forward_isa(input_dtypes.pop().value if len(input_dtypes) == 1 else "f32", seq_q)
+        if self.on_sycl:
+            self.name = "sdpa_forward_sycl"
+            self.isa = self.plan.kernel_name()
+        else:
+            self.isa = _cpu.forward_isa(input_dtypes.pop().value if len(input_dtypes) == 1 else "f32", seq_q)
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
                            f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None}")
 
@@ -178,10 +211,20 @@ class FusedSdpaForward:
         causal_offset = 0
         if m.causal:
             causal_offset = m.causal.adjust + sum(sign * int(_scalar(inputs[c.tensor_id])) for c, sign in self.causal_terms)
-        self.plan.run_arrays(
-            inputs[m.query.tensor_id], inputs[m.key.tensor_id], inputs[m.value.tensor_id], outputs[m.output_id],
-            mask=inputs[m.mask.tensor_id] if m.mask is not None else None,
-            stats=outputs[m.stats_id] if m.stats_id is not None else None,
+        if self.on_sycl:
+            run = self.plan.run
+            operands = {"query": inputs[m.query.tensor_id], "key": inputs[m.key.tensor_id],
+                        "value": inputs[m.value.tensor_id], "output": outputs[m.output_id]}
+            sycl_runtime.wait_for_producers(list(inputs.values()) + list(outputs.values()))
+            data = [usm_address(a, name) for name, a in operands.items()]
+            mask = usm_address(inputs[m.mask.tensor_id], "mask") if m.mask is not None else 0
+            stats = usm_address(outputs[m.stats_id], "stats") if m.stats_id is not None else 0
+        else:
+            run = self.plan.run_arrays
+            data = [inputs[m.query.tensor_id], inputs[m.key.tensor_id], inputs[m.value.tensor_id], outputs[m.output_id]]
+            mask = inputs[m.mask.tensor_id] if m.mask is not None else None
+            stats = outputs[m.stats_id] if m.stats_id is not None else None
+        run(*data, mask=mask, stats=stats,
             scale=_scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0,
             causal_offset=causal_offset,
             select_fill=_scalar(inputs[self.select_fill.tensor_id]) if self.select_fill is not None else float("-inf"),

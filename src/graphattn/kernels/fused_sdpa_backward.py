@@ -8,14 +8,16 @@ in K's and V's broadcast layout, so the GQA ReduceSum happens inside the kernel.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from .. import _cpu
+from .. import _cpu, sycl_runtime
 from ..dtypes import DTYPES, DataType, FLOAT_TYPES
 from ..ops import OpKind
 from ..patterns.sdpa_backward import GradientOutput, SdpaBackwardMatch
 from .fused_sdpa import (KERNEL_BATCH_DIMS, NotUsable, _apply_chain, _code, _kernel_strides, _scalar, _scalar_chain,
-                         _u64, _View, output_view)
+                         _u64, _View, check_sycl_usable, output_view, usm_address)
 
 
 def _gradient_view(grad: GradientOutput, lts, shapes) -> _View:
@@ -41,7 +43,7 @@ class FusedSdpaBackward:
 
     name = "sdpa_backward_cpu"
 
-    def __init__(self, match: SdpaBackwardMatch, lts: dict, shapes: dict):
+    def __init__(self, match: SdpaBackwardMatch, lts: dict, shapes: dict, engine=None):
         self.match = m = match
         q = _apply_chain(m.query, lts, shapes)
         k = _apply_chain(m.key, lts, shapes)
@@ -104,14 +106,23 @@ class FusedSdpaBackward:
                      self.batch[2] * seq_q * head_dim_v, seq_q * head_dim_v, head_dim_v, 1)
         self.o_spec = (DTYPES[DataType.f32].kernel_code, o_strides)
         views = {name: (code, strides) for name, (code, strides) in self.specs.items()}
-        self.forward_plan = _cpu.ForwardPlan(
+        input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value, m.grad_output)}
+        self.queue = engine.queue if engine is not None and engine.is_sycl else None
+        plan_type = _cpu.ForwardPlan
+        if self.queue is not None:
+            check_sycl_usable(input_dtypes, head_dim, head_dim_v)
+            self.name = "sdpa_backward_sycl"
+            plan_type = functools.partial(sycl_runtime.plugin().ForwardPlan, self.queue)
+        self.forward_plan = plan_type(
             self.batch, seq_q, seq_kv, head_dim, head_dim_v, views["query"], views["key"], views["value"],
             self.o_spec, views.get("mask"), None, scale_is_divisor=self.scale_is_divisor, **self.options)
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
                            f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None},"
                            f"dropout={self.options['dropout_p']}")
-        input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value, m.grad_output)}
-        self.isa = _cpu.backward_isa(input_dtypes.pop().value if len(input_dtypes) == 1 else "f32", seq_q)
+        if self.queue is not None:
+            self.isa = "subgroup"
+        else:
+            self.isa = _cpu.backward_isa(input_dtypes.pop().value if len(input_dtypes) == 1 else "f32", seq_q)
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match
@@ -131,13 +142,28 @@ class FusedSdpaBackward:
             arrays["mask"] = inputs[m.mask.tensor_id]
         if m.grad_mask_id is not None:
             arrays["grad_mask"] = outputs[m.grad_mask_id]
-        o = np.empty(self.o_shape, np.float32)
-        self.forward_plan.run_arrays(arrays["query"], arrays["key"], arrays["value"], o, mask=arrays.get("mask"),
-                                     **runtime)
-        specs = {name: spec + (arrays[name],) for name, spec in self.specs.items()}
-        specs["output"] = self.o_spec + (o,)
+        if self.queue is not None:
+            import dpnp
+
+            sycl_runtime.wait_for_producers(list(arrays.values()))
+            o = dpnp.empty(self.o_shape, dtype=np.float32, sycl_queue=self.queue)
+            address = {name: usm_address(a, name) for name, a in arrays.items()}
+            self.forward_plan.run(address["query"], address["key"], address["value"], usm_address(o, "output"),
+                                  mask=address.get("mask", 0), **runtime)
+            specs = {name: spec + (address[name],) for name, spec in self.specs.items()}
+            specs["output"] = self.o_spec + (usm_address(o, "output"),)
+            run_backward = lambda *args, **kwargs: sycl_runtime.plugin().backward(self.queue, *args, **kwargs)  # noqa: E731
+        else:
+            o = np.empty(self.o_shape, np.float32)
+            self.forward_plan.run_arrays(arrays["query"], arrays["key"], arrays["value"], o, mask=arrays.get("mask"),
+                                         **runtime)
+            specs = {name: spec + (arrays[name],) for name, spec in self.specs.items()}
+            specs["output"] = self.o_spec + (o,)
+            run_backward = _cpu.backward
         scale = runtime.pop("scale")
         if self.scale_is_divisor:
             scale = 1.0 / scale
-        _cpu.backward(self.batch, self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v, specs,
-                      scale=scale, **runtime, **self.options)
+        run_backward(self.batch, self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v, specs,
+                     scale=scale, **runtime, **self.options)
+        if self.queue is not None:
+            self.queue.wait()  # o is freed when this returns

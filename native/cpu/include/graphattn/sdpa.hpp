@@ -98,6 +98,11 @@ struct Status {
     static Status error(std::string msg) { return {false, std::move(msg)}; }
 };
 
+// Argument checks every kernel family runs first: shapes, dtypes, null
+// pointers and, for the backward, the broadcast rules of the gradients.
+Status check_forward_args(const SdpaForwardArgs& args);
+Status check_backward_args(const SdpaBackwardArgs& args);
+
 // Runs the fused forward kernel with OpenMP.  Thread-safe; allocates only
 // per-thread scratch of O(block * head_dim) floats.
 Status sdpa_forward(const SdpaForwardArgs& args);

@@ -1,0 +1,112 @@
+// Device-side helpers shared by the SYCL SDPA kernels: element access by
+// dtype, strided offsets, the score mask and the dropout multiplier.
+// Compiled at run time; build options pick the input dtype
+// (GA_INPUT_DTYPE) and the per-lane head-size chunks (GA_QK_CHUNKS,
+// GA_V_CHUNKS: ceil(head size / sub-group size)).
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include "graphattn/philox.hpp"
+#include "sdpa_params.hpp"
+
+namespace graphattn_sycl {
+
+namespace syclex = sycl::ext::oneapi::experimental;
+
+constexpr int kSubGroup = 16;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kInf = __builtin_inff();
+constexpr float kNaN = __builtin_nanf("");
+
+// bf16 <-> f32 by bit operations: the runtime's bfloat16 conversions link a
+// device library that makes its persistent kernel cache crash (2026.2).
+inline float bf16_bits_to_f32(uint16_t bits) { return sycl::bit_cast<float>(uint32_t(bits) << 16); }
+
+inline uint16_t f32_to_bf16_bits(float x) {
+    const uint32_t u = sycl::bit_cast<uint32_t>(x);
+    if (sycl::isnan(x)) return uint16_t((u >> 16) | 0x40);          // stays a NaN
+    return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);       // round to nearest even
+}
+
+inline float to_f32(float x) { return x; }
+inline float to_f32(sycl::half x) { return float(x); }
+inline float to_f32(uint16_t bf16_bits) { return bf16_bits_to_f32(bf16_bits); }
+
+#if GA_INPUT_DTYPE == 0
+using InputT = float;
+#elif GA_INPUT_DTYPE == 1
+using InputT = uint16_t;  // bf16 bits
+#else
+using InputT = sycl::half;
+#endif
+
+inline float element_as_f32(const void* base, int32_t dtype, int64_t index) {
+    switch (dtype) {
+        case 0: return static_cast<const float*>(base)[index];
+        case 1: return bf16_bits_to_f32(static_cast<const uint16_t*>(base)[index]);
+        case 2: return float(static_cast<const sycl::half*>(base)[index]);
+        default: return static_cast<const uint8_t*>(base)[index] ? 1.0f : 0.0f;
+    }
+}
+
+inline void store_f32_as(const KernelView& v, int64_t index, float x) {
+    void* base = const_cast<void*>(v.data);
+    switch (v.dtype) {
+        case 0: static_cast<float*>(base)[index] = x; break;
+        case 1: static_cast<uint16_t*>(base)[index] = f32_to_bf16_bits(x); break;
+        default: static_cast<sycl::half*>(base)[index] = sycl::half(x); break;
+    }
+}
+
+inline float input_as_f32(const KernelView& v, int64_t index) {
+    return to_f32(static_cast<const InputT*>(v.data)[index]);
+}
+
+// Row-major flat batch index -> the view's element offset of that batch entry.
+inline int64_t batch_offset(const KernelView& v, const int64_t batch[3], int64_t flat) {
+    const int64_t b2 = flat % batch[2], b1 = (flat / batch[2]) % batch[1], b0 = flat / (batch[2] * batch[1]);
+    return b0 * v.strides[0] + b1 * v.strides[1] + b2 * v.strides[2];
+}
+
+// First key past the causal window of query row i (all keys without a causal
+// mask, or when a finite fill keeps masked keys in the softmax).
+inline int64_t key_end(const ForwardParams& p, int64_t i) {
+    if (!p.causal || !(sycl::isinf(p.causal_fill) && p.causal_fill < 0.0f)) return p.seq_kv;
+    return sycl::clamp(i + p.causal_offset + 1, int64_t(0), p.seq_kv);
+}
+
+// Did a Select or the causal mask replace score (i, j)?  mask_value is the
+// mask element already read for (i, j) (unused without a Select).
+inline bool score_replaced(const ForwardParams& p, float mask_value, int64_t i, int64_t j) {
+    if (p.mask_kind == 2 && (mask_value != 0.0f) != (p.select_keep_value != 0)) return true;
+    return p.causal && j - i > p.causal_offset;
+}
+
+// The masked score of (i, j) in log2 units, given the scaled score in log2 units.
+inline float masked_score_log2(const ForwardParams& p, float score_log2, float mask_value, int64_t i, int64_t j) {
+    if (p.mask_kind == 1) score_log2 += mask_value * kLog2e;
+    if (p.mask_kind == 2 && (mask_value != 0.0f) != (p.select_keep_value != 0)) score_log2 = p.select_fill * kLog2e;
+    if (p.causal && j - i > p.causal_offset) score_log2 = p.causal_fill * kLog2e;
+    return score_log2;
+}
+
+inline float mask_element(const ForwardParams& p, int64_t mask_row_offset, int64_t j) {
+    if (p.mask_kind == 0) return 0.0f;
+    return element_as_f32(p.mask.data, p.mask.dtype, mask_row_offset + j * p.mask.strides[4]);
+}
+
+// Dropout multiplier (0 or 1 / (1 - p)) of element e of (batch..., Sq, Skv).
+inline float dropout_multiplier(const ForwardParams& p, uint64_t e) {
+    if (!p.dropout_active) return 1.0f;
+    const uint64_t block = e >> 2;
+    const graphattn::PhiloxWords r = graphattn::philox4x32_10(
+        uint32_t(block), uint32_t(block >> 32), uint32_t(p.dropout_offset), uint32_t(p.dropout_offset >> 32),
+        uint32_t(p.dropout_seed), uint32_t(p.dropout_seed >> 32));
+    return r.w[e & 3] >= p.dropout_threshold ? p.dropout_scale : 0.0f;
+}
+
+inline int64_t batch_count(const ForwardParams& p) { return p.batch[0] * p.batch[1] * p.batch[2]; }
+
+}  // namespace graphattn_sycl

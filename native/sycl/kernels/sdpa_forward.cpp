@@ -1,0 +1,85 @@
+// SDPA forward, sub-group variant (any SYCL device): one sub-group per query
+// row.  Lane l holds elements l, l + 16, ... of the row's Q and of its output
+// accumulator; keys come in chunks of 16, lane c owning key j0 + c of the
+// chunk for the online softmax (base 2, running max and sum per row).
+#include "sdpa_device.hpp"
+
+using namespace graphattn_sycl;
+
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::nd_range_kernel<1>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::sub_group_size<kSubGroup>))
+void graphattn_sdpa_forward(ForwardParams p) {
+    const sycl::nd_item<1> item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+    const sycl::sub_group sg = item.get_sub_group();
+    const int lane = int(sg.get_local_linear_id());
+    const int64_t row = int64_t(item.get_global_id(0) / kSubGroup);
+    if (row >= batch_count(p) * p.seq_q) return;  // uniform over the sub-group
+    const int64_t fb = row / p.seq_q, i = row % p.seq_q;
+    const int D = p.head_dim_qk, Dv = p.head_dim_v;
+
+    const int64_t q_off = batch_offset(p.query, p.batch, fb) + i * p.query.strides[3];
+    const int64_t k_base = batch_offset(p.key, p.batch, fb);
+    const int64_t v_base = batch_offset(p.value, p.batch, fb);
+    const int64_t m_off = p.mask_kind ? batch_offset(p.mask, p.batch, fb) + i * p.mask.strides[3] : 0;
+    const uint64_t drop_base = uint64_t((fb * p.seq_q + i) * p.seq_kv);
+
+    float q[GA_QK_CHUNKS], acc[GA_V_CHUNKS];
+    const float q_scale = p.score_scale * kLog2e;
+    for (int t = 0; t < GA_QK_CHUNKS; ++t) {
+        const int d = lane + t * kSubGroup;
+        q[t] = d < D ? input_as_f32(p.query, q_off + d * p.query.strides[4]) * q_scale : 0.0f;
+    }
+    for (int t = 0; t < GA_V_CHUNKS; ++t) acc[t] = 0.0f;
+    float row_max = -kInf, row_sum = 0.0f;
+
+    const int64_t end = key_end(p, i);
+    for (int64_t j0 = 0; j0 < end; j0 += kSubGroup) {
+        const int count = int(sycl::min<int64_t>(kSubGroup, end - j0));
+        float score = -kInf;  // lane c: key j0 + c
+        for (int c = 0; c < count; ++c) {
+            const int64_t k_off = k_base + (j0 + c) * p.key.strides[3];
+            float partial = 0.0f;
+            for (int t = 0; t < GA_QK_CHUNKS; ++t) {
+                const int d = lane + t * kSubGroup;
+                if (d < D) partial += q[t] * input_as_f32(p.key, k_off + d * p.key.strides[4]);
+            }
+            const float s = sycl::reduce_over_group(sg, partial, sycl::plus<float>());
+            if (lane == c) score = s;
+        }
+        const int64_t j = j0 + lane;
+        if (lane < count) score = masked_score_log2(p, score, mask_element(p, m_off, j), i, j);
+        // NaN scores stay out of the max (they still poison the sum, as they should).
+        const float chunk_max = sycl::reduce_over_group(sg, sycl::isnan(score) ? -kInf : score, sycl::maximum<float>());
+        const float new_max = sycl::fmax(row_max, chunk_max);
+        const float subtract = new_max == -kInf ? 0.0f : new_max;  // no -inf - -inf
+        const float prob = sycl::exp2(score - subtract);
+        const float rescale = sycl::exp2(row_max - subtract);
+        row_sum = row_sum * rescale + sycl::reduce_over_group(sg, lane < count ? prob : 0.0f, sycl::plus<float>());
+        row_max = new_max;
+        const float dropped = lane < count ? prob * dropout_multiplier(p, drop_base + uint64_t(j)) : 0.0f;
+        for (int t = 0; t < GA_V_CHUNKS; ++t) acc[t] *= rescale;
+        for (int c = 0; c < count; ++c) {
+            const float pc = sycl::select_from_group(sg, dropped, c);
+            const int64_t v_off = v_base + (j0 + c) * p.value.strides[3];
+            for (int t = 0; t < GA_V_CHUNKS; ++t) {
+                const int d = lane + t * kSubGroup;
+                if (d < Dv) acc[t] += pc * input_as_f32(p.value, v_off + d * p.value.strides[4]);
+            }
+        }
+    }
+
+    // row_sum > 0: a normal row; 0: every score masked; NaN: a NaN score.
+    const float fully_masked = p.inf_as_zero ? 0.0f : kNaN;
+    const float factor = row_sum > 0.0f ? 1.0f / row_sum : (row_sum == 0.0f ? fully_masked : kNaN);
+    const int64_t o_off = batch_offset(p.output, p.batch, fb) + i * p.output.strides[3];
+    for (int t = 0; t < GA_V_CHUNKS; ++t) {
+        const int d = lane + t * kSubGroup;
+        if (d < Dv) store_f32_as(p.output, o_off + d * p.output.strides[4], acc[t] * factor);
+    }
+    if (p.stats.data != nullptr && lane == 0) {
+        const float lse = row_sum > 0.0f ? row_max * kLn2 + sycl::log(row_sum)
+                                         : (row_sum == 0.0f && p.inf_as_zero ? -kInf : kNaN);
+        float* stats = static_cast<float*>(const_cast<void*>(p.stats.data));
+        stats[batch_offset(p.stats, p.batch, fb) + i * p.stats.strides[3]] = lse;
+    }
+}

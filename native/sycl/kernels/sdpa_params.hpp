@@ -1,0 +1,45 @@
+// Parameters of the SYCL SDPA kernels, passed by value to each launch.  This
+// header is compiled twice: by the host C++ compiler (native/sycl/src fills
+// it from graphattn::SdpaForwardArgs) and by the runtime SYCL compiler (the
+// kernels read it), so it holds plain data only and must keep one layout.
+#pragma once
+
+#include <cstdint>
+
+namespace graphattn_sycl {
+
+constexpr int kViewDims = 5;  // 3 batch dims, row, column
+
+struct KernelView {
+    const void* data;
+    int32_t dtype;  // graphattn::DType: 0 f32, 1 bf16, 2 f16, 3 boolean
+    int32_t unused;
+    int64_t strides[kViewDims];  // in elements
+};
+
+struct ForwardParams {
+    int64_t batch[3];
+    int64_t seq_q, seq_kv;
+    int32_t head_dim_qk, head_dim_v;
+    KernelView query, key, value, mask, output, stats;  // stats.data may be null
+    float score_scale;       // multiplier of Q K^T (a divisor is inverted on the host)
+    int32_t mask_kind;       // 0 none, 1 additive, 2 select
+    int32_t select_keep_value;
+    float select_fill;
+    int32_t causal;
+    int32_t inf_as_zero;
+    int64_t causal_offset;   // keep (i, j) iff j - i <= causal_offset
+    float causal_fill;
+    uint32_t dropout_threshold;  // keep when the Philox word >= this
+    uint64_t dropout_seed, dropout_offset;
+    float dropout_scale;     // 1 / (1 - p)
+    int32_t dropout_active;
+};
+
+struct BackwardParams {
+    ForwardParams forward;   // output and stats are read
+    KernelView grad_output, grad_query, grad_key, grad_value, grad_mask;  // grad_mask.data may be null
+    float* row_delta;        // (flat batch, Sq): rowsum(dO * O), written by the first kernel
+};
+
+}  // namespace graphattn_sycl

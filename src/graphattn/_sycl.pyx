@@ -1,0 +1,152 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Bindings of native/sycl: argument marshalling only, no math.
+
+A queue is a dpctl.SyclQueue; the C++ side receives the sycl::queue it wraps
+(dpctl's queue reference).  Data are USM addresses.  Launches are
+asynchronous on the queue.
+"""
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libcpp cimport bool
+
+from graphattn._cpu cimport DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView
+from graphattn._sycl cimport (build_seconds_total, build_xmx_sources, builds_done, kMaxHeadDim, prebuild,
+                              sdpa_backward, sdpa_forward, sdpa_forward_kernel)
+
+include "_sdpa_args.pxi"
+
+MAX_HEAD_DIM = kMaxHeadDim
+
+
+cdef void* _queue_ref(object queue) except NULL:
+    try:
+        address = queue.addressof_ref()
+    except AttributeError:
+        raise TypeError(f"a SYCL call needs a dpctl.SyclQueue, got {type(queue).__name__}") from None
+    return <void*><uintptr_t>address
+
+
+cdef void _raise_if_failed(Status status) except *:
+    if not status.ok:
+        raise ValueError(status.message.decode())
+
+
+cdef class ForwardPlan:
+    """Compile-time half of a fused forward call on a queue (the CPU ForwardPlan's arguments, queue first)."""
+    cdef SdpaForwardArgs args
+    cdef object queue
+
+    def __init__(self, queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
+                 query, key, value, output, mask=None, stats=None, *, int mask_kind=0,
+                 bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
+                 bint causal=False, bint inf_as_zero=False, float dropout_p=0.0):
+        _queue_ref(queue)
+        self.queue = queue
+        _set_shape_and_flags(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
+                             has_scale, scale_is_divisor, causal, inf_as_zero, dropout_p)
+        _set_view(&self.args.query, query)
+        _set_view(&self.args.key, key)
+        _set_view(&self.args.value, value)
+        _set_view(&self.args.output, output)
+        if mask is not None:
+            _set_view(&self.args.mask, mask)
+        if stats is not None:
+            _set_view(&self.args.stats, stats)
+
+    def kernel_name(self):
+        """The kernel this plan runs on its device, with the reason when it is not the XMX one."""
+        return sdpa_forward_kernel(_queue_ref(self.queue), self.args).decode()
+
+    def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
+            uintptr_t stats=0, float scale=1.0, int64_t causal_offset=0, float select_fill=float("-inf"),
+            float causal_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0):
+        """Submit the kernel on the plan's queue for these USM addresses; raises ValueError on bad arguments."""
+        cdef SdpaForwardArgs local = self.args
+        cdef Status status
+        cdef void* q = _queue_ref(self.queue)
+        local.query.data = <const void*>query
+        local.key.data = <const void*>key
+        local.value.data = <const void*>value
+        local.output.data = <const void*>output
+        local.mask.data = <const void*>mask
+        local.stats.data = <const void*>stats
+        local.scale = scale
+        local.causal_offset = causal_offset
+        local.select_fill = select_fill
+        local.causal_fill = causal_fill
+        local.dropout_seed = dropout_seed
+        local.dropout_offset = dropout_offset
+        with nogil:
+            status = sdpa_forward(q, local)
+        _raise_if_failed(status)
+
+
+cdef void _set_address_view(TensorView* view, object spec) except *:
+    # spec = (dtype code, five strides in elements, USM address of the view's origin)
+    code, strides, address = spec
+    _set_view(view, (code, strides))
+    view.data = <const void*><uintptr_t>address
+
+
+def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,
+             int mask_kind=0, bint select_keep_value=True, bint has_scale=False, float scale=1.0,
+             bint causal=False, int64_t causal_offset=0, float select_fill=float("-inf"),
+             float causal_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
+             uint64_t dropout_seed=0, uint64_t dropout_offset=0):
+    """Submit the fused backward kernels.  views maps the CPU backward's names to
+    (dtype code, 5 strides, USM address)."""
+    cdef SdpaBackwardArgs args
+    cdef Status status
+    cdef void* q = _queue_ref(queue)
+    _set_shape_and_flags(&args.forward, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
+                         has_scale, False, causal, inf_as_zero, dropout_p)
+    _set_address_view(&args.forward.query, views["query"])
+    _set_address_view(&args.forward.key, views["key"])
+    _set_address_view(&args.forward.value, views["value"])
+    _set_address_view(&args.forward.output, views["output"])
+    _set_address_view(&args.forward.stats, views["stats"])
+    _set_address_view(&args.grad_output, views["grad_output"])
+    _set_address_view(&args.grad_query, views["grad_query"])
+    _set_address_view(&args.grad_key, views["grad_key"])
+    _set_address_view(&args.grad_value, views["grad_value"])
+    if "mask" in views:
+        _set_address_view(&args.forward.mask, views["mask"])
+    if "grad_mask" in views:
+        _set_address_view(&args.grad_mask, views["grad_mask"])
+    args.forward.scale = scale
+    args.forward.causal_offset = causal_offset
+    args.forward.select_fill = select_fill
+    args.forward.causal_fill = causal_fill
+    args.forward.dropout_seed = dropout_seed
+    args.forward.dropout_offset = dropout_offset
+    with nogil:
+        status = sdpa_backward(q, args)
+    _raise_if_failed(status)
+
+
+def build_kernels(queue, int dtype_code, int head_dim_qk, int head_dim_v, bint backward=False):
+    """Build (or find in the process cache) the kernels for this input dtype code and these head sizes;
+    returns the seconds it took."""
+    cdef double seconds = 0.0
+    cdef Status status
+    cdef void* q = _queue_ref(queue)
+    with nogil:
+        status = prebuild(q, <DType>dtype_code, head_dim_qk, head_dim_v, backward, &seconds)
+    _raise_if_failed(status)
+    return seconds
+
+
+def build_xmx(queue):
+    """Build the XMX (joint_matrix) kernel sources for the queue's device; raises ValueError with the compiler's
+    log if they do not compile.  Returns whether the device kept the kernel."""
+    cdef bool has_kernel = False
+    cdef Status status
+    cdef void* q = _queue_ref(queue)
+    with nogil:
+        status = build_xmx_sources(q, &has_kernel)
+    _raise_if_failed(status)
+    return True if has_kernel else False
+
+
+def build_stats():
+    """(kernel builds done in this process, seconds they took)."""
+    return builds_done(), build_seconds_total()

@@ -1,0 +1,140 @@
+"""What the SYCL plugin needs from the process: a visible device, dpctl queues and USM array facts.
+
+Nothing here imports dpctl or the plugin until a SYCL engine is asked for, so
+`import graphattn` stays cheap and works without the sycl extra.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import sys
+
+
+def configure_environment() -> None:
+    """Makes the pip-installed OpenCL CPU runtime visible and turns on the SYCL runtime's on-disk kernel cache.
+
+    The intel-opencl-rt wheel's ICD file names a path that does not exist, so
+    the OpenCL loader finds no device; pointing OCL_ICD_FILENAMES at the
+    wheel's libintelocl.so fixes that.  Must run before anything enumerates
+    SYCL devices, hence at `import graphattn`.  A user's own settings win.
+    """
+    os.environ.setdefault("SYCL_CACHE_PERSISTENT", "1")
+    if "OCL_ICD_FILENAMES" in os.environ:
+        return
+    library = os.path.join(sys.prefix, "lib", "libintelocl.so")
+    if not os.path.exists(library):
+        return
+    for icd in glob.glob(os.path.join(sys.prefix, "etc", "OpenCL", "vendors", "*.icd")):
+        with open(icd) as f:
+            named = f.read().strip()
+        if named and os.path.exists(named):
+            return  # the wheel's ICD file is usable as it is
+    os.environ["OCL_ICD_FILENAMES"] = library
+
+
+def plugin():
+    """The compiled plugin module (graphattn._sycl); ImportError with the fix when it is missing."""
+    try:
+        from . import _sycl
+    except ImportError as why:
+        raise ImportError("the graphattn SYCL plugin cannot be loaded: install the sycl extra "
+                          f"(pip install 'graphattn[sycl]') and build with GRAPHATTN_BUILD_SYCL=ON ({why})") from None
+    return _sycl
+
+
+def _dpctl():
+    try:
+        import dpctl
+    except ImportError:
+        raise ImportError("SYCL engines need dpctl: pip install 'graphattn[sycl]'") from None
+    return dpctl
+
+
+def is_queue(x) -> bool:
+    return type(x).__name__ == "SyclQueue" and type(x).__module__.split(".")[0] == "dpctl"
+
+
+def queue_for(kind: str, index: int = 0, queue=None):
+    """A dpctl.SyclQueue for Engine(kind): the given queue, or the index-th device of that kind."""
+    dpctl = _dpctl()
+    if queue is not None:
+        if not is_queue(queue):
+            raise TypeError(f"queue must be a dpctl.SyclQueue, got {type(queue).__name__}")
+        return queue
+    device_type = "gpu" if kind == "gpu" else None
+    devices = dpctl.get_devices(device_type=device_type) if device_type else dpctl.get_devices()
+    if not devices:
+        what = "GPU" if kind == "gpu" else "SYCL"
+        raise RuntimeError(f"no {what} device is visible to dpctl (dpctl.get_devices() lists "
+                           f"{[d.name for d in dpctl.get_devices()]}); for tests on the CPU use Engine('sycl'), "
+                           "which takes the OpenCL CPU device of intel-opencl-rt")
+    if not 0 <= index < len(devices):
+        raise ValueError(f"engine index {index} does not exist: there are {len(devices)} {kind} devices")
+    return dpctl.SyclQueue(devices[index])
+
+
+def is_usm_array(x) -> bool:
+    return hasattr(x, "__sycl_usm_array_interface__")
+
+
+def usm_address(array) -> int:
+    """USM address of an array's first element (its offset included)."""
+    info = array.__sycl_usm_array_interface__
+    return info["data"][0] + info.get("offset", 0) * array.dtype.itemsize
+
+
+def usm_element_strides(array) -> tuple[int, ...]:
+    """Element strides of a USM array (None in the interface means C-contiguous)."""
+    info = array.__sycl_usm_array_interface__
+    if info.get("strides") is not None:
+        return tuple(info["strides"])
+    strides, step = [], 1
+    for dim in reversed(info["shape"]):
+        strides.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(strides))
+
+
+def array_queue(array):
+    return array.__sycl_usm_array_interface__["syclobj"]
+
+
+def to_host(array, bf16: bool = False):
+    """A NumPy copy of a USM array (waits for the queue's work on it); bf16 bit patterns come back as bfloat16."""
+    import dpnp
+
+    host = dpnp.asnumpy(array)
+    if bf16 and host.dtype in ("uint16", "int16"):
+        import ml_dtypes
+
+        host = host.view(ml_dtypes.bfloat16)
+    return host
+
+
+def copy_from_host(destination, host) -> None:
+    """Writes a NumPy array into a USM array of the same shape (bf16 as its bit patterns)."""
+    import dpnp
+    import numpy as np
+
+    if str(host.dtype) == "bfloat16":
+        host = host.view(np.uint16)
+    destination[...] = dpnp.asarray(np.ascontiguousarray(host).astype(destination.dtype, copy=False),
+                                    sycl_queue=array_queue(destination))
+
+
+def wait_for_producers(arrays) -> None:
+    """Waits for the work dpnp/dpctl have in flight on the queues of these USM arrays.
+
+    dpnp orders its own operations through dpctl's SequentialOrderManager,
+    not through the queue, so a kernel that reads its arrays must wait for
+    those events first (a queue barrier alone does not cover them).
+    """
+    from dpctl.utils import SequentialOrderManager
+
+    queues = {}
+    for a in arrays:
+        if is_usm_array(a):
+            q = array_queue(a)
+            queues[id(q)] = q
+    for q in queues.values():
+        SequentialOrderManager[q].wait()
