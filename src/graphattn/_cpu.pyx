@@ -56,29 +56,12 @@ cdef class ForwardPlan:
         """Run the kernel on the given data addresses; raises ValueError on bad arguments."""
         cdef SdpaForwardArgs local = self.args
         cdef Status status
-        local.query.data = <const void*>query
-        local.key.data = <const void*>key
-        local.value.data = <const void*>value
-        local.output.data = <const void*>output
-        local.mask.data = <const void*>mask
-        local.stats.data = <const void*>stats
-        local.scale = scale
-        local.causal_offset = causal_offset
-        local.select_fill = select_fill
-        local.causal_fill = causal_fill
-        local.dropout_seed = dropout_seed
-        local.dropout_offset = dropout_offset
+        _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, causal_offset, select_fill,
+                              causal_fill, dropout_seed, dropout_offset)
         with nogil:
             status = sdpa_forward(local)
         if not status.ok:
             raise ValueError(status.message.decode())
-
-
-cdef void _set_array_view(TensorView* view, object spec) except *:
-    # spec = (dtype code, five strides in elements, ndarray whose first element is the view's origin)
-    code, strides, array = spec
-    _set_view(view, (code, strides))
-    view.data = <const void*>cnp.PyArray_DATA(<cnp.ndarray>array)
 
 
 def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,
@@ -91,27 +74,11 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
     ndarray); raises ValueError on bad arguments."""
     cdef SdpaBackwardArgs args
     cdef Status status
-    _set_shape_and_flags(&args.forward, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
-                         has_scale, False, causal, inf_as_zero, dropout_p)
-    _set_array_view(&args.forward.query, views["query"])
-    _set_array_view(&args.forward.key, views["key"])
-    _set_array_view(&args.forward.value, views["value"])
-    _set_array_view(&args.forward.output, views["output"])
-    _set_array_view(&args.forward.stats, views["stats"])
-    _set_array_view(&args.grad_output, views["grad_output"])
-    _set_array_view(&args.grad_query, views["grad_query"])
-    _set_array_view(&args.grad_key, views["grad_key"])
-    _set_array_view(&args.grad_value, views["grad_value"])
-    if "mask" in views:
-        _set_array_view(&args.forward.mask, views["mask"])
-    if "grad_mask" in views:
-        _set_array_view(&args.grad_mask, views["grad_mask"])
-    args.forward.scale = scale
-    args.forward.causal_offset = causal_offset
-    args.forward.select_fill = select_fill
-    args.forward.causal_fill = causal_fill
-    args.forward.dropout_seed = dropout_seed
-    args.forward.dropout_offset = dropout_offset
+    addresses = {name: (code, strides, <uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>array))
+                 for name, (code, strides, array) in views.items()}
+    _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, addresses, mask_kind, select_keep_value,
+                       has_scale, scale, causal, causal_offset, select_fill, causal_fill, inf_as_zero, dropout_p,
+                       dropout_seed, dropout_offset)
     with nogil:
         status = sdpa_backward(args)
     if not status.ok:

@@ -30,3 +30,59 @@ cdef void _set_shape_and_flags(SdpaForwardArgs* args, object batch, int64_t seq_
     args.causal = causal
     args.inf_as_zero = inf_as_zero
     args.dropout_p = dropout_p
+
+
+
+cdef void _set_data_and_scalars(SdpaForwardArgs* a, uintptr_t query, uintptr_t key, uintptr_t value,
+                                uintptr_t output, uintptr_t mask, uintptr_t stats, float scale,
+                                int64_t causal_offset, float select_fill, float causal_fill,
+                                uint64_t dropout_seed, uint64_t dropout_offset):
+    # The run-time part of a forward call: data addresses and scalar operands.
+    a.query.data = <const void*>query
+    a.key.data = <const void*>key
+    a.value.data = <const void*>value
+    a.output.data = <const void*>output
+    a.mask.data = <const void*>mask
+    a.stats.data = <const void*>stats
+    a.scale = scale
+    a.causal_offset = causal_offset
+    a.select_fill = select_fill
+    a.causal_fill = causal_fill
+    a.dropout_seed = dropout_seed
+    a.dropout_offset = dropout_offset
+
+
+cdef void _set_address_view(TensorView* view, object spec) except *:
+    # spec = (dtype code, five strides in elements, address of the view's origin)
+    code, strides, address = spec
+    _set_view(view, (code, strides))
+    view.data = <const void*><uintptr_t>address
+
+
+cdef void _set_backward_args(SdpaBackwardArgs* args, object batch, int64_t seq_q, int64_t seq_kv,
+                             int64_t head_dim_qk, int64_t head_dim_v, dict views, int mask_kind,
+                             bint select_keep_value, bint has_scale, float scale, bint causal,
+                             int64_t causal_offset, float select_fill, float causal_fill, bint inf_as_zero,
+                             float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) except *:
+    # views maps the backward's operand names to (dtype code, 5 strides, address).
+    _set_shape_and_flags(&args.forward, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
+                         has_scale, False, causal, inf_as_zero, dropout_p)
+    _set_address_view(&args.forward.query, views["query"])
+    _set_address_view(&args.forward.key, views["key"])
+    _set_address_view(&args.forward.value, views["value"])
+    _set_address_view(&args.forward.output, views["output"])
+    _set_address_view(&args.forward.stats, views["stats"])
+    _set_address_view(&args.grad_output, views["grad_output"])
+    _set_address_view(&args.grad_query, views["grad_query"])
+    _set_address_view(&args.grad_key, views["grad_key"])
+    _set_address_view(&args.grad_value, views["grad_value"])
+    if "mask" in views:
+        _set_address_view(&args.forward.mask, views["mask"])
+    if "grad_mask" in views:
+        _set_address_view(&args.grad_mask, views["grad_mask"])
+    args.forward.scale = scale
+    args.forward.causal_offset = causal_offset
+    args.forward.select_fill = select_fill
+    args.forward.causal_fill = causal_fill
+    args.forward.dropout_seed = dropout_seed
+    args.forward.dropout_offset = dropout_offset

@@ -63,28 +63,11 @@ cdef class ForwardPlan:
         cdef SdpaForwardArgs local = self.args
         cdef Status status
         cdef void* q = _queue_ref(self.queue)
-        local.query.data = <const void*>query
-        local.key.data = <const void*>key
-        local.value.data = <const void*>value
-        local.output.data = <const void*>output
-        local.mask.data = <const void*>mask
-        local.stats.data = <const void*>stats
-        local.scale = scale
-        local.causal_offset = causal_offset
-        local.select_fill = select_fill
-        local.causal_fill = causal_fill
-        local.dropout_seed = dropout_seed
-        local.dropout_offset = dropout_offset
+        _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, causal_offset, select_fill,
+                              causal_fill, dropout_seed, dropout_offset)
         with nogil:
             status = sdpa_forward(q, local)
         _raise_if_failed(status)
-
-
-cdef void _set_address_view(TensorView* view, object spec) except *:
-    # spec = (dtype code, five strides in elements, USM address of the view's origin)
-    code, strides, address = spec
-    _set_view(view, (code, strides))
-    view.data = <const void*><uintptr_t>address
 
 
 def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,
@@ -97,27 +80,9 @@ def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, i
     cdef SdpaBackwardArgs args
     cdef Status status
     cdef void* q = _queue_ref(queue)
-    _set_shape_and_flags(&args.forward, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
-                         has_scale, False, causal, inf_as_zero, dropout_p)
-    _set_address_view(&args.forward.query, views["query"])
-    _set_address_view(&args.forward.key, views["key"])
-    _set_address_view(&args.forward.value, views["value"])
-    _set_address_view(&args.forward.output, views["output"])
-    _set_address_view(&args.forward.stats, views["stats"])
-    _set_address_view(&args.grad_output, views["grad_output"])
-    _set_address_view(&args.grad_query, views["grad_query"])
-    _set_address_view(&args.grad_key, views["grad_key"])
-    _set_address_view(&args.grad_value, views["grad_value"])
-    if "mask" in views:
-        _set_address_view(&args.forward.mask, views["mask"])
-    if "grad_mask" in views:
-        _set_address_view(&args.grad_mask, views["grad_mask"])
-    args.forward.scale = scale
-    args.forward.causal_offset = causal_offset
-    args.forward.select_fill = select_fill
-    args.forward.causal_fill = causal_fill
-    args.forward.dropout_seed = dropout_seed
-    args.forward.dropout_offset = dropout_offset
+    _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind, select_keep_value,
+                       has_scale, scale, causal, causal_offset, select_fill, causal_fill, inf_as_zero, dropout_p,
+                       dropout_seed, dropout_offset)
     with nogil:
         status = sdpa_backward(q, args)
     _raise_if_failed(status)

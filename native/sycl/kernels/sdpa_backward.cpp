@@ -44,10 +44,10 @@ extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::sub_group_size<kSubGroup>))
 void graphattn_sdpa_row_delta(BackwardParams b) {
     const ForwardParams& p = b.forward;
-    const sycl::nd_item<1> item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
-    const sycl::sub_group sg = item.get_sub_group();
-    const int lane = int(sg.get_local_linear_id());
-    const int64_t row = int64_t(item.get_global_id(0) / kSubGroup);
+    const RowItem it = row_item();
+    const sycl::sub_group& sg = it.sg;
+    const int lane = it.lane;
+    const int64_t row = it.row;
     if (row >= batch_count(p) * p.seq_q) return;
     const int64_t fb = row / p.seq_q, i = row % p.seq_q;
     const int64_t o_off = batch_offset(p.output, p.batch, fb) + i * p.output.strides[3];
@@ -64,10 +64,10 @@ extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::sub_group_size<kSubGroup>))
 void graphattn_sdpa_backward_kv(BackwardParams b, int64_t outer_items, int32_t shared_mask) {
     const ForwardParams& p = b.forward;
-    const sycl::nd_item<1> item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
-    const sycl::sub_group sg = item.get_sub_group();
-    const int lane = int(sg.get_local_linear_id());
-    const int64_t row = int64_t(item.get_global_id(0) / kSubGroup);
+    const RowItem it = row_item();
+    const sycl::sub_group& sg = it.sg;
+    const int lane = it.lane;
+    const int64_t row = it.row;
     if (row >= outer_items * p.seq_kv) return;
     const int64_t outer = row / p.seq_kv, j = row % p.seq_kv;
     const int D = p.head_dim_qk, Dv = p.head_dim_v;
@@ -87,16 +87,10 @@ void graphattn_sdpa_backward_kv(BackwardParams b, int64_t outer_items, int32_t s
     const int64_t fb_outer = (o0 * p.batch[1] + o1) * p.batch[2] + o2;  // shared dims at 0
     const int64_t k_off = batch_offset(p.key, p.batch, fb_outer) + j * p.key.strides[3];
     const int64_t v_off = batch_offset(p.value, p.batch, fb_outer) + j * p.value.strides[3];
-    for (int t = 0; t < GA_QK_CHUNKS; ++t) {
-        const int d = lane + t * kSubGroup;
-        k[t] = d < D ? input_as_f32(p.key, k_off + d * p.key.strides[4]) * (p.score_scale * kLog2e) : 0.0f;
-        dk[t] = 0.0f;
-    }
-    for (int t = 0; t < GA_V_CHUNKS; ++t) {
-        const int d = lane + t * kSubGroup;
-        v[t] = d < Dv ? input_as_f32(p.value, v_off + d * p.value.strides[4]) : 0.0f;
-        dv[t] = 0.0f;
-    }
+    load_row_chunks(p.key, k_off, D, lane, p.score_scale * kLog2e, k);
+    load_row_chunks(p.value, v_off, Dv, lane, 1.0f, v);
+    for (int t = 0; t < GA_QK_CHUNKS; ++t) dk[t] = 0.0f;
+    for (int t = 0; t < GA_V_CHUNKS; ++t) dv[t] = 0.0f;
     // Rows before first_row cannot see key j through a -inf causal fill (their
     // dS is 0); they are visited anyway when the mask gradient is written.
     const bool skip = b.grad_mask.data == nullptr && p.causal && sycl::isinf(p.causal_fill) && p.causal_fill < 0.0f;
@@ -148,10 +142,10 @@ extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::sub_group_size<kSubGroup>))
 void graphattn_sdpa_backward_q(BackwardParams b) {
     const ForwardParams& p = b.forward;
-    const sycl::nd_item<1> item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
-    const sycl::sub_group sg = item.get_sub_group();
-    const int lane = int(sg.get_local_linear_id());
-    const int64_t row = int64_t(item.get_global_id(0) / kSubGroup);
+    const RowItem it = row_item();
+    const sycl::sub_group& sg = it.sg;
+    const int lane = it.lane;
+    const int64_t row = it.row;
     if (row >= batch_count(p) * p.seq_q) return;
     const int64_t fb = row / p.seq_q, i = row % p.seq_q;
     const int D = p.head_dim_qk, Dv = p.head_dim_v;
@@ -160,15 +154,9 @@ void graphattn_sdpa_backward_q(BackwardParams b) {
     const int64_t k_base = batch_offset(p.key, p.batch, fb), v_base = batch_offset(p.value, p.batch, fb);
     const int64_t m_off = p.mask_kind ? batch_offset(p.mask, p.batch, fb) + i * p.mask.strides[3] : 0;
     float q[GA_QK_CHUNKS], go[GA_V_CHUNKS], dq[GA_QK_CHUNKS];
-    for (int t = 0; t < GA_QK_CHUNKS; ++t) {
-        const int d = lane + t * kSubGroup;
-        q[t] = d < D ? input_as_f32(p.query, q_off + d * p.query.strides[4]) * (p.score_scale * kLog2e) : 0.0f;
-        dq[t] = 0.0f;
-    }
-    for (int t = 0; t < GA_V_CHUNKS; ++t) {
-        const int d = lane + t * kSubGroup;
-        go[t] = d < Dv ? input_as_f32(b.grad_output, g_off + d * b.grad_output.strides[4]) : 0.0f;
-    }
+    load_row_chunks(p.query, q_off, D, lane, p.score_scale * kLog2e, q);
+    load_row_chunks(b.grad_output, g_off, Dv, lane, 1.0f, go);
+    for (int t = 0; t < GA_QK_CHUNKS; ++t) dq[t] = 0.0f;
     const float lse2 = lse_log2(p, fb, i), delta = b.row_delta[row];
     const uint64_t drop_base = uint64_t((fb * p.seq_q + i) * p.seq_kv);
     const int64_t end = key_end(p, i);

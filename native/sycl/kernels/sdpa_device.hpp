@@ -109,4 +109,28 @@ inline float dropout_multiplier(const ForwardParams& p, uint64_t e) {
 
 inline int64_t batch_count(const ForwardParams& p) { return p.batch[0] * p.batch[1] * p.batch[2]; }
 
+// The sub-group kernels give each sub-group one row (of queries or keys):
+// the calling work-item's lane in it and the row's index.
+struct RowItem {
+    sycl::sub_group sg;
+    int lane;
+    int64_t row;
+};
+
+inline RowItem row_item() {
+    const sycl::nd_item<1> item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+    const sycl::sub_group sg = item.get_sub_group();
+    return {sg, int(sg.get_local_linear_id()), int64_t(item.get_global_id(0) / kSubGroup)};
+}
+
+// Lane's share of one input row of `size` elements starting at `offset`:
+// chunk t holds element lane + 16 t times `scale` (0 past the row's end).
+template <int Chunks>
+inline void load_row_chunks(const KernelView& v, int64_t offset, int size, int lane, float scale, float (&chunks)[Chunks]) {
+    for (int t = 0; t < Chunks; ++t) {
+        const int d = lane + t * kSubGroup;
+        chunks[t] = d < size ? input_as_f32(v, offset + d * v.strides[4]) * scale : 0.0f;
+    }
+}
+
 }  // namespace graphattn_sycl

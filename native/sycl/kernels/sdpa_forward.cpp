@@ -9,10 +9,10 @@ using namespace graphattn_sycl;
 extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::sub_group_size<kSubGroup>))
 void graphattn_sdpa_forward(ForwardParams p) {
-    const sycl::nd_item<1> item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
-    const sycl::sub_group sg = item.get_sub_group();
-    const int lane = int(sg.get_local_linear_id());
-    const int64_t row = int64_t(item.get_global_id(0) / kSubGroup);
+    const RowItem it = row_item();
+    const sycl::sub_group& sg = it.sg;
+    const int lane = it.lane;
+    const int64_t row = it.row;
     if (row >= batch_count(p) * p.seq_q) return;  // uniform over the sub-group
     const int64_t fb = row / p.seq_q, i = row % p.seq_q;
     const int D = p.head_dim_qk, Dv = p.head_dim_v;
@@ -25,10 +25,7 @@ void graphattn_sdpa_forward(ForwardParams p) {
 
     float q[GA_QK_CHUNKS], acc[GA_V_CHUNKS];
     const float q_scale = p.score_scale * kLog2e;
-    for (int t = 0; t < GA_QK_CHUNKS; ++t) {
-        const int d = lane + t * kSubGroup;
-        q[t] = d < D ? input_as_f32(p.query, q_off + d * p.query.strides[4]) * q_scale : 0.0f;
-    }
+    load_row_chunks(p.query, q_off, D, lane, q_scale, q);
     for (int t = 0; t < GA_V_CHUNKS; ++t) acc[t] = 0.0f;
     float row_max = -kInf, row_sum = 0.0f;
 

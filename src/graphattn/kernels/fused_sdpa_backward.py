@@ -152,7 +152,7 @@ class FusedSdpaBackward:
                                   mask=address.get("mask", 0), **runtime)
             specs = {name: spec + (address[name],) for name, spec in self.specs.items()}
             specs["output"] = self.o_spec + (usm_address(o, "output"),)
-            run_backward = lambda *args, **kwargs: sycl_runtime.plugin().backward(self.queue, *args, **kwargs)  # noqa: E731
+            run_backward = functools.partial(sycl_runtime.plugin().backward, self.queue)
         else:
             o = np.empty(self.o_shape, np.float32)
             self.forward_plan.run_arrays(arrays["query"], arrays["key"], arrays["value"], o, mask=arrays.get("mask"),

@@ -26,7 +26,8 @@ Status sdpa_forward(void* queue, const SdpaForwardArgs& args);
 Status sdpa_backward(void* queue, const SdpaBackwardArgs& args);
 
 // Name of the kernel sdpa_forward runs for these arguments on this queue's
-// device ("xmx" or "subgroup"), with the reason when it is not XMX.
+// device, with the reason when it is not the XMX one.  The XMX kernel is
+// built (build_xmx_sources) but not dispatched yet, so this is "subgroup".
 std::string sdpa_forward_kernel(void* queue, const SdpaForwardArgs& args);
 
 // Builds (or finds) the forward and, with backward, the backward kernels for
