@@ -1,9 +1,10 @@
 """SYCL plugin benchmark: kernel time on a SYCL device (the OpenCL CPU device without a GPU) for the standard
 shapes, and the kernel build time cold (fresh process, empty on-disk cache) and warm (on-disk cache).
 
-    python benchmarks/sycl_bench.py [--shapes quick|standard] [--dtypes f32,f16]
+    python benchmarks/sycl_bench.py [--shapes quick|standard] [--dtypes f32,bf16,f16]
 
-Prints JSON lines, then a table.
+Calls go through the graph API with the inputs already on the device; the time is one execute plus the wait.
+For bf16/f16 both forward kernels are timed where the device keeps the XMX one.  Prints JSON lines, then a table.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import tempfile
 
 import numpy as np
 
-from bench_common import attention_flops, cpu_model, time_call
+from bench_common import Progress, attention_flops, cpu_model, time_call
 
 SHAPES = {
     "quick": [(1, 16, 256, 64), (1, 32, 8, 1, 1024, 128)],
@@ -37,46 +38,87 @@ def build_times() -> tuple[float, float]:
     return runs[0], runs[1]
 
 
+def forward_call(shape, dtype: str, causal: bool, queue, rng):
+    """(call, kernel name) for one compiled forward partition with its inputs and outputs on the queue."""
+    import graphattn as ga
+    from graphattn import sycl_runtime
+    from graphattn.dtypes import numpy_dtype
+    from graphattn.testing import SdpaGraphSpec
+
+    if len(shape) == 6:
+        n, hq, hkv, sq, skv, d = shape
+    else:
+        (n, hq, sq, d), hkv, skv = shape, shape[1], shape[2]
+    spec = SdpaGraphSpec(batch=n, heads_q=hq, heads_kv=hkv, seq_q=sq, seq_kv=skv, head_dim=d, dtype=dtype,
+                         gqa="5d" if hkv != hq else "none", mask="causal_bottom_right" if causal else None)
+    graph = spec.build()
+    engine, (partition,) = ga.Engine(queue), graph.get_partitions()
+    stream = ga.Stream(engine)
+    values = {}
+    for tensor_id, array in spec.random_inputs(rng).items():
+        values[tensor_id] = array if array.size == 1 else sycl_runtime.to_device(array, queue)
+    in_lts = [ga.LogicalTensor(lt.id, lt.dtype, tuple(values[lt.id].shape)) for lt in partition.get_input_ports()]
+    compiled = partition.compile(in_lts, partition.get_output_ports(), engine)
+    inputs = [ga.Tensor(lt, engine, values[lt.id]) for lt in compiled.inputs]
+    outputs = [ga.Tensor(lt, engine, sycl_runtime.empty(lt.shape, numpy_dtype(lt.dtype), queue))
+               for lt in compiled.outputs]
+
+    def call():
+        compiled.execute(stream, inputs, outputs)
+        stream.wait()
+
+    return call, compiled.kernel.isa
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="quick")
-    parser.add_argument("--dtypes", default="f32,f16")
+    parser.add_argument("--dtypes", default="f32,bf16,f16")
     args = parser.parse_args()
     import dpctl
-    import dpnp
 
-    import graphattn as ga
+    from graphattn import sycl_runtime
 
     queue = dpctl.SyclQueue(dpctl.get_devices()[0])
+    device = queue.sycl_device.name
     cold, warm = build_times()
-    rows = [{"what": "build", "device": queue.sycl_device.name, "cold_s": round(cold, 3), "warm_s": round(warm, 3)}]
+    rows = [{"what": "build", "device": device, "cold_s": round(cold, 3), "warm_s": round(warm, 3)}]
     print(json.dumps(rows[0]), flush=True)
     rng = np.random.default_rng(0)
+    dtypes = args.dtypes.split(",")
+    modes = {dtype: ["off", "force"] if dtype != "f32" else ["off"] for dtype in dtypes}
+    progress = Progress(len(SHAPES[args.shapes]) * 2 * sum(len(m) for m in modes.values()))
     for shape in SHAPES[args.shapes]:
-        if len(shape) == 6:
-            n, hq, hkv, sq, skv, d = shape
-        else:
-            (n, hq, sq, d), hkv, skv = shape, shape[1], shape[2]
-        for dtype in args.dtypes.split(","):
-            np_dtype = {"f32": np.float32, "f16": np.float16}[dtype]
-            q = dpnp.asarray(rng.standard_normal((n, hq, sq, d)).astype(np_dtype), sycl_queue=queue)
-            k = dpnp.asarray(rng.standard_normal((n, hkv, skv, d)).astype(np_dtype), sycl_queue=queue)
-            v = dpnp.asarray(rng.standard_normal((n, hkv, skv, d)).astype(np_dtype), sycl_queue=queue)
+        n, hq, hkv, sq, skv, d = shape if len(shape) == 6 else (shape[0], shape[1], shape[1], shape[2], shape[2],
+                                                                 shape[3])
+        for dtype in dtypes:
             for causal in (False, True):
-                times = time_call(lambda: ga.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                          enable_gqa=hq != hkv), min_seconds=0.5,
-                                  max_reps=10)
-                seconds = float(np.median(times))
-                flops = attention_flops(n, hq, sq, skv, d, causal=causal)
-                row = {"what": "forward", "shape": [n, hq, hkv, sq, skv, d], "dtype": dtype, "causal": causal,
-                       "ms": round(seconds * 1e3, 3), "gflops": round(flops / seconds / 1e9, 2),
-                       "device": queue.sycl_device.name}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    print(f"\nbuild: cold {cold:.2f} s, warm {warm:.2f} s ({rows[0]['device']}; host CPU {cpu_model()})")
-    print(f"{'shape (N,Hq,Hkv,Sq,Skv,D)':28} {'dtype':5} {'causal':6} {'ms':>10} {'GFLOP/s':>9}")
+                seen = set()
+                for mode in modes[dtype]:
+                    previous = sycl_runtime.set_matrix_kernels(mode)
+                    try:
+                        call, kernel = forward_call(shape, dtype, causal, queue, rng)
+                        progress.step(f"{shape} {dtype} causal={causal} {kernel}")
+                        family = kernel.split(" ")[0]
+                        if family in seen:  # "force" fell back to the kernel already timed
+                            continue
+                        seen.add(family)
+                        times = time_call(call, min_seconds=0.5, max_reps=10)
+                    finally:
+                        sycl_runtime.set_matrix_kernels(previous)
+                    seconds = float(np.median(times))
+                    flops = attention_flops(n, hq, sq, skv, d, causal=causal)
+                    row = {"what": "forward", "shape": [n, hq, hkv, sq, skv, d], "dtype": dtype, "causal": causal,
+                           "kernel": kernel, "ms": round(seconds * 1e3, 3), "gflops": round(flops / seconds / 1e9, 2),
+                           "device": device}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    print(f"\nbuild: cold {cold:.2f} s, warm {warm:.2f} s ({device}; host CPU {cpu_model()})")
+    print(f"{'shape (N,Hq,Hkv,Sq,Skv,D)':28} {'dtype':5} {'causal':6} {'kernel':10} {'ms':>10} {'GFLOP/s':>9}")
     for row in rows[1:]:
-        print(f"{str(tuple(row['shape'])):28} {row['dtype']:5} {str(row['causal']):6} {row['ms']:10.3f} {row['gflops']:9.2f}")
+        kernel = row["kernel"].split(" ")[0]
+        print(f"{str(tuple(row['shape'])):28} {row['dtype']:5} {str(row['causal']):6} {kernel:10} {row['ms']:10.3f} "
+              f"{row['gflops']:9.2f}")
 
 
 if __name__ == "__main__":

@@ -48,9 +48,21 @@ GRAPH_CASES = {
 }
 
 
+@pytest.fixture
+def subgroup_only(queue):
+    """The queue with matrix kernels off, so that the sub-group kernel is the one tested (mode restored after)."""
+    from graphattn import sycl_runtime
+
+    previous = sycl_runtime.set_matrix_kernels("off")
+    yield queue
+    sycl_runtime.set_matrix_kernels(previous)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("case", sorted(GRAPH_CASES))
-def test_graph_forward_matches_cpu(queue, case, dtype, rng):
+def test_graph_forward_matches_cpu(subgroup_only, case, dtype, rng):
+    """The sub-group kernel (every device); the XMX one has its own test below."""
+    queue = subgroup_only
     spec = GRAPH_CASES[case].with_(dtype=dtype)
     graph = spec.build()
     inputs = spec.random_inputs(rng)
@@ -200,15 +212,80 @@ def test_graph_execute_is_asynchronous_until_stream_wait(queue, rng):
     assert_close(host(out), ga.run_graph(graph, inputs)[out_lt.id], "f32")
 
 
+def _cpu_has_amx_bf16() -> bool:
+    with open("/proc/cpuinfo") as f:
+        return any(line.startswith("flags") and "amx_bf16" in line.split() for line in f)
+
+
 def test_xmx_sources_compile(queue):
-    """The joint_matrix kernel compiles for this device: build_xmx raises with the compiler's log otherwise.
-    Whether the device keeps the kernel depends on its matrix hardware (the OpenCL CPU device keeps it
-    where the CPU has AMX)."""
+    """The joint_matrix kernel compiles for this device (build_xmx raises with the compiler's log otherwise).
+    The OpenCL CPU device keeps the bf16 kernel exactly where the CPU has AMX-BF16."""
     from graphattn import _sycl
 
-    assert _sycl.build_xmx(queue) in (True, False)
+    kept = _sycl.build_xmx(queue)
+    if queue.sycl_device.is_cpu:
+        assert kept == _cpu_has_amx_bf16()
     builds, seconds = _sycl.build_stats()
     assert builds >= 1 and seconds > 0
+
+
+@pytest.fixture
+def xmx_forced(queue):
+    """The queue with matrix kernels forced on (mode restored after); skips where the device drops them."""
+    from graphattn import _sycl, sycl_runtime
+
+    if not _sycl.build_xmx(queue):
+        pytest.skip("the device drops joint_matrix kernels (no XMX or AMX-BF16)")
+    previous = sycl_runtime.set_matrix_kernels("force")
+    yield queue
+    sycl_runtime.set_matrix_kernels(previous)
+
+
+XMX_CASES = dict(GRAPH_CASES, head_dims_72_40=SdpaGraphSpec(seq_q=17, seq_kv=33, head_dim=72, head_dim_v=40))
+
+
+@pytest.mark.parametrize("case", sorted(XMX_CASES))
+def test_xmx_forward_matches_cpu(xmx_forced, case, rng):
+    """bf16 through the joint_matrix kernel (AMX tiles on the OpenCL CPU device) against the CPU path;
+    fewer than 8 query rows stay on the sub-group kernel."""
+    spec = XMX_CASES[case].with_(dtype="bf16")
+    graph = spec.build()
+    inputs = spec.random_inputs(rng)
+    (partition,) = graph.get_partitions()
+    in_lts = [ga.LogicalTensor(lt.id, lt.dtype, inputs[lt.id].shape) for lt in partition.get_input_ports()]
+    kernel = partition.compile(in_lts, partition.get_output_ports(), ga.Engine(xmx_forced)).kernel.isa
+    if spec.seq_q >= 8:
+        assert kernel == "xmx"
+    else:
+        assert kernel.startswith("subgroup (fewer than 8 query rows")
+    on_device = ga.run_graph(graph, inputs, engine=ga.Engine(xmx_forced), partitions=[partition])
+    on_cpu = ga.run_graph(graph, inputs)
+    assert_close(on_device[spec.ids["output"]], on_cpu[spec.ids["output"]], "bf16", "output")
+    if spec.stats:
+        assert_close(on_device[spec.ids["stats"]], on_cpu[spec.ids["stats"]], "f32", "stats", STATS_TOLERANCE)
+
+
+def test_matrix_kernel_modes(queue, rng):
+    """"off" keeps every forward on the sub-group kernel; "auto" needs the device's ext_intel_matrix aspect."""
+    from graphattn import sycl_runtime
+
+    spec = GRAPH_CASES["plain"].with_(dtype="bf16")
+    graph = spec.build()
+    inputs = spec.random_inputs(rng)
+    (partition,) = graph.get_partitions()
+    in_lts = [ga.LogicalTensor(lt.id, lt.dtype, inputs[lt.id].shape) for lt in partition.get_input_ports()]
+    kernels = {}
+    for mode in ("off", "auto"):
+        previous = sycl_runtime.set_matrix_kernels(mode)
+        try:
+            kernels[mode] = partition.compile(in_lts, partition.get_output_ports(), ga.Engine(queue)).kernel.isa
+        finally:
+            sycl_runtime.set_matrix_kernels(previous)
+    assert kernels["off"] == "subgroup (matrix kernels are off)"
+    if queue.sycl_device.is_cpu:  # the OpenCL CPU device reports ext_intel_matrix and keeps the kernel with AMX
+        assert (kernels["auto"] == "xmx") == _cpu_has_amx_bf16()
+    with pytest.raises(ValueError, match="matrix kernel mode must be one of"):
+        sycl_runtime.set_matrix_kernels("always")
 
 
 def test_head_size_past_the_kernels_runs_on_the_host_reference(queue, rng, capsys):

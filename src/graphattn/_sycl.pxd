@@ -8,6 +8,12 @@ from graphattn._cpu cimport DType, SdpaBackwardArgs, SdpaForwardArgs, Status
 
 cdef extern from "graphattn/sycl/sdpa_sycl.hpp" namespace "graphattn::sycl_plugin":
     int kMaxHeadDim
+    cpdef enum class MatrixKernels:
+        Auto
+        Force
+        Off
+    void set_matrix_kernels(MatrixKernels policy)
+    MatrixKernels matrix_kernels()
     Status sdpa_forward(void* queue, const SdpaForwardArgs& args) nogil
     Status sdpa_backward(void* queue, const SdpaBackwardArgs& args) nogil
     string sdpa_forward_kernel(void* queue, const SdpaForwardArgs& args) nogil

@@ -9,12 +9,28 @@ from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libcpp cimport bool
 
 from graphattn._cpu cimport DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView
-from graphattn._sycl cimport (build_seconds_total, build_xmx_sources, builds_done, kMaxHeadDim, prebuild,
-                              sdpa_backward, sdpa_forward, sdpa_forward_kernel)
+from graphattn._sycl cimport (MatrixKernels, build_seconds_total, build_xmx_sources, builds_done, kMaxHeadDim,
+                              matrix_kernels, prebuild, sdpa_backward, sdpa_forward, sdpa_forward_kernel,
+                              set_matrix_kernels)
 
 include "_sdpa_args.pxi"
 
 MAX_HEAD_DIM = kMaxHeadDim
+_MATRIX_KERNEL_MODES = {"auto": MatrixKernels.Auto, "force": MatrixKernels.Force, "off": MatrixKernels.Off}
+
+
+def set_matrix_kernel_mode(str mode):
+    """Set when forwards run the XMX kernel (see sdpa_sycl.hpp); returns the previous mode."""
+    if mode not in _MATRIX_KERNEL_MODES:
+        raise ValueError(f"matrix kernel mode must be one of {sorted(_MATRIX_KERNEL_MODES)}, got {mode!r}")
+    previous = matrix_kernel_mode()
+    set_matrix_kernels(_MATRIX_KERNEL_MODES[mode])
+    return previous
+
+
+def matrix_kernel_mode():
+    cdef MatrixKernels current = matrix_kernels()
+    return next(name for name, value in _MATRIX_KERNEL_MODES.items() if value == current)
 
 
 cdef void* _queue_ref(object queue) except NULL:

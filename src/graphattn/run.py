@@ -49,19 +49,9 @@ def _strides(a) -> tuple:
 
 
 def _to_device(array: np.ndarray, engine: Engine):
-    if array.size == 1:
-        return array
-    import dpnp
-
-    if str(array.dtype) == "bfloat16":  # USM arrays carry bf16 as its bit patterns
-        array = array.view(np.uint16)
-    return dpnp.asarray(np.ascontiguousarray(array), sycl_queue=engine.queue)
+    return array if array.size == 1 else sycl_runtime.to_device(array, engine.queue)
 
 
 def _empty(lt: LogicalTensor, engine: Engine):
     dtype = numpy_dtype(lt.dtype)
-    if not engine.is_sycl:
-        return np.empty(lt.shape, dtype)
-    import dpnp
-
-    return dpnp.empty(lt.shape, dtype=np.uint16 if str(dtype) == "bfloat16" else dtype, sycl_queue=engine.queue)
+    return sycl_runtime.empty(lt.shape, dtype, engine.queue) if engine.is_sycl else np.empty(lt.shape, dtype)

@@ -42,6 +42,13 @@ def plugin():
     return _sycl
 
 
+def set_matrix_kernels(mode: str) -> str:
+    """When SYCL forwards with bf16/f16 inputs run the XMX (joint_matrix) kernel: "auto" (devices with the
+    ext_intel_matrix aspect, the default), "force" (any device whose compiler keeps the kernel, such as the
+    OpenCL CPU device on a CPU with AMX) or "off".  Process-wide; returns the previous mode."""
+    return plugin().set_matrix_kernel_mode(mode)
+
+
 def _dpctl():
     try:
         import dpctl
@@ -109,6 +116,24 @@ def to_host(array, bf16: bool = False):
 
         host = host.view(ml_dtypes.bfloat16)
     return host
+
+
+def to_device(host, queue):
+    """A dense dpnp copy of a NumPy array on the queue (bf16 as its bit patterns)."""
+    import dpnp
+    import numpy as np
+
+    if str(host.dtype) == "bfloat16":
+        host = host.view(np.uint16)
+    return dpnp.asarray(np.ascontiguousarray(host), sycl_queue=queue)
+
+
+def empty(shape, dtype, queue):
+    """An uninitialised dpnp array on the queue (bf16 as uint16 bit patterns)."""
+    import dpnp
+    import numpy as np
+
+    return dpnp.empty(shape, dtype=np.uint16 if str(dtype) == "bfloat16" else dtype, sycl_queue=queue)
 
 
 def copy_from_host(destination, host) -> None:

@@ -6,8 +6,11 @@
 // local memory (zero-padded past the last key), so any strides work; the
 // online softmax (base 2) runs on the score tile in local memory, one row per
 // work-item, with the same mask and dropout helpers as the sub-group kernel.
-// Build options: GA_INPUT_DTYPE (1 bf16, 2 f16) and GA_HEAD_DIM (a multiple
-// of 16, at most 512; the value head size equals it).
+// Q and K stay in their input dtype (exact); the scale is applied to the f32
+// scores.  P is rounded to the input dtype for P V, as on XMX hardware.
+// Build options: GA_INPUT_DTYPE (1 bf16, 2 f16), GA_QK_DIM and GA_V_DIM (the
+// head sizes rounded up to multiples of 16, at most 512; columns past the
+// real sizes are zero-filled and never stored).
 #include <sycl/ext/oneapi/matrix/matrix.hpp>
 
 #include "sdpa_device.hpp"
@@ -29,8 +32,11 @@ inline TileT to_tile(float x) { return sycl::half(x); }
 constexpr int kTileRows = 8;
 constexpr int kTileKeys = 16;
 constexpr int kTileK = 16;
-constexpr int D = GA_HEAD_DIM;
-static_assert(D % kTileK == 0 && D <= 512, "GA_HEAD_DIM must be a multiple of 16, at most 512");
+constexpr int D = GA_QK_DIM;
+constexpr int Dv = GA_V_DIM;
+constexpr int kKvCols = D > Dv ? D : Dv;
+static_assert(D % kTileK == 0 && D <= 512, "GA_QK_DIM must be a multiple of 16, at most 512");
+static_assert(Dv % kTileK == 0 && Dv <= 512, "GA_V_DIM must be a multiple of 16, at most 512");
 
 template <typename T>
 inline sycl::multi_ptr<T, sycl::access::address_space::local_space, sycl::access::decorated::no> local_ptr(T* p) {
@@ -52,24 +58,25 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
     const int rows = int(sycl::min<int64_t>(kTileRows, p.seq_q - i0));
 
     static syclex::work_group_static<TileT[kTileRows * D]> q_mem;
-    static syclex::work_group_static<TileT[kTileKeys * D]> kv_mem;
+    static syclex::work_group_static<TileT[kTileKeys * kKvCols]> kv_mem;
     static syclex::work_group_static<float[kTileRows * kTileKeys]> s_mem;
     static syclex::work_group_static<TileT[kTileRows * kTileKeys]> p_mem;
-    static syclex::work_group_static<float[kTileRows * D]> o_mem;
+    static syclex::work_group_static<float[kTileRows * Dv]> o_mem;
     TileT* q_tile = *(&q_mem);
     TileT* kv_tile = *(&kv_mem);
     float* s_tile = *(&s_mem);
     TileT* p_tile = *(&p_mem);
     float* o_tile = *(&o_mem);
 
-    // Q rows, scaled into log2 units, and a zero output accumulator.
-    const float q_scale = p.score_scale * kLog2e;
+    // Q rows (zero past the last row and column) and a zero output accumulator.
+    const float score_scale = p.score_scale * kLog2e;  // scores in log2 units
+    const int dim_qk = p.head_dim_qk, dim_v = p.head_dim_v;
     const int64_t q_base = batch_offset(p.query, p.batch, fb);
     for (int x = lane; x < kTileRows * D; x += kSubGroup) {
         const int r = x / D, d = x % D;
-        q_tile[x] = to_tile(r < rows ? input_as_f32(p.query, q_base + (i0 + r) * p.query.strides[3] + d * p.query.strides[4]) * q_scale : 0.0f);
-        o_tile[x] = 0.0f;
+        q_tile[x] = to_tile(r < rows && d < dim_qk ? input_as_f32(p.query, q_base + (i0 + r) * p.query.strides[3] + d * p.query.strides[4]) : 0.0f);
     }
+    for (int x = lane; x < kTileRows * Dv; x += kSubGroup) o_tile[x] = 0.0f;
     // Row r's online-softmax state lives in work-item r.
     float row_max = -kInf, row_sum = 0.0f;
     const int64_t my_row = i0 + lane;
@@ -82,7 +89,7 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
         const int keys = int(sycl::min<int64_t>(kTileKeys, end - j0));
         for (int x = lane; x < kTileKeys * D; x += kSubGroup) {  // K^T: kv_tile[d][n] = K[j0 + n][d]
             const int d = x / kTileKeys, n = x % kTileKeys;
-            kv_tile[x] = to_tile(n < keys ? input_as_f32(p.key, k_base + (j0 + n) * p.key.strides[3] + d * p.key.strides[4]) : 0.0f);
+            kv_tile[x] = to_tile(n < keys && d < dim_qk ? input_as_f32(p.key, k_base + (j0 + n) * p.key.strides[3] + d * p.key.strides[4]) : 0.0f);
         }
         sycl::group_barrier(sg);
         // S = Q K^T on the transposed K tile.
@@ -104,7 +111,7 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
             for (int n = 0; n < kTileKeys; ++n) {
                 const int64_t j = j0 + n;
                 float s = -kInf;
-                if (lane < rows && n < keys) s = masked_score_log2(p, s_tile[lane * kTileKeys + n], mask_element(p, m_off, j), my_row, j);
+                if (lane < rows && n < keys) s = masked_score_log2(p, s_tile[lane * kTileKeys + n] * score_scale, mask_element(p, m_off, j), my_row, j);
                 scores[n] = s;
                 if (!sycl::isnan(s)) block_max = sycl::fmax(block_max, s);
             }
@@ -121,23 +128,23 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
             }
             row_sum = row_sum * rescale + block_sum;
             row_max = new_max;
-            for (int d = 0; d < D; ++d) o_tile[lane * D + d] *= rescale;
+            for (int d = 0; d < Dv; ++d) o_tile[lane * Dv + d] *= rescale;
         }
-        for (int x = lane; x < kTileKeys * D; x += kSubGroup) {
-            const int n = x / D, d = x % D;
-            kv_tile[x] = to_tile(n < keys ? input_as_f32(p.value, v_base + (j0 + n) * p.value.strides[3] + d * p.value.strides[4]) : 0.0f);
+        for (int x = lane; x < kTileKeys * Dv; x += kSubGroup) {
+            const int n = x / Dv, d = x % Dv;
+            kv_tile[x] = to_tile(n < keys && d < dim_v ? input_as_f32(p.value, v_base + (j0 + n) * p.value.strides[3] + d * p.value.strides[4]) : 0.0f);
         }
         sycl::group_barrier(sg);
         // O += P V, one 8x16 accumulator tile per 16 output columns.
         jm::joint_matrix<sycl::sub_group, TileT, jm::use::a, kTileRows, kTileKeys, jm::layout::row_major> pa;
         jm::joint_matrix_load(sg, pa, local_ptr(p_tile), kTileKeys);
-        for (int d0 = 0; d0 < D; d0 += kTileK) {
+        for (int d0 = 0; d0 < Dv; d0 += kTileK) {
             jm::joint_matrix<sycl::sub_group, float, jm::use::accumulator, kTileRows, kTileK> o_acc;
             jm::joint_matrix<sycl::sub_group, TileT, jm::use::b, kTileKeys, kTileK, jm::layout::row_major> vb;
-            jm::joint_matrix_load(sg, o_acc, local_ptr(o_tile + d0), D, jm::layout::row_major);
-            jm::joint_matrix_load(sg, vb, local_ptr(kv_tile + d0), D);
+            jm::joint_matrix_load(sg, o_acc, local_ptr(o_tile + d0), Dv, jm::layout::row_major);
+            jm::joint_matrix_load(sg, vb, local_ptr(kv_tile + d0), Dv);
             jm::joint_matrix_mad(sg, o_acc, pa, vb, o_acc);
-            jm::joint_matrix_store(sg, o_acc, local_ptr(o_tile + d0), D, jm::layout::row_major);
+            jm::joint_matrix_store(sg, o_acc, local_ptr(o_tile + d0), Dv, jm::layout::row_major);
         }
         sycl::group_barrier(sg);
     }
@@ -146,7 +153,7 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
         const float fully_masked = p.inf_as_zero ? 0.0f : kNaN;
         const float factor = row_sum > 0.0f ? 1.0f / row_sum : (row_sum == 0.0f ? fully_masked : kNaN);
         const int64_t o_off = batch_offset(p.output, p.batch, fb) + my_row * p.output.strides[3];
-        for (int d = 0; d < D; ++d) store_f32_as(p.output, o_off + d * p.output.strides[4], o_tile[lane * D + d] * factor);
+        for (int d = 0; d < dim_v; ++d) store_f32_as(p.output, o_off + d * p.output.strides[4], o_tile[lane * Dv + d] * factor);
         if (p.stats.data != nullptr) {
             const float lse = row_sum > 0.0f ? row_max * kLn2 + sycl::log(row_sum)
                                              : (row_sum == 0.0f && p.inf_as_zero ? -kInf : kNaN);

@@ -3,6 +3,7 @@
 #include <sycl/sycl.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -20,6 +21,9 @@ namespace {
 
 constexpr int kSubGroup = 16;      // the kernels' sub-group size (one row per sub-group)
 constexpr int kRowsPerGroup = 4;   // sub-groups per work-group
+constexpr int kXmxTileRows = 8;    // query rows per XMX work-group (one sub-group)
+
+std::atomic<int> g_matrix_kernels{int(MatrixKernels::Auto)};
 
 sycl::queue& as_queue(void* queue) { return *static_cast<sycl::queue*>(queue); }
 
@@ -66,6 +70,37 @@ KernelVariant subgroup_variant(const char* source, DType input, int64_t head_dim
     return {source,
             {"-DGA_INPUT_DTYPE=" + std::to_string(int(input)), "-DGA_QK_CHUNKS=" + std::to_string(chunks(head_dim_qk)),
              "-DGA_V_CHUNKS=" + std::to_string(chunks(head_dim_v))}};
+}
+
+int round_up_16(int64_t n) { return int((n + 15) / 16 * 16); }
+
+KernelVariant xmx_variant(DType input, int64_t head_dim_qk, int64_t head_dim_v) {
+    return {"sdpa_forward_xmx.cpp",
+            {"-DGA_INPUT_DTYPE=" + std::to_string(int(input)), "-DGA_QK_DIM=" + std::to_string(round_up_16(head_dim_qk)),
+             "-DGA_V_DIM=" + std::to_string(round_up_16(head_dim_v))}};
+}
+
+// Which forward kernel runs, and why not the XMX one when it does not.  Under
+// Auto the device's aspect decides before anything is built; the build then
+// decides for the devices that drop joint_matrix kernels.
+struct ForwardChoice {
+    bool xmx;
+    std::string name;
+};
+
+ForwardChoice choose_forward(sycl::queue& q, const SdpaForwardArgs& a) {
+    const auto policy = MatrixKernels(g_matrix_kernels.load());
+    if (policy == MatrixKernels::Off) return {false, "subgroup (matrix kernels are off)"};
+    if (a.query.dtype != DType::bf16 && a.query.dtype != DType::f16)
+        return {false, "subgroup (the XMX kernel takes bf16 and f16 inputs)"};
+    if (a.seq_q < kXmxTileRows)
+        return {false, "subgroup (fewer than " + std::to_string(kXmxTileRows) + " query rows fill no XMX tile)"};
+    if (policy == MatrixKernels::Auto && !q.get_device().has(sycl::aspect::ext_intel_matrix))
+        return {false, "subgroup (the device has no ext_intel_matrix)"};
+    auto& bundle = kernel_bundle_for(q, xmx_variant(a.query.dtype, a.head_dim_qk, a.head_dim_v));
+    if (!bundle_has_kernel(bundle, "graphattn_sdpa_forward_xmx"))
+        return {false, "subgroup (the device dropped the joint_matrix kernel)"};
+    return {true, "xmx"};
 }
 
 // The SYCL rules on top of the common checks: head sizes the lanes hold, one
@@ -116,16 +151,28 @@ Status from_exception(const sycl::exception& e) { return Status::error(std::stri
 Status sdpa_forward(void* queue, const SdpaForwardArgs& args) {
     Status s = check_sycl_args(args);
     if (!s.ok) return s;
-    const int64_t rows = args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q;
+    const int64_t batch = args.batch[0] * args.batch[1] * args.batch[2];
+    const int64_t rows = batch * args.seq_q;
     if (rows == 0) return s;
     try {
         sycl::queue& q = as_queue(queue);
-        auto& bundle = kernel_bundle_for(q, subgroup_variant("sdpa_forward.cpp", args.query.dtype,
-                                                                   args.head_dim_qk, args.head_dim_v));
-        const sycl::kernel kernel = bundle.ext_oneapi_get_kernel("graphattn_sdpa_forward");
         std::vector<sycl::event> deps;
         if (!q.is_in_order()) deps.push_back(queue_barrier(q));
-        launch(q, kernel, rows, forward_params(args), deps);
+        const graphattn_sycl::ForwardParams params = forward_params(args);
+        if (choose_forward(q, args).xmx) {
+            auto& bundle = kernel_bundle_for(q, xmx_variant(args.query.dtype, args.head_dim_qk, args.head_dim_v));
+            const sycl::kernel kernel = bundle.ext_oneapi_get_kernel("graphattn_sdpa_forward_xmx");
+            const int64_t groups = batch * ((args.seq_q + kXmxTileRows - 1) / kXmxTileRows);
+            q.submit([&](sycl::handler& h) {
+                h.depends_on(deps);
+                h.set_args(params);
+                h.parallel_for(sycl::nd_range<1>{size_t(groups * kSubGroup), size_t(kSubGroup)}, kernel);
+            });
+        } else {
+            auto& bundle = kernel_bundle_for(q, subgroup_variant("sdpa_forward.cpp", args.query.dtype,
+                                                                       args.head_dim_qk, args.head_dim_v));
+            launch(q, bundle.ext_oneapi_get_kernel("graphattn_sdpa_forward"), rows, params, deps);
+        }
         if (!q.is_in_order()) queue_barrier(q);
     } catch (const sycl::exception& e) {
         return from_exception(e);
@@ -183,11 +230,15 @@ Status sdpa_backward(void* queue, const SdpaBackwardArgs& args) {
 }
 
 std::string sdpa_forward_kernel(void* queue, const SdpaForwardArgs& args) {
-    (void)args;
-    if (!as_queue(queue).get_device().has(sycl::aspect::ext_intel_matrix))
-        return "subgroup (the device has no ext_intel_matrix)";
-    return "subgroup";
+    try {
+        return choose_forward(as_queue(queue), args).name;
+    } catch (const sycl::exception& e) {
+        return std::string("subgroup (the XMX kernel failed to build: ") + e.what() + ")";
+    }
 }
+
+void set_matrix_kernels(MatrixKernels policy) { g_matrix_kernels.store(int(policy)); }
+MatrixKernels matrix_kernels() { return MatrixKernels(g_matrix_kernels.load()); }
 
 Status prebuild(void* queue, DType input_dtype, int head_dim_qk, int head_dim_v, bool backward, double* seconds) {
     const auto start = std::chrono::steady_clock::now();
@@ -205,7 +256,7 @@ Status prebuild(void* queue, DType input_dtype, int head_dim_qk, int head_dim_v,
 Status build_xmx_sources(void* queue, bool* has_kernel) {
     try {
         sycl::queue& q = as_queue(queue);
-        auto& bundle = kernel_bundle_for(q, {"sdpa_forward_xmx.cpp", {"-DGA_INPUT_DTYPE=1", "-DGA_HEAD_DIM=64"}});
+        auto& bundle = kernel_bundle_for(q, xmx_variant(DType::bf16, 64, 64));
         if (has_kernel) *has_kernel = bundle_has_kernel(bundle, "graphattn_sdpa_forward_xmx");
     } catch (const sycl::exception& e) {
         return from_exception(e);

@@ -25,9 +25,17 @@ Status sdpa_forward(void* queue, const SdpaForwardArgs& args);
 // Backward; allocates B * Sq floats of device memory for the call, freed when it ends.
 Status sdpa_backward(void* queue, const SdpaBackwardArgs& args);
 
+// When the forward runs the XMX (joint_matrix) kernel for bf16/f16 inputs
+// with at least 8 query rows: Auto on devices with the ext_intel_matrix
+// aspect (Intel GPUs with XMX; the OpenCL CPU device reports it on CPUs with
+// AMX) whose compiler keeps the kernel; Force on any device whose compiler
+// keeps it; Off never.  Process-wide, read at each launch; Auto at start.
+enum class MatrixKernels { Auto = 0, Force = 1, Off = 2 };
+void set_matrix_kernels(MatrixKernels policy);
+MatrixKernels matrix_kernels();
+
 // Name of the kernel sdpa_forward runs for these arguments on this queue's
-// device, with the reason when it is not the XMX one.  The XMX kernel is
-// built (build_xmx_sources) but not dispatched yet, so this is "subgroup".
+// device: "xmx", or "subgroup (reason)".  May build the XMX kernel to decide.
 std::string sdpa_forward_kernel(void* queue, const SdpaForwardArgs& args);
 
 // Builds (or finds) the forward and, with backward, the backward kernels for
