@@ -22,11 +22,18 @@ CASES = {
     "causal_gqa_sq_gt_skv": dict(q=(1, 4, 30, 16), k=(1, 2, 12, 16), v=(1, 2, 12, 16), is_causal=True,
                                  causal_alignment="bottom_right", enable_gqa=True),
     "decode": dict(q=(1, 8, 1, 128), k=(1, 2, 300, 128), v=(1, 2, 300, 128), enable_gqa=True),
+    # Decode with 7 heads per K/V head (row blocks of 4 and 3), a padded V head dim, keys past whole blocks.
+    "decode_mqa_odd": dict(q=(1, 7, 1, 80), k=(1, 1, 150, 80), v=(1, 1, 150, 40), enable_gqa=True),
+    "decode_causal_rows": dict(q=(1, 6, 2, 64), k=(1, 2, 77, 64), v=(1, 2, 77, 64), enable_gqa=True,
+                               is_causal=True, causal_alignment="bottom_right"),
     "d80_d256": dict(q=(1, 1, 20, 80), k=(1, 1, 20, 80), v=(1, 1, 20, 256)),
     # Several full key and query blocks: the packed fast paths of the AMX and lane kernels.
     "long": dict(q=(1, 2, 130, 64), k=(1, 2, 200, 64), v=(1, 2, 200, 64)),
     "long_causal": dict(q=(1, 2, 150, 128), k=(1, 2, 150, 128), v=(1, 2, 150, 128), is_causal=True),
     "long_d80": dict(q=(1, 2, 70, 80), k=(1, 2, 150, 80), v=(1, 2, 150, 48)),
+    # Enough query blocks per thread (on up to 4 threads) for the AMX kernel's 128-row items, one of them partial.
+    "long_many_heads": dict(q=(2, 4, 200, 64), k=(2, 4, 260, 64), v=(2, 4, 260, 64)),
+    "long_many_heads_causal": dict(q=(2, 4, 200, 64), k=(2, 4, 200, 64), v=(2, 4, 200, 64), is_causal=True),
 }
 
 MASK_SHAPES = [(17, 29), (1, 29), (17, 1), (2, 1, 17, 29), (1, 3, 1, 29), (2, 3, 17, 29), (3, 17, 29)]
@@ -49,7 +56,7 @@ def run_case(case, dtype, rng, mask=None, return_stats=False, scale=None):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_reference(case, dtype, rng):
-    run_case(CASES[case], dtype, rng, return_stats=case in ("causal", "gqa", "decode"))
+    run_case(CASES[case], dtype, rng, return_stats=case in ("causal", "gqa", "decode", "decode_mqa_odd"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -195,17 +195,20 @@ class CompiledPartition:
         strides."""
         if not isinstance(stream, Stream):
             raise TypeError(f"execute needs a Stream, got {type(stream).__name__}")
-        in_arrays = self._bind(inputs, self.inputs, "inputs")
-        out_arrays = self._bind(outputs, self.outputs, "outputs")
+        self.execute_unchecked(self._bind(inputs, self.inputs, "inputs"), self._bind(outputs, self.outputs, "outputs"))
+
+    def execute_unchecked(self, inputs: dict, outputs: dict) -> None:
+        """execute without the per-call checks, for arrays keyed by port id that the caller already knows match the
+        compiled shapes, strides and dtypes (the functional API's signature cache guarantees it)."""
         if verbose.enabled():
             import time
             start = time.perf_counter()
-            self.kernel.execute(in_arrays, out_arrays)
+            self.kernel.execute(inputs, outputs)
             elapsed = (time.perf_counter() - start) * 1e3
             verbose.log("exec", f"partition={self.partition.id}", self.kernel.name,
                         getattr(self.kernel, "shape_text", f"ops={self.partition.get_ops()}"), f"{elapsed:.4f}ms")
         else:
-            self.kernel.execute(in_arrays, out_arrays)
+            self.kernel.execute(inputs, outputs)
 
     def _bind(self, tensors: Sequence[Tensor], ports: list[LogicalTensor], what: str) -> dict[int, np.ndarray]:
         where = f"partition {self.partition.id}: execute"

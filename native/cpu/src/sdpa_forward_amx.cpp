@@ -2,12 +2,14 @@
 // CMakeLists.txt; chosen by dispatch.cpp only where the CPU has AMX-BF16 and
 // the OS granted the tile state).
 //
-// Per work item (one batch index, kBlockQ query rows): Q is packed once as
+// Per work item (one batch index, up to kBlockQ query rows): Q is packed once as
 // bf16 rows; per key block, K is packed into VNNI pairs (a 16 x 16 word
 // transpose), V rows are interleaved pairwise, S = Q K^T is computed on
 // tiles in f32, the online softmax runs row by row in AVX-512 (base 2, one
 // exp2 per score) and writes P as bf16, and O += P V accumulates on tiles
-// straight into the f32 output accumulator.  Scale and masks are applied to
+// straight into the f32 output accumulator.  Row tiles go in pairs through
+// a software pipeline: the tile unit computes the next pair's scores while
+// the vector units run this pair's softmax.  Scale and masks are applied to
 // S in f32, as in the reference.
 #define GRAPHATTN_ISA_NS isa_amx
 #define GRAPHATTN_LANES 16
@@ -31,7 +33,8 @@ namespace graphattn {
 namespace isa_amx {
 namespace {
 
-constexpr int kBlockQ = 64;
+constexpr int kBlockQ = 128;  // query rows per item at most (the scratch's size)
+constexpr int kSmallBlockQ = 64;  // per item when 128-row items would leave threads with few items each
 constexpr int kBlockKV = 128;
 constexpr int kVecsPerRow = kBlockKV / kLanes;
 
@@ -81,33 +84,30 @@ void pack_v(const TensorView& v, int64_t base, int kv_rows, int Dv, Scratch& sc)
     pack_row_pairs({bf16_at(v, base), v.strides[3], v.strides[4], kv_rows, Dv}, kBlockKV, sc.dvp, sc.v(), sc.dvp);
 }
 
-// s[r][j] = sum_d q[r][d] k[j][d] for row tiles [0, row_tiles), on tiles 0-7.
-void scores_on_tiles(const Scratch& sc, int row_tiles, float* s) {
+// s[r][j] = sum_d q[r][d] k[j][d] for the 32 rows of row tiles m, m + 1, on tiles 0-7.
+void scores_on_tiles(const Scratch& sc, int m, float* s) {
     const int dp = sc.dp;
-    for (int m = 0; m < row_tiles; m += 2)
-        for (int n = 0; n < kBlockKV / 16; n += 2) {
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            tiles_2x2_product(sc.q() + (m * 16) * dp, dp * 2, 16 * dp, sc.k() + n * 16, kBlockKV * 4,
-                              dp / kTileBf16Cols);
-            store_tiles_2x2(s + (m * 16) * kBlockKV + n * 16, kBlockKV * 4);
-        }
+    for (int n = 0; n < kBlockKV / 16; n += 2) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        tiles_2x2_product(sc.q() + (m * 16) * dp, dp * 2, 16 * dp, sc.k() + n * 16, kBlockKV * 4, dp / kTileBf16Cols);
+        store_tiles_2x2(s + (m * 16) * kBlockKV + n * 16, kBlockKV * 4);
+    }
 }
 
-// o[r][c] += sum_j p[r][j] v[j][c] for row tiles [0, row_tiles) and keys < kv_rows.
-void accumulate_on_tiles(const Scratch& sc, int row_tiles, int kv_rows, float* o) {
+// o[r][c] += sum_j p[r][j] v[j][c] for the 32 rows of row tiles m, m + 1 and keys < kv_rows.
+void accumulate_on_tiles(const Scratch& sc, int m, int kv_rows, float* o) {
     const int dvp = sc.dvp;
     const int key_chunks = (kv_rows + kTileBf16Cols - 1) / kTileBf16Cols;
-    for (int m = 0; m < row_tiles; m += 2)
-        for (int c = 0; c < dvp / 16; c += 2) {
-            float* acc = o + (m * 16) * dvp + c * 16;
-            load_tiles_2x2(acc, dvp * 4);
-            tiles_2x2_product(sc.p() + (m * 16) * kBlockKV, kBlockKV * 2, 16 * kBlockKV, sc.v() + c * 16, dvp * 4,
-                              key_chunks);
-            store_tiles_2x2(acc, dvp * 4);
-        }
+    for (int c = 0; c < dvp / 16; c += 2) {
+        float* acc = o + (m * 16) * dvp + c * 16;
+        load_tiles_2x2(acc, dvp * 4);
+        tiles_2x2_product(sc.p() + (m * 16) * kBlockKV, kBlockKV * 2, 16 * kBlockKV, sc.v() + c * 16, dvp * 4,
+                          key_chunks);
+        store_tiles_2x2(acc, dvp * 4);
+    }
 }
 
 // Updates row r's running max and sum with its scores in base-2 units (the
@@ -176,18 +176,25 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         pack_k(k, k_base + j0 * k.strides[3], kv_rows, D, sc);
         pack_v(v, v_base + j0 * v.strides[3], kv_rows, Dv, sc);
         float* s = sc.s_store.get();
-        scores_on_tiles(sc, row_tiles, s);
         // Plain blocks (no mask, no causal cut, no padding keys) take the scale as the
         // softmax loads them; the others are scaled and masked first.
         const bool causal_cut = a.causal && j0 + kv_rows - 1 - i0 > a.causal_offset;
         const bool plain = a.mask_kind == MaskKind::none && !causal_cut && kv_rows == kBlockKV;
-        if (!plain) {
-            for (int x = 0; x < rows * kBlockKV; x += kLanes) store(s + x, load(s + x) * scale_log2);
-            mask_key_lanes<kVecsPerRow>(a, s, sc.mask_store.get(), sc.mask_offset, sc.query_index, rows, kv_rows, j0);
+        // Software pipeline over pairs of row tiles: the scores of the next pair go to
+        // the tile unit before the softmax of this pair runs on the vector units.
+        scores_on_tiles(sc, 0, s);
+        for (int m = 0; m < row_tiles; m += 2) {
+            if (m + 2 < row_tiles) scores_on_tiles(sc, m + 2, s);
+            const int r0 = m * 16, r1 = std::min(rows, r0 + 32);
+            if (!plain) {
+                for (int x = r0 * kBlockKV; x < r1 * kBlockKV; x += kLanes) store(s + x, load(s + x) * scale_log2);
+                mask_key_lanes<kVecsPerRow>(a, s + r0 * kBlockKV, sc.mask_store.get(), sc.mask_offset + r0,
+                                            sc.query_index + r0, r1 - r0, kv_rows, j0);
+            }
+            for (int r = r0; r < r1; ++r)
+                softmax_row(sc, s + r * kBlockKV, r, plain ? scale_log2 : 1.0f, sc.o_store.get() + size_t(r) * sc.dvp);
+            accumulate_on_tiles(sc, m, kv_rows, sc.o_store.get());
         }
-        for (int r = 0; r < rows; ++r)
-            softmax_row(sc, s + r * kBlockKV, r, plain ? scale_log2 : 1.0f, sc.o_store.get() + size_t(r) * sc.dvp);
-        accumulate_on_tiles(sc, row_tiles, kv_rows, sc.o_store.get());
     }
     for (int r = 0; r < rows; ++r) write_row(a, sc, b, r, i0 + r, Dv);
 }
@@ -197,8 +204,13 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
 
 Status sdpa_forward_amx(const SdpaForwardArgs& a) {
     using namespace isa_amx;
-    const int64_t q_blocks = (a.seq_q + kBlockQ - 1) / kBlockQ;
-    const int64_t work_items = a.batch[0] * a.batch[1] * a.batch[2] * q_blocks;
+    const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
+    // Larger items pack each K/V block for more query rows and pipeline more
+    // row tiles; smaller ones keep every thread busy on small N*H.
+    const int64_t block_q =
+        batch * ((a.seq_q + kBlockQ - 1) / kBlockQ) >= 4 * int64_t(omp_get_max_threads()) ? kBlockQ : kSmallBlockQ;
+    const int64_t q_blocks = (a.seq_q + block_q - 1) / block_q;
+    const int64_t work_items = batch * q_blocks;
     const bool skip_causal_blocks = a.causal && std::isinf(a.causal_fill) && a.causal_fill < 0;
 #pragma omp parallel
     {
@@ -215,8 +227,8 @@ Status sdpa_forward_amx(const SdpaForwardArgs& a) {
             rest /= a.batch[2];
             b[1] = rest % a.batch[1];
             b[0] = rest / a.batch[1];
-            const int64_t i0 = qb * kBlockQ;
-            run_item(a, scratch, b, i0, int(std::min<int64_t>(kBlockQ, a.seq_q - i0)), skip_causal_blocks);
+            const int64_t i0 = qb * block_q;
+            run_item(a, scratch, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)), skip_causal_blocks);
         }
         _tile_release();
     }

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "block_io.hpp"
+#include "decode_blocks.hpp"
 #include "dropout.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
@@ -73,29 +74,30 @@ struct LaneForward {
     // Scratch of one thread, allocated once per parallel region.
     struct Scratch {
         AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_row, drop_t;
-        // Decode (RV == 1): rows of Q and O padded to whole vectors, K/V rows likewise.
-        AlignedFloats q_pad, o_pad, k_pad, v_pad, p_rows, mask_row;
+        // Decode (RV == 1, attend_decode): rows of Q and O padded to whole vectors, K/V rows likewise.
+        AlignedFloats q_pad, o_pad, k_pad, v_pad, p_rows, mask_row, partials;
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         uint64_t drop_base[kBlockQ];
-        uint8_t keep[kBlockKV];
+        uint8_t keep[kBlockKV > kDecodeKeys ? kBlockKV : kDecodeKeys];
         Scratch(int D, int Dv)
-            : q_t(size_t(D) * kBlockQ),
-              k_rows(size_t(kBlockKV) * D),
-              v_rows(size_t(kBlockKV) * Dv),
-              s_t(size_t(kBlockKV) * kBlockQ),
-              mask_t(size_t(kBlockKV) * kBlockQ),
+            : q_t(RV > 1 ? size_t(D) * kBlockQ : 1),  // the row layout's buffers (attend)
+              k_rows(RV > 1 ? size_t(kBlockKV) * D : 1),
+              v_rows(RV > 1 ? size_t(kBlockKV) * Dv : 1),
+              s_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 1),
+              mask_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 1),
               o_t(size_t(Dv) * kBlockQ),
               row_max(kBlockQ),
               row_sum(kBlockQ),
               query_index(kBlockQ),
               out_row(size_t(Dv)),
-              drop_t(size_t(kBlockKV) * kBlockQ),
+              drop_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 1),
               q_pad(RV == 1 ? size_t(kBlockQ) * padded(D) : 1),
               o_pad(RV == 1 ? size_t(kBlockQ) * padded(Dv) : 1),
-              k_pad(RV == 1 ? size_t(kLanes) * padded(D) : 1),
-              v_pad(RV == 1 ? size_t(kLanes) * padded(Dv) : 1),
-              p_rows(RV == 1 ? size_t(kBlockQ) * kLanes : 1),
-              mask_row(kLanes) {}
+              k_pad(RV == 1 ? size_t(kDecodeKeys) * padded(D) : 1),
+              v_pad(RV == 1 ? size_t(kDecodeKeys) * padded(Dv) : 1),
+              p_rows(RV == 1 ? size_t(kBlockQ) * kDecodeKeys : 1),
+              mask_row(kDecodeKeys),
+              partials(RV == 1 ? size_t(kDecodeRowBlock) * kDecodeKeys * kLanes : 1) {}
         static int padded(int n) { return int(round_up(n, kLanes)); }
     };
 
@@ -106,8 +108,8 @@ struct LaneForward {
         p.row_blocks = (p.rows_total + kBlockQ - 1) / kBlockQ;
         p.outer_items = a.batch[0] * a.batch[1] * a.batch[2] / p.group * p.row_blocks;
         const int64_t threads = omp_get_max_threads();
-        if (p.outer_items < threads) {
-            const int64_t by_threads = (threads + p.outer_items - 1) / p.outer_items;
+        if (p.outer_items < threads) {  // about two items per thread, so that dynamic scheduling can balance them
+            const int64_t by_threads = (2 * threads + p.outer_items - 1) / p.outer_items;
             p.splits = std::max<int64_t>(1, std::min(by_threads, a.seq_kv / kMinKeysPerSplit));
         }
         const int64_t per_split = (a.seq_kv + p.splits - 1) / p.splits;
@@ -248,90 +250,118 @@ struct LaneForward {
     }
 
     // Decode form of attend for one vector of rows (a GQA group's heads, a few
-    // query rows): the keys are the lanes of the score vectors, so each
-    // (row, key) costs D/kLanes FMAs and a horizontal sum, and P V runs over
-    // vectors of the head dim, instead of idling most lanes of the row
+    // query rows): the keys are the lanes of the score vectors (row-key dot
+    // products reduced by one transposing sum per row and block), and P V runs
+    // over vectors of the head dim, instead of idling most lanes of the row
     // layout.  Results land in sc.o_t / row_max / row_sum like attend's.
     static void attend_decode(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
                               int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
         const int Dp = Scratch::padded(D), Dvp = Scratch::padded(Dv);
-        const TensorView &q = a.query, &k = a.key, &v = a.value, &m = a.mask;
+        const TensorView &q = a.query, &k = a.key, &v = a.value;
         const DropoutPlan dropout(a);
         const float scale = (a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f) * kLog2e;
         float* q_pad = sc.q_pad.get();
         float* o_pad = sc.o_pad.get();
-        float* row_max = sc.row_max.get();
-        float* row_sum = sc.row_sum.get();
         const float* qi = sc.query_index.get();
+        const float* q_rows[kBlockQ];
+        float* o_rows[kBlockQ];
+        const float* p_rows[kBlockQ];
         for (int r = 0; r < rows; ++r) {
+            q_rows[r] = q_pad + r * Dp;
+            o_rows[r] = o_pad + r * Dvp;
+            p_rows[r] = sc.p_rows.get() + r * kDecodeKeys;
             float* q_row = q_pad + r * Dp;
             load_block(element_ptr(q.data, q.dtype, sc.q_off[r]), q.dtype, 0, q.strides[4], 1, D, q_row, D, 1);
             for (int d = 0; d < Dp; d += kLanes) store(q_row + d, load(q_row + d) * scale);
             std::fill(o_pad + r * Dvp, o_pad + (r + 1) * Dvp, 0.0f);
-            row_max[r] = -__builtin_inff();
-            row_sum[r] = 0.0f;
+            sc.row_max.get()[r] = -__builtin_inff();
+            sc.row_sum.get()[r] = 0.0f;
         }
         if (skip_causal_blocks)
             key_end = std::min(key_end, causal_key_end(int64_t(*std::max_element(qi, qi + rows)), a.causal_offset, a.seq_kv));
         const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
-        const VecF lanes = lane_index();
-        for (int64_t j0 = key_begin; j0 < key_end; j0 += kLanes) {
-            const int kv = int(std::min<int64_t>(kLanes, key_end - j0));
-            // K and V rows as f32, padded to whole vectors (the padding columns stay 0).
-            load_block(element_ptr(k.data, k.dtype, k_base + j0 * k.strides[3]), k.dtype, k.strides[3], k.strides[4], kv, D,
-                       sc.k_pad.get(), Dp, 1);
-            load_block(element_ptr(v.data, v.dtype, v_base + j0 * v.strides[3]), v.dtype, v.strides[3], v.strides[4], kv, Dv,
-                       sc.v_pad.get(), Dvp, 1);
-            for (int r = 0; r < rows; ++r) {
-                const float* q_row = q_pad + r * Dp;
-                VecF score = splat(-__builtin_inff());
-                for (int t = 0; t < kv; ++t) {
-                    const float* k_row = sc.k_pad.get() + t * Dp;
-                    VecF acc{};
-                    for (int d = 0; d < Dp; d += kLanes) acc += load(q_row + d) * load(k_row + d);
-                    score[t] = horizontal_sum(acc);
-                }
-                if (a.mask_kind != MaskKind::none) {
-                    float* mask = sc.mask_row.get();
-                    load_block(element_ptr(m.data, m.dtype, sc.m_off[r] + j0 * m.strides[4]), m.dtype, 0, m.strides[4], 1,
-                               kv, mask, kv, 1);
-                    const VecF mv = load(mask);
-                    if (a.mask_kind == MaskKind::additive) score += to_log2_units(mv);
-                    else score = mv == splat(a.select_keep_value ? 1.0f : 0.0f) ? score : splat(to_log2_units(a.select_fill));
-                }
-                if (a.causal)  // key j0 + t is cut for this row when j0 + t - i > offset
-                    score = lanes + float(j0 - a.causal_offset) > splat(qi[r]) ? splat(to_log2_units(a.causal_fill)) : score;
-                score = lanes < float(kv) ? score : splat(-__builtin_inff());
-                // Online softmax of this row over the block.
-                const float old_max = row_max[r];
-                float new_max = horizontal_max(max_ignoring_nan(score, splat(-__builtin_inff())));
-                new_max = new_max > old_max ? new_max : old_max;
-                const float base = new_max == -__builtin_inff() ? 0.0f : new_max;
-                VecF p = vexp2(score - base);
-                const float correction = new_max == old_max ? 1.0f : std::exp2(old_max - base);
-                row_sum[r] = row_sum[r] * correction + horizontal_sum(p);
-                row_max[r] = new_max;
-                if (correction != 1.0f)
-                    for (int c = 0; c < Dvp; c += kLanes) store(o_pad + r * Dvp + c, load(o_pad + r * Dvp + c) * correction);
-                if (dropout.active) {
-                    dropout.multipliers(sc.drop_base[r], j0, kv, sc.mask_row.get(), 1, sc.keep);
-                    p *= load(sc.mask_row.get());
-                }
-                store(sc.p_rows.get() + r * kLanes, p);
+        // K/V rows with unit column stride whose head dim fills whole vectors are read in place, in their
+        // dtype; others are first copied into padded f32 rows.
+        const bool k_in_place = k.strides[4] == 1 && Dp == D;
+        const bool v_in_place = v.strides[4] == 1 && Dvp == Dv;
+        const DType k_type = k_in_place ? k.dtype : DType::f32, v_type = v_in_place ? v.dtype : DType::f32;
+        for (int64_t j0 = key_begin; j0 < key_end; j0 += kDecodeKeys) {
+            const int kv = int(std::min<int64_t>(kDecodeKeys, key_end - j0));
+            const void* k_rows = element_ptr(k.data, k.dtype, k_base + j0 * k.strides[3]);
+            const void* v_rows = element_ptr(v.data, v.dtype, v_base + j0 * v.strides[3]);
+            int64_t k_stride = k.strides[3], v_stride = v.strides[3];
+            if (!k_in_place) {  // the padding columns of k_pad stay 0
+                load_block(k_rows, k.dtype, k.strides[3], k.strides[4], kv, D, sc.k_pad.get(), Dp, 1);
+                k_rows = sc.k_pad.get();
+                k_stride = Dp;
             }
-            // O += P V, over vectors of the head dim.
-            for (int t = 0; t < kv; ++t) {
-                const float* v_row = sc.v_pad.get() + t * Dvp;
-                for (int r = 0; r < rows; ++r) {
-                    const float pt = sc.p_rows.get()[r * kLanes + t];
-                    float* o_row = o_pad + r * Dvp;
-                    for (int c = 0; c < Dvp; c += kLanes) store(o_row + c, load(o_row + c) + load(v_row + c) * pt);
-                }
+            if (!v_in_place) {
+                load_block(v_rows, v.dtype, v.strides[3], v.strides[4], kv, Dv, sc.v_pad.get(), Dvp, 1);
+                v_rows = sc.v_pad.get();
+                v_stride = Dvp;
+            }
+            for (int r0 = 0; r0 < rows; r0 += kDecodeRowBlock) {
+                const int R = std::min(kDecodeRowBlock, rows - r0);
+                decode_partials(k_type, R, q_rows + r0, k_rows, k_stride, kv, Dp, sc.partials.get());
+                for (int r = r0; r < r0 + R; ++r)
+                    decode_softmax_row(a, dropout, sc, r, j0, kv, sc.partials.get() + (r - r0) * kDecodeKeys * kLanes,
+                                       o_rows[r], Dvp);
+                decode_accumulate_pv(v_type, R, p_rows + r0, v_rows, v_stride, kv, Dvp, o_rows + r0);
             }
         }
         for (int r = 0; r < rows; ++r)
             for (int c = 0; c < Dv; ++c) sc.o_t.get()[c * kBlockQ + r] = o_pad[r * Dvp + c];
+    }
+
+    // Row r's scores of keys [j0, j0 + kv) from its partials, masked; its
+    // online softmax step; P (with dropout) into sc.p_rows.
+    static void decode_softmax_row(const SdpaForwardArgs& a, const DropoutPlan& dropout, Scratch& sc, int r, int64_t j0, int kv,
+                                   const float* partials, float* o_row, int Dvp) {
+        const TensorView& m = a.mask;
+        const int vectors = (kv + kLanes - 1) / kLanes;
+        const VecF neg_inf = splat(-__builtin_inff());
+        const VecF lanes = lane_index();
+        float* mask = sc.mask_row.get();
+        if (a.mask_kind != MaskKind::none)
+            load_block(element_ptr(m.data, m.dtype, sc.m_off[r] + j0 * m.strides[4]), m.dtype, 0, m.strides[4], 1, kv, mask,
+                       kv, 1);
+        VecF score[kDecodeKeyVectors];
+        VecF block_max = neg_inf;
+        for (int t = 0; t < vectors; ++t) {
+            VecF s = transposed_sums(partials + t * kLanes * kLanes);
+            const VecF key = lanes + float(t * kLanes);  // key j0 + key of this lane
+            if (a.mask_kind == MaskKind::additive) s += to_log2_units(load(mask + t * kLanes));
+            else if (a.mask_kind == MaskKind::select)
+                s = load(mask + t * kLanes) == splat(a.select_keep_value ? 1.0f : 0.0f) ? s : splat(to_log2_units(a.select_fill));
+            if (a.causal)  // key j0 + t is cut for this row when j0 + t - i > offset
+                s = key + float(j0 - a.causal_offset) > splat(sc.query_index.get()[r]) ? splat(to_log2_units(a.causal_fill)) : s;
+            s = key < float(kv) ? s : neg_inf;
+            score[t] = s;
+            block_max = max_ignoring_nan(s, block_max);
+        }
+        float* row_max = sc.row_max.get();
+        float* row_sum = sc.row_sum.get();
+        const float old_max = row_max[r];
+        float new_max = horizontal_max(block_max);
+        new_max = new_max > old_max ? new_max : old_max;
+        const float base = new_max == -__builtin_inff() ? 0.0f : new_max;
+        float* p_row = sc.p_rows.get() + r * kDecodeKeys;
+        VecF sum{};
+        for (int t = 0; t < vectors; ++t) {
+            const VecF p = vexp2(score[t] - base);
+            sum += p;
+            store(p_row + t * kLanes, p);
+        }
+        const float correction = new_max == old_max ? 1.0f : std::exp2(old_max - base);
+        row_sum[r] = row_sum[r] * correction + horizontal_sum(sum);
+        row_max[r] = new_max;
+        if (correction != 1.0f)
+            for (int c = 0; c < Dvp; c += kLanes) store(o_row + c, load(o_row + c) * correction);
+        if (dropout.active) {
+            dropout.multipliers(sc.drop_base[r], j0, kv, mask, 1, sc.keep);
+            for (int t = 0; t < vectors; ++t) store(p_row + t * kLanes, load(p_row + t * kLanes) * load(mask + t * kLanes));
+        }
     }
 
     // Partial results of one (item, split): O^T unnormalised, then max and sum.
@@ -370,7 +400,8 @@ struct LaneForward {
         // any other fill value still takes part in the softmax.
         const bool skip_causal_blocks = a.causal && std::isinf(a.causal_fill) && a.causal_fill < 0;
         const int64_t work_items = p.outer_items * p.splits;
-        AlignedFloats partials(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 1);
+        // Every (item, split) writes its whole partial before the merge reads it.
+        AlignedFloats partials = AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 1);
 
 #pragma omp parallel
         {

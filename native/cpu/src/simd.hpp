@@ -57,6 +57,9 @@ inline float horizontal_sum(VecF v) {
 }
 
 inline float horizontal_max(VecF v) {
+#if defined(__AVX512F__)
+    if constexpr (kLanes == 16) return _mm512_reduce_max_ps((__m512)v);
+#endif
     float m = v[0];
     for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m;
     return m;

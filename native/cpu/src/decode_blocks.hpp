@@ -1,0 +1,182 @@
+// Micro-kernels of the decode forward: a few query rows (a GQA group's heads)
+// against one block of keys, with the keys as the lanes of the score
+// vectors.  Rows go in register blocks of up to 4 so that each K and V vector
+// loaded serves them all.  K and V rows are read in place in their own dtype
+// (DT: f32, bf16 or f16, unit column stride) and widened as they are loaded,
+// so decode streams each K/V byte once.
+#pragma once
+
+#include <cstdint>
+
+#include "graphattn/sdpa.hpp"
+#include "half_types.hpp"
+#include "isa_namespace.hpp"
+#include "simd.hpp"
+
+namespace graphattn {
+namespace GRAPHATTN_ISA_NS {
+
+constexpr int kDecodeRowBlock = 4;
+constexpr int kDecodeKeyVectors = 4;                    // score vectors per softmax step
+constexpr int kDecodeKeys = kDecodeKeyVectors * kLanes;  // keys per block
+
+// sums[t] = the horizontal sum of vector t of kLanes consecutive vectors: one
+// transposing reduction instead of kLanes separate horizontal sums.
+inline VecF transposed_sums(const float* vectors) {
+#if defined(__AVX512F__)
+    if constexpr (kLanes == 16) {
+        // Pairs of vectors -> per 128-bit lane [a0+a2, b0+b2, a1+a3, b1+b3].
+        __m512 pairs[8];
+        for (int i = 0; i < 8; ++i) {
+            const __m512 a = _mm512_loadu_ps(vectors + 32 * i), b = _mm512_loadu_ps(vectors + 32 * i + 16);
+            pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+        }
+        // Quads -> per 128-bit lane the partial sums of vectors 4i..4i+3.
+        __m512 quads[4];
+        for (int i = 0; i < 4; ++i) {
+            const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+            quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                                     _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+        }
+        // Sum the four 128-bit lanes of each quad; quad i lands in 128-bit lane i.
+        const __m512 q01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
+                                         _mm512_shuffle_f32x4(quads[0], quads[1], 0xDD));
+        const __m512 q23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88),
+                                         _mm512_shuffle_f32x4(quads[2], quads[3], 0xDD));
+        return (VecF)_mm512_add_ps(_mm512_shuffle_f32x4(q01, q23, 0x88), _mm512_shuffle_f32x4(q01, q23, 0xDD));
+    }
+#endif
+    VecF sums;
+    for (int t = 0; t < kLanes; ++t) sums[t] = horizontal_sum(load(vectors + t * kLanes));
+    return sums;
+}
+
+// kLanes elements of dtype DT at p, as f32.
+template <DType DT>
+inline VecF load_as_f32(const void* p) {
+    if constexpr (DT == DType::f32) {
+        return load(static_cast<const float*>(p));
+    } else {
+        const uint16_t* h = static_cast<const uint16_t*>(p);
+#if defined(__AVX512F__)
+        if constexpr (kLanes == 16) {
+            const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h));
+            if constexpr (DT == DType::f16) return (VecF)_mm512_cvtph_ps(words);
+            return (VecF)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16));
+        }
+#elif defined(__AVX2__) && defined(__F16C__)
+        if constexpr (kLanes == 8) {
+            const __m128i words = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h));
+            if constexpr (DT == DType::f16) return (VecF)_mm256_cvtph_ps(words);
+            return (VecF)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(words), 16));
+        }
+#endif
+        VecF v;
+        for (int i = 0; i < kLanes; ++i) v[i] = DT == DType::f16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+        return v;
+    }
+}
+
+template <DType DT>
+inline const void* element_at(const void* base, int64_t index) {
+    return static_cast<const char*>(base) + index * (DT == DType::f32 ? 4 : 2);
+}
+
+// partials[(r * kDecodeKeys + t) * kLanes ...] = lane-wise products of query
+// row r and key t summed over the head dim (Dp, a multiple of kLanes,
+// zero-padded), for the key vectors that hold keys < kv; keys past kv give
+// zero vectors.  transposed_sums of the kLanes partials of keys
+// v * kLanes ... then gives row r's score vector v.
+template <int R, DType DT>
+inline void row_key_partials(const float* const* q_rows, const void* keys, int64_t key_stride, int kv, int Dp,
+                             float* partials) {
+    const int key_count = (kv + kLanes - 1) / kLanes * kLanes;
+    for (int t = 0; t < key_count; ++t) {
+        VecF acc[R] = {};
+        if (t < kv) {
+            const void* k_row = element_at<DT>(keys, t * key_stride);
+            for (int c = 0; c < Dp; c += kLanes) {
+                const VecF k = load_as_f32<DT>(element_at<DT>(k_row, c));
+                for (int r = 0; r < R; ++r) acc[r] += load(q_rows[r] + c) * k;
+            }
+        }
+        for (int r = 0; r < R; ++r) store(partials + (r * kDecodeKeys + t) * kLanes, acc[r]);
+    }
+}
+
+// o_rows[r] += sum over t < kv of p_rows[r][t] * V row t, for R rows and
+// NV vectors of columns starting at column c0.
+template <int R, int NV, DType DT>
+inline void accumulate_pv_columns(const float* const* p_rows, const void* values, int64_t value_stride, int kv,
+                                  float* const* o_rows, int c0) {
+    VecF acc[R][NV];
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < NV; ++i) acc[r][i] = load(o_rows[r] + c0 + i * kLanes);
+    for (int t = 0; t < kv; ++t) {
+        const void* v_row = element_at<DT>(values, t * value_stride + c0);
+        VecF v[NV];
+        for (int i = 0; i < NV; ++i) v[i] = load_as_f32<DT>(element_at<DT>(v_row, i * kLanes));
+        for (int r = 0; r < R; ++r) {
+            const VecF p = splat(p_rows[r][t]);
+            for (int i = 0; i < NV; ++i) acc[r][i] += p * v[i];
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < NV; ++i) store(o_rows[r] + c0 + i * kLanes, acc[r][i]);
+}
+
+// o_rows[r][0, Dvp) += P V for R rows (Dvp a multiple of kLanes).
+template <int R, DType DT>
+inline void accumulate_pv(const float* const* p_rows, const void* values, int64_t value_stride, int kv, int Dvp,
+                          float* const* o_rows) {
+    constexpr int kWide = 4;  // column vectors per register block
+    int c = 0;
+    for (; c + kWide * kLanes <= Dvp; c += kWide * kLanes)
+        accumulate_pv_columns<R, kWide, DT>(p_rows, values, value_stride, kv, o_rows, c);
+    for (; c < Dvp; c += kLanes) accumulate_pv_columns<R, 1, DT>(p_rows, values, value_stride, kv, o_rows, c);
+}
+
+// Both products for R = 1..kDecodeRowBlock rows and K/V rows of dtype DT,
+// chosen at run time.
+template <DType DT>
+inline void decode_partials_of(int R, const float* const* q_rows, const void* keys, int64_t key_stride, int kv, int Dp,
+                               float* partials) {
+    switch (R) {
+        case 4: row_key_partials<4, DT>(q_rows, keys, key_stride, kv, Dp, partials); break;
+        case 3: row_key_partials<3, DT>(q_rows, keys, key_stride, kv, Dp, partials); break;
+        case 2: row_key_partials<2, DT>(q_rows, keys, key_stride, kv, Dp, partials); break;
+        default: row_key_partials<1, DT>(q_rows, keys, key_stride, kv, Dp, partials); break;
+    }
+}
+
+inline void decode_partials(DType dt, int R, const float* const* q_rows, const void* keys, int64_t key_stride, int kv,
+                            int Dp, float* partials) {
+    switch (dt) {
+        case DType::bf16: decode_partials_of<DType::bf16>(R, q_rows, keys, key_stride, kv, Dp, partials); break;
+        case DType::f16: decode_partials_of<DType::f16>(R, q_rows, keys, key_stride, kv, Dp, partials); break;
+        default: decode_partials_of<DType::f32>(R, q_rows, keys, key_stride, kv, Dp, partials); break;
+    }
+}
+
+template <DType DT>
+inline void decode_accumulate_pv_of(int R, const float* const* p_rows, const void* values, int64_t value_stride, int kv,
+                                    int Dvp, float* const* o_rows) {
+    switch (R) {
+        case 4: accumulate_pv<4, DT>(p_rows, values, value_stride, kv, Dvp, o_rows); break;
+        case 3: accumulate_pv<3, DT>(p_rows, values, value_stride, kv, Dvp, o_rows); break;
+        case 2: accumulate_pv<2, DT>(p_rows, values, value_stride, kv, Dvp, o_rows); break;
+        default: accumulate_pv<1, DT>(p_rows, values, value_stride, kv, Dvp, o_rows); break;
+    }
+}
+
+inline void decode_accumulate_pv(DType dt, int R, const float* const* p_rows, const void* values, int64_t value_stride,
+                                 int kv, int Dvp, float* const* o_rows) {
+    switch (dt) {
+        case DType::bf16: decode_accumulate_pv_of<DType::bf16>(R, p_rows, values, value_stride, kv, Dvp, o_rows); break;
+        case DType::f16: decode_accumulate_pv_of<DType::f16>(R, p_rows, values, value_stride, kv, Dvp, o_rows); break;
+        default: decode_accumulate_pv_of<DType::f32>(R, p_rows, values, value_stride, kv, Dvp, o_rows); break;
+    }
+}
+
+}  // namespace GRAPHATTN_ISA_NS
+}  // namespace graphattn
