@@ -3,7 +3,7 @@ op-by-op reference executor on the same graph."""
 import pytest
 
 import graphattn as ga
-from graphattn.testing import SdpaGraphSpec, assert_grad_close, random_array
+from graphattn.testing import SdpaGraphSpec, assert_grad_close
 
 pytestmark = pytest.mark.cpu
 
@@ -26,16 +26,8 @@ VARIANTS = {
 
 def check(dtype, rng, grad_mask=False, **variant):
     spec = SdpaGraphSpec(stats=True, softmax_mode="inf_as_zero", dtype=dtype, **variant)
-    forward = spec.build()
-    inputs = spec.random_inputs(rng)
-    results = ga.run_graph(forward, inputs)
-    forward_ids = dict(spec.ids)
-    backward = spec.build_backward(grad_mask=grad_mask)
+    backward, data = spec.backward_case(rng, grad_mask=grad_mask)
     assert [p.kind for p in backward.get_partitions()] == ["sdpa_backward"]
-    data = {tid: inputs[forward_ids[role]] for role, tid in spec.ids.items()
-            if role in forward_ids and forward_ids[role] in inputs}
-    data[spec.ids["stats"]] = results[forward_ids["stats"]]
-    data[spec.ids["grad_output"]] = random_array(results[forward_ids["output"]].shape, dtype, rng)
     fused = ga.run_graph(backward, data)
     reference = ga.run_graph(backward, data, policy="debug")
     for name in ["grad_query", "grad_key", "grad_value"] + (["grad_mask"] if grad_mask else []):

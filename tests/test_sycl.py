@@ -103,15 +103,7 @@ def test_graph_backward_matches_cpu(queue, case, dtype, rng):
     variant = dict(BACKWARD_CASES[case])
     grad_mask = variant.pop("grad_mask", False)
     spec = SdpaGraphSpec(stats=True, softmax_mode="inf_as_zero", dtype=dtype, **variant)
-    forward_graph = spec.build()
-    inputs = spec.random_inputs(rng)
-    forward = ga.run_graph(forward_graph, inputs)
-    forward_ids = dict(spec.ids)
-    graph = spec.build_backward(grad_mask=grad_mask)
-    data = {tid: inputs[forward_ids[role]] for role, tid in spec.ids.items()
-            if role in forward_ids and forward_ids[role] in inputs}
-    data[spec.ids["stats"]] = forward[forward_ids["stats"]]
-    data[spec.ids["grad_output"]] = random_array(forward[forward_ids["output"]].shape, dtype, rng)
+    graph, data = spec.backward_case(rng, grad_mask=grad_mask)
     partitions = graph.get_partitions()
     assert [p.kind for p in partitions] == ["sdpa_backward"]
     on_device = ga.run_graph(graph, data, engine=ga.Engine(queue), partitions=partitions)

@@ -49,6 +49,8 @@ def _strides(a) -> tuple:
 
 
 def _layout(a) -> tuple:
+    if type(a) is np.ndarray:  # byte strides pin the layout as well as element strides, and cost nothing
+        return a.shape, a.strides if a.size else a.shape, a.dtype.str
     return tuple(a.shape), _strides(a) if a.size else tuple(a.shape), a.dtype.str
 
 
@@ -69,6 +71,8 @@ def _engine_for(queue) -> tuple[Engine, Stream]:
 def _sycl_inputs(query, key, value, attn_mask):
     """(q, k, v, mask, queue) when the inputs are USM arrays (dpnp or usm_ndarray), else None."""
     arrays = [query, key, value] + ([attn_mask] if attn_mask is not None else [])
+    if all(type(a) is np.ndarray for a in arrays):
+        return None
     on_device = [sycl_runtime.is_usm_array(a) for a in arrays]
     if not any(on_device):
         return None

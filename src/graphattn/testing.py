@@ -200,6 +200,22 @@ class SdpaGraphSpec:
         self.ids.update(b.roles, output=out.id)
         return b.graph()
 
+    def backward_case(self, rng: np.random.Generator, grad_mask: bool = False) -> tuple[Graph, dict]:
+        """(backward graph, its input data by tensor id): random forward inputs, the stats the forward graph
+        computes from them on the CPU, and a random grad_output.  self.ids then names the backward's tensors."""
+        from .run import run_graph
+
+        forward = self.build()
+        inputs = self.random_inputs(rng)
+        results = run_graph(forward, inputs)
+        forward_ids = dict(self.ids)
+        backward = self.build_backward(grad_mask=grad_mask)
+        data = {tid: inputs[forward_ids[role]] for role, tid in self.ids.items()
+                if role in forward_ids and forward_ids[role] in inputs}
+        data[self.ids["stats"]] = results[forward_ids["stats"]]
+        data[self.ids["grad_output"]] = random_array(results[forward_ids["output"]].shape, self.dtype, rng)
+        return backward, data
+
     def build_backward(self, grad_mask: bool = False) -> Graph:
         """The spec's training-backward graph for the same variant: inputs Q, K, V, [mask], stats,
         grad_output (and scale, fill, seed, offset as the forward); outputs grad_query, grad_key,

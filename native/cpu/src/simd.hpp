@@ -56,6 +56,7 @@ inline float horizontal_sum(VecF v) {
     return sum;
 }
 
+// Largest lane of v, which must hold no NaN (callers reduce max_ignoring_nan results).
 inline float horizontal_max(VecF v) {
 #if defined(__AVX512F__)
     if constexpr (kLanes == 16) return _mm512_reduce_max_ps((__m512)v);
