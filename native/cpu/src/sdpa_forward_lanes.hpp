@@ -108,8 +108,8 @@ struct LaneForward {
         p.row_blocks = (p.rows_total + kBlockQ - 1) / kBlockQ;
         p.outer_items = a.batch[0] * a.batch[1] * a.batch[2] / p.group * p.row_blocks;
         const int64_t threads = omp_get_max_threads();
-        if (p.outer_items < threads) {  // about two items per thread, so that dynamic scheduling can balance them
-            const int64_t by_threads = (2 * threads + p.outer_items - 1) / p.outer_items;
+        if (p.outer_items < threads) {  // about four items per thread, so that dynamic scheduling can balance them
+            const int64_t by_threads = (4 * threads + p.outer_items - 1) / p.outer_items;
             p.splits = std::max<int64_t>(1, std::min(by_threads, a.seq_kv / kMinKeysPerSplit));
         }
         const int64_t per_split = (a.seq_kv + p.splits - 1) / p.splits;
