@@ -18,6 +18,7 @@ namespace {
 struct Cache {
     std::mutex lock;
     std::map<std::pair<std::string, size_t>, ExecutableBundle> bundles;  // (variant key, context hash)
+    std::map<std::pair<std::string, size_t>, std::string> failures;      // builds that failed, with the error
     int64_t builds = 0;
     double seconds = 0.0;
 };
@@ -52,6 +53,8 @@ ExecutableBundle& kernel_bundle_for(sycl::queue& queue, const KernelVariant& var
     std::lock_guard<std::mutex> guard(c.lock);
     auto found = c.bundles.find(key);
     if (found != c.bundles.end()) return found->second;
+    auto failed = c.failures.find(key);  // a failed build is not retried: it would fail again, slowly
+    if (failed != c.failures.end()) throw sycl::exception(sycl::errc::build, failed->second);
     const char* text = kernel_source(variant.source.c_str());
     if (text == nullptr) throw sycl::exception(sycl::errc::invalid, "no embedded kernel source " + variant.source);
     const auto start = std::chrono::steady_clock::now();
@@ -60,11 +63,16 @@ ExecutableBundle& kernel_bundle_for(sycl::queue& queue, const KernelVariant& var
     std::vector<std::string> options = variant.options;
     options.push_back("-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING");
     std::string log;
-    ExecutableBundle built = syclex::build(source, std::vector<sycl::device>{queue.get_device()},
-                                           syclex::properties{syclex::build_options{options}, syclex::save_log{&log}});
-    c.builds += 1;
-    c.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return c.bundles.emplace(key, std::move(built)).first->second;
+    try {
+        ExecutableBundle built = syclex::build(source, std::vector<sycl::device>{queue.get_device()},
+                                               syclex::properties{syclex::build_options{options}, syclex::save_log{&log}});
+        c.builds += 1;
+        c.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return c.bundles.emplace(key, std::move(built)).first->second;
+    } catch (const sycl::exception& e) {
+        c.failures.emplace(key, e.what());
+        throw;
+    }
 }
 
 bool bundle_has_kernel(ExecutableBundle& bundle, const char* name) { return bundle.ext_oneapi_has_kernel(name); }

@@ -16,7 +16,8 @@ struct KernelVariant {
 };
 
 // The bundle of `variant` for the queue's device, built if not yet built.
-// Throws sycl::exception with the compiler's log when the build fails.
+// Throws sycl::exception with the compiler's log when the build fails; a failed
+// variant is remembered and throws the same error again without rebuilding.
 sycl::kernel_bundle<sycl::bundle_state::executable>& kernel_bundle_for(sycl::queue& queue,
                                                                              const KernelVariant& variant);
 

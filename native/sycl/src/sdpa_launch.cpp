@@ -97,9 +97,13 @@ ForwardChoice choose_forward(sycl::queue& q, const SdpaForwardArgs& a) {
         return {false, "subgroup (fewer than " + std::to_string(kXmxTileRows) + " query rows fill no XMX tile)"};
     if (policy == MatrixKernels::Auto && !q.get_device().has(sycl::aspect::ext_intel_matrix))
         return {false, "subgroup (the device has no ext_intel_matrix)"};
-    auto& bundle = kernel_bundle_for(q, xmx_variant(a.query.dtype, a.head_dim_qk, a.head_dim_v));
-    if (!bundle_has_kernel(bundle, "graphattn_sdpa_forward_xmx"))
-        return {false, "subgroup (the device dropped the joint_matrix kernel)"};
+    try {
+        auto& bundle = kernel_bundle_for(q, xmx_variant(a.query.dtype, a.head_dim_qk, a.head_dim_v));
+        if (!bundle_has_kernel(bundle, "graphattn_sdpa_forward_xmx"))
+            return {false, "subgroup (the device dropped the joint_matrix kernel)"};
+    } catch (const sycl::exception& e) {  // a compiler that rejects it leaves the sub-group kernel, which works
+        return {false, std::string("subgroup (the XMX kernel failed to build: ") + e.what() + ")"};
+    }
     return {true, "xmx"};
 }
 
@@ -230,11 +234,7 @@ Status sdpa_backward(void* queue, const SdpaBackwardArgs& args) {
 }
 
 std::string sdpa_forward_kernel(void* queue, const SdpaForwardArgs& args) {
-    try {
-        return choose_forward(as_queue(queue), args).name;
-    } catch (const sycl::exception& e) {
-        return std::string("subgroup (the XMX kernel failed to build: ") + e.what() + ")";
-    }
+    return choose_forward(as_queue(queue), args).name;
 }
 
 void set_matrix_kernels(MatrixKernels policy) { g_matrix_kernels.store(int(policy)); }
