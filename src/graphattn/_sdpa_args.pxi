@@ -33,6 +33,19 @@ cdef void _set_shape_and_flags(SdpaForwardArgs* args, object batch, int64_t seq_
 
 
 
+cdef void _set_forward_views(SdpaForwardArgs* args, object query, object key, object value, object output,
+                             object mask, object stats) except *:
+    # The views of a forward plan (mask and stats optional), in both bindings.
+    _set_view(&args.query, query)
+    _set_view(&args.key, key)
+    _set_view(&args.value, value)
+    _set_view(&args.output, output)
+    if mask is not None:
+        _set_view(&args.mask, mask)
+    if stats is not None:
+        _set_view(&args.stats, stats)
+
+
 cdef void _set_data_and_scalars(SdpaForwardArgs* a, uintptr_t query, uintptr_t key, uintptr_t value,
                                 uintptr_t output, uintptr_t mask, uintptr_t stats, float scale,
                                 int64_t causal_offset, float select_fill, float causal_fill,

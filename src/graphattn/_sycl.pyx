@@ -59,14 +59,7 @@ cdef class ForwardPlan:
         self.queue = queue
         _set_shape_and_flags(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
                              has_scale, scale_is_divisor, causal, inf_as_zero, dropout_p)
-        _set_view(&self.args.query, query)
-        _set_view(&self.args.key, key)
-        _set_view(&self.args.value, value)
-        _set_view(&self.args.output, output)
-        if mask is not None:
-            _set_view(&self.args.mask, mask)
-        if stats is not None:
-            _set_view(&self.args.stats, stats)
+        _set_forward_views(&self.args, query, key, value, output, mask, stats)
 
     def kernel_name(self):
         """The kernel this plan runs on its device, with the reason when it is not the XMX one."""

@@ -3,6 +3,7 @@
 // loops, so each loop is a plain typed copy the compiler can vectorise.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "graphattn/sdpa.hpp"
@@ -105,6 +106,16 @@ inline void load_block(const void* src, DType dt, int64_t row_stride, int64_t co
                        dst_col_stride, [](uint8_t v) { return v ? 1.0f : 0.0f; });
             break;
     }
+}
+
+// Rows [row0, row0 + rows) of view t (batch offset base) transposed into a
+// cols x lanes f32 block: dst[c * lanes + r] = t(row0 + r, c); the lanes past
+// `rows` are zero.
+inline void load_rows_transposed(const TensorView& t, int64_t base, int64_t row0, int rows, int cols, float* dst,
+                                 int lanes) {
+    std::fill(dst, dst + size_t(cols) * lanes, 0.0f);
+    load_block(element_ptr(t.data, t.dtype, base + row0 * t.strides[3]), t.dtype, t.strides[3], t.strides[4], rows, cols,
+               dst, 1, lanes);
 }
 
 // dst[c * col_stride] = convert(src[c]) for c < cols, in dst's dtype.

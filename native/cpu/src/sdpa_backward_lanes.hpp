@@ -237,12 +237,8 @@ struct LaneBackward {
         // K^T and V^T, lanes past kv_rows zero; K^T carries scale * log2(e).
         float* k_t = sc.k_t.get();
         float* v_t = sc.v_t.get();
-        std::fill(k_t, k_t + size_t(D) * kLaneBlock, 0.0f);
-        std::fill(v_t, v_t + size_t(Dv) * kLaneBlock, 0.0f);
-        load_block(element_ptr(k.data, k.dtype, view_batch_offset(k, outer_b) + j0 * k.strides[3]), k.dtype, k.strides[3],
-                   k.strides[4], kv_rows, D, k_t, 1, kLaneBlock);
-        load_block(element_ptr(v.data, v.dtype, view_batch_offset(v, outer_b) + j0 * v.strides[3]), v.dtype, v.strides[3],
-                   v.strides[4], kv_rows, Dv, v_t, 1, kLaneBlock);
+        load_rows_transposed(k, view_batch_offset(k, outer_b), j0, kv_rows, D, k_t, kLaneBlock);
+        load_rows_transposed(v, view_batch_offset(v, outer_b), j0, kv_rows, Dv, v_t, kLaneBlock);
         for (int x = 0; x < D * kLaneBlock; x += kLanes) store(k_t + x, load(k_t + x) * (scale * kLog2e));
         if (fused_dq)  // rows past kv_rows keep finite old values: their dS is 0
             load_block(element_ptr(k.data, k.dtype, view_batch_offset(k, outer_b) + j0 * k.strides[3]), k.dtype,
@@ -327,12 +323,8 @@ struct LaneBackward {
         const TensorView &q = a.query, &g = args.grad_output, &k = a.key, &v = a.value;
         float* q_t = sc.q_t.get();
         float* do_t = sc.do_t.get();
-        std::fill(q_t, q_t + size_t(D) * kLaneBlock, 0.0f);
-        std::fill(do_t, do_t + size_t(Dv) * kLaneBlock, 0.0f);
-        load_block(element_ptr(q.data, q.dtype, view_batch_offset(q, b) + i0 * q.strides[3]), q.dtype, q.strides[3],
-                   q.strides[4], rows, D, q_t, 1, kLaneBlock);
-        load_block(element_ptr(g.data, g.dtype, view_batch_offset(g, b) + i0 * g.strides[3]), g.dtype, g.strides[3],
-                   g.strides[4], rows, Dv, do_t, 1, kLaneBlock);
+        load_rows_transposed(q, view_batch_offset(q, b), i0, rows, D, q_t, kLaneBlock);
+        load_rows_transposed(g, view_batch_offset(g, b), i0, rows, Dv, do_t, kLaneBlock);
         for (int x = 0; x < D * kLaneBlock; x += kLanes) store(q_t + x, load(q_t + x) * (scale * kLog2e));
         std::fill(sc.dq_t.get(), sc.dq_t.get() + size_t(D) * kLaneBlock, 0.0f);
         const int64_t fb = flat_batch(b);
