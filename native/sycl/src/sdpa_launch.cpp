@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,27 +85,27 @@ KernelVariant xmx_variant(DType input, int64_t head_dim_qk, int64_t head_dim_v) 
 // Auto the device's aspect decides before anything is built; the build then
 // decides for the devices that drop joint_matrix kernels.
 struct ForwardChoice {
-    bool xmx;
-    std::string name;
+    std::optional<sycl::kernel> xmx;  // set when the XMX kernel runs
+    std::string name;                 // "xmx", or "subgroup (reason)"
 };
 
 ForwardChoice choose_forward(sycl::queue& q, const SdpaForwardArgs& a) {
     const auto policy = MatrixKernels(g_matrix_kernels.load());
-    if (policy == MatrixKernels::Off) return {false, "subgroup (matrix kernels are off)"};
+    if (policy == MatrixKernels::Off) return {std::nullopt, "subgroup (matrix kernels are off)"};
     if (a.query.dtype != DType::bf16 && a.query.dtype != DType::f16)
-        return {false, "subgroup (the XMX kernel takes bf16 and f16 inputs)"};
+        return {std::nullopt, "subgroup (the XMX kernel takes bf16 and f16 inputs)"};
     if (a.seq_q < kXmxTileRows)
-        return {false, "subgroup (fewer than " + std::to_string(kXmxTileRows) + " query rows fill no XMX tile)"};
+        return {std::nullopt, "subgroup (fewer than " + std::to_string(kXmxTileRows) + " query rows fill no XMX tile)"};
     if (policy == MatrixKernels::Auto && !q.get_device().has(sycl::aspect::ext_intel_matrix))
-        return {false, "subgroup (the device has no ext_intel_matrix)"};
+        return {std::nullopt, "subgroup (the device has no ext_intel_matrix)"};
     try {
         auto& bundle = kernel_bundle_for(q, xmx_variant(a.query.dtype, a.head_dim_qk, a.head_dim_v));
         if (!bundle_has_kernel(bundle, "graphattn_sdpa_forward_xmx"))
-            return {false, "subgroup (the device dropped the joint_matrix kernel)"};
+            return {std::nullopt, "subgroup (the device dropped the joint_matrix kernel)"};
+        return {bundle.ext_oneapi_get_kernel("graphattn_sdpa_forward_xmx"), "xmx"};
     } catch (const sycl::exception& e) {  // a compiler that rejects it leaves the sub-group kernel, which works
-        return {false, std::string("subgroup (the XMX kernel failed to build: ") + e.what() + ")"};
+        return {std::nullopt, std::string("subgroup (the XMX kernel failed to build: ") + e.what() + ")"};
     }
-    return {true, "xmx"};
 }
 
 // The SYCL rules on top of the common checks: head sizes the lanes hold, one
@@ -163,9 +164,9 @@ Status sdpa_forward(void* queue, const SdpaForwardArgs& args) {
         std::vector<sycl::event> deps;
         if (!q.is_in_order()) deps.push_back(queue_barrier(q));
         const graphattn_sycl::ForwardParams params = forward_params(args);
-        if (choose_forward(q, args).xmx) {
-            auto& bundle = kernel_bundle_for(q, xmx_variant(args.query.dtype, args.head_dim_qk, args.head_dim_v));
-            const sycl::kernel kernel = bundle.ext_oneapi_get_kernel("graphattn_sdpa_forward_xmx");
+        const ForwardChoice choice = choose_forward(q, args);
+        if (choice.xmx) {
+            const sycl::kernel& kernel = *choice.xmx;
             const int64_t groups = batch * ((args.seq_q + kXmxTileRows - 1) / kXmxTileRows);
             q.submit([&](sycl::handler& h) {
                 h.depends_on(deps);
