@@ -111,21 +111,27 @@ void accumulate_on_tiles(const Scratch& sc, int m, int kv_rows, float* o) {
 }
 
 // Updates row r's running max and sum with its scores in base-2 units (the
-// raw scores times load_scale), writes its probabilities as bf16 and rescales
-// its accumulator row when the max grew.
+// raw scores times load_scale > 0, so the max is taken on the raw values and
+// the scale enters the exponent's FMA), writes its probabilities as bf16 and
+// rescales its accumulator row when the max grew.  The probabilities are
+// rounded to bf16, so the coarse exp2 serves.
 void softmax_row(Scratch& sc, const float* s_row, int r, float load_scale, float* o_row) {
-    VecF x[kVecsPerRow];
-    for (int v = 0; v < kVecsPerRow; ++v) x[v] = load(s_row + v * kLanes) * load_scale;
+    VecF raw[kVecsPerRow];
     VecF m = splat(-__builtin_inff());
-    for (int v = 0; v < kVecsPerRow; ++v) m = max_ignoring_nan(x[v], m);
+    for (int v = 0; v < kVecsPerRow; ++v) {
+        raw[v] = load(s_row + v * kLanes);
+        m = max_ignoring_nan(raw[v], m);
+    }
     const float old_max = sc.row_max[r];
-    float new_max = _mm512_reduce_max_ps((__m512)m);
+    float new_max = _mm512_reduce_max_ps((__m512)m) * load_scale;
     new_max = new_max > old_max ? new_max : old_max;
     const float base = new_max == -__builtin_inff() ? 0.0f : new_max;  // no finite score yet: 2^-inf = 0
+    const __m512 scale = _mm512_set1_ps(load_scale), shift = _mm512_set1_ps(-base);
     VecF sum{};
     uint16_t* p_row = sc.p() + r * kBlockKV;
     for (int v = 0; v < kVecsPerRow; v += 2) {
-        const VecF p0 = vexp2(x[v] - base), p1 = vexp2(x[v + 1] - base);
+        const VecF p0 = vexp2<true>((VecF)_mm512_fmadd_ps((__m512)raw[v], scale, shift));
+        const VecF p1 = vexp2<true>((VecF)_mm512_fmadd_ps((__m512)raw[v + 1], scale, shift));
         sum += p0 + p1;
         _mm512_storeu_si512(p_row + v * kLanes, (__m512i)_mm512_cvtne2ps_pbh((__m512)p1, (__m512)p0));
     }
@@ -176,10 +182,10 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         pack_k(k, k_base + j0 * k.strides[3], kv_rows, D, sc);
         pack_v(v, v_base + j0 * v.strides[3], kv_rows, Dv, sc);
         float* s = sc.s_store.get();
-        // Plain blocks (no mask, no causal cut, no padding keys) take the scale as the
-        // softmax loads them; the others are scaled and masked first.
+        // Plain blocks (no mask, no causal cut, no padding keys, a positive scale) take the
+        // scale in the softmax; the others are scaled and masked first.
         const bool causal_cut = a.causal && j0 + kv_rows - 1 - i0 > a.causal_offset;
-        const bool plain = a.mask_kind == MaskKind::none && !causal_cut && kv_rows == kBlockKV;
+        const bool plain = a.mask_kind == MaskKind::none && !causal_cut && kv_rows == kBlockKV && scale_log2 > 0.0f;
         // Software pipeline over pairs of row tiles: the scores of the next pair go to
         // the tile unit before the softmax of this pair runs on the vector units.
         scores_on_tiles(sc, 0, s);
