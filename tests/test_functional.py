@@ -60,6 +60,13 @@ def test_matches_reference(case, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [-0.2, 0.0])
+def test_non_positive_scale_matches_reference(scale, dtype, rng):
+    """A negative or zero scale reverses or flattens the scores: the kernels' max and scale folding must hold."""
+    run_case(CASES["long_many_heads"], dtype, rng, return_stats=True, scale=scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mask_shape", MASK_SHAPES)
 @pytest.mark.parametrize("kind", ["bool", "float"])
 def test_mask_broadcast_shapes(kind, mask_shape, dtype, rng):
