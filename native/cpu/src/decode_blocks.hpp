@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "graphattn/sdpa.hpp"
 #include "half_types.hpp"
@@ -136,46 +137,37 @@ inline void accumulate_pv(const float* const* p_rows, const void* values, int64_
     for (; c < Dvp; c += kLanes) accumulate_pv_columns<R, 1, DT>(p_rows, values, value_stride, kv, o_rows, c);
 }
 
-// Both products for R = 1..kDecodeRowBlock rows and K/V rows of dtype DT,
-// chosen at run time.
-template <DType DT>
-inline void decode_partials_of(int R, const float* const* q_rows, const void* keys, int64_t key_stride, int kv, int Dp,
-                               float* partials) {
-    switch (R) {
-        case 4: row_key_partials<4, DT>(q_rows, keys, key_stride, kv, Dp, partials); break;
-        case 3: row_key_partials<3, DT>(q_rows, keys, key_stride, kv, Dp, partials); break;
-        case 2: row_key_partials<2, DT>(q_rows, keys, key_stride, kv, Dp, partials); break;
-        default: row_key_partials<1, DT>(q_rows, keys, key_stride, kv, Dp, partials); break;
+// Calls f(rows, dtype) with R (1..kDecodeRowBlock) and the K/V dtype as
+// compile-time constants (std::integral_constant), chosen at run time.
+template <typename F>
+inline void with_decode_block(int R, DType dt, F&& f) {
+    auto by_rows = [&](auto dtype) {
+        switch (R) {
+            case 4: f(std::integral_constant<int, 4>{}, dtype); break;
+            case 3: f(std::integral_constant<int, 3>{}, dtype); break;
+            case 2: f(std::integral_constant<int, 2>{}, dtype); break;
+            default: f(std::integral_constant<int, 1>{}, dtype); break;
+        }
+    };
+    switch (dt) {
+        case DType::bf16: by_rows(std::integral_constant<DType, DType::bf16>{}); break;
+        case DType::f16: by_rows(std::integral_constant<DType, DType::f16>{}); break;
+        default: by_rows(std::integral_constant<DType, DType::f32>{}); break;
     }
 }
 
 inline void decode_partials(DType dt, int R, const float* const* q_rows, const void* keys, int64_t key_stride, int kv,
                             int Dp, float* partials) {
-    switch (dt) {
-        case DType::bf16: decode_partials_of<DType::bf16>(R, q_rows, keys, key_stride, kv, Dp, partials); break;
-        case DType::f16: decode_partials_of<DType::f16>(R, q_rows, keys, key_stride, kv, Dp, partials); break;
-        default: decode_partials_of<DType::f32>(R, q_rows, keys, key_stride, kv, Dp, partials); break;
-    }
-}
-
-template <DType DT>
-inline void decode_accumulate_pv_of(int R, const float* const* p_rows, const void* values, int64_t value_stride, int kv,
-                                    int Dvp, float* const* o_rows) {
-    switch (R) {
-        case 4: accumulate_pv<4, DT>(p_rows, values, value_stride, kv, Dvp, o_rows); break;
-        case 3: accumulate_pv<3, DT>(p_rows, values, value_stride, kv, Dvp, o_rows); break;
-        case 2: accumulate_pv<2, DT>(p_rows, values, value_stride, kv, Dvp, o_rows); break;
-        default: accumulate_pv<1, DT>(p_rows, values, value_stride, kv, Dvp, o_rows); break;
-    }
+    with_decode_block(R, dt, [&](auto rows, auto dtype) {
+        row_key_partials<rows.value, dtype.value>(q_rows, keys, key_stride, kv, Dp, partials);
+    });
 }
 
 inline void decode_accumulate_pv(DType dt, int R, const float* const* p_rows, const void* values, int64_t value_stride,
                                  int kv, int Dvp, float* const* o_rows) {
-    switch (dt) {
-        case DType::bf16: decode_accumulate_pv_of<DType::bf16>(R, p_rows, values, value_stride, kv, Dvp, o_rows); break;
-        case DType::f16: decode_accumulate_pv_of<DType::f16>(R, p_rows, values, value_stride, kv, Dvp, o_rows); break;
-        default: decode_accumulate_pv_of<DType::f32>(R, p_rows, values, value_stride, kv, Dvp, o_rows); break;
-    }
+    with_decode_block(R, dt, [&](auto rows, auto dtype) {
+        accumulate_pv<rows.value, dtype.value>(p_rows, values, value_stride, kv, Dvp, o_rows);
+    });
 }
 
 }  // namespace GRAPHATTN_ISA_NS

@@ -198,11 +198,7 @@ struct LaneBackward {
         float* z = sc.z.get();
         if (dropout.active) {
             for (int r = 0; r < rows; ++r) dropout.multipliers(sc.drop_base[r], j0, kv_rows, z + r * kLaneBlock, 1, sc.keep);
-            for (int r = 0; r < rows; ++r)
-                for (int v = 0; v < RV; ++v) {
-                    float* x = dp + r * kLaneBlock + v * kLanes;
-                    store(x, load(x) * load(z + r * kLaneBlock + v * kLanes));
-                }
+            multiply_in_place(dp, z, size_t(rows) * kLaneBlock);
         }
         for (int r = 0; r < rows; ++r)
             for (int v = 0; v < RV; ++v) {
@@ -352,11 +348,7 @@ struct LaneBackward {
                 float* z_t = sc.z_t.get();
                 for (int r = 0; r < rows; ++r)
                     dropout.multipliers(sc.drop_base[r], j0, kv_rows, z_t + r, kLaneBlock, sc.keep);
-                for (int j = 0; j < kv_rows; ++j)
-                    for (int v = 0; v < RV; ++v) {
-                        float* x = dp_t + j * kLaneBlock + v * kLanes;
-                        store(x, load(x) * load(z_t + j * kLaneBlock + v * kLanes));
-                    }
+                multiply_in_place(dp_t, z_t, size_t(kv_rows) * kLaneBlock);
             }
             for (int j = 0; j < kv_rows; ++j)
                 for (int v = 0; v < RV; ++v) {

@@ -5,6 +5,7 @@
 // the operations onto those registers.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -54,6 +55,11 @@ inline float horizontal_sum(VecF v) {
     float sum = v[0];
     for (int i = 1; i < kLanes; ++i) sum += v[i];
     return sum;
+}
+
+// x[i] *= m[i] for i < n (n a multiple of kLanes).
+inline void multiply_in_place(float* x, const float* m, size_t n) {
+    for (size_t i = 0; i < n; i += kLanes) store(x + i, load(x + i) * load(m + i));
 }
 
 // Largest lane of v, which must hold no NaN (callers reduce max_ignoring_nan results).
