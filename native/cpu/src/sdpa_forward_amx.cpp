@@ -64,10 +64,10 @@ struct Scratch {
 
 const uint16_t* bf16_at(const TensorView& t, int64_t offset) { return static_cast<const uint16_t*>(t.data) + offset; }
 
-// q[r][d] for r < rows, d < D; zeros up to kBlockQ x dp.
+// q[r][d] for r < rows, d < D; zeros up to the row tiles' rows (a multiple of 32) x dp.
 void pack_q(const TensorView& q, int64_t base, int rows, int D, Scratch& sc) {
     uint16_t* dst = sc.q();
-    std::memset(dst, 0, size_t(kBlockQ) * sc.dp * 2);
+    std::memset(dst, 0, size_t(round_up(rows, 32)) * sc.dp * 2);
     for (int r = 0; r < rows; ++r) {
         const uint16_t* src = bf16_at(q, base + r * q.strides[3]);
         for (int d = 0; d < D; ++d) dst[r * sc.dp + d] = src[d * q.strides[4]];
@@ -171,7 +171,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         sc.mask_offset[r] = view_batch_offset(a.mask, b) + (i0 + r) * a.mask.strides[3];
     }
     pack_q(q, view_batch_offset(q, b) + i0 * q.strides[3], rows, D, sc);
-    std::fill(sc.o_store.get(), sc.o_store.get() + size_t(kBlockQ) * sc.dvp, 0.0f);
+    std::fill(sc.o_store.get(), sc.o_store.get() + size_t(row_tiles) * 16 * sc.dvp, 0.0f);  // the rows tiles touch
     std::fill(sc.row_max, sc.row_max + kBlockQ, -__builtin_inff());
     std::fill(sc.row_sum, sc.row_sum + kBlockQ, 0.0f);
 
