@@ -89,6 +89,30 @@ def test_strided_views_and_scale(rng):
     assert_close(out, sdpa_reference(q, k[:, :, ::2], v[:, :, ::2], scale=0.3), "f32")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_long_views(dtype, rng):
+    """Long sequences through views with a row stride (BSHD storage) and a column stride of 2: the
+    packed fast paths' row strides and the kernels' general path for other layouts."""
+    base = random_array((1, 150, 2, 2, 64), dtype, rng)  # (N, S, H, 2, D) storage
+    bshd = base[:, :, :, 0].transpose(0, 2, 1, 3)
+    every_other = base.transpose(0, 2, 1, 3, 4).reshape(1, 2, 150, 128)[..., ::2]
+    for k, v in ((bshd, bshd), (every_other, bshd), (bshd, every_other)):
+        out = ga.scaled_dot_product_attention(bshd, k, v)
+        assert_close(out, sdpa_reference(bshd, k, v), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_infinite_inputs_match_reference(where, dtype, rng):
+    """An infinity in Q, K or V gives the reference's infinities and NaNs: the f16 split products on AMX
+    cannot (part * inf is NaN), so such calls run on the vector build."""
+    q, k, v = (random_array((1, 2, 140, 64), dtype, rng) for _ in range(3))
+    arrays = {"query": q, "key": k, "value": v}
+    arrays[where][0, 1, 7, 3] = np.inf
+    arrays[where][0, 0, 130, 5] = -np.inf
+    assert_close(ga.scaled_dot_product_attention(q, k, v), sdpa_reference(q, k, v), dtype)
+
+
 def test_scalar_zero_mask_means_none(rng):
     q = random_array((1, 2, 5, 16), "f32", rng)
     assert np.array_equal(ga.scaled_dot_product_attention(q, q, q, attn_mask=np.float32(0.0)),

@@ -13,7 +13,7 @@ cnp.import_array()
 
 from graphattn._cpu cimport (DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
                              cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_forward,
-                             sdpa_forward_isa)
+                             sdpa_forward_isa, sdpa_forward_isa_for)
 
 
 include "_sdpa_args.pxi"
@@ -30,6 +30,10 @@ cdef class ForwardPlan:
         _set_shape_and_flags(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
                              has_scale, scale_is_divisor, causal, inf_as_zero, dropout_p)
         _set_forward_views(&self.args, query, key, value, output, mask, stats)
+
+    def isa(self):
+        """Name of the kernel build the run will use (for the verbose log)."""
+        return sdpa_forward_isa_for(self.args).decode()
 
     def run_arrays(self, cnp.ndarray query, cnp.ndarray key, cnp.ndarray value, cnp.ndarray output,
                    cnp.ndarray mask=None, cnp.ndarray stats=None, float scale=1.0, int64_t causal_offset=0,

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "amx_split.hpp"
 #include "amx_tiles.hpp"
 #include "isa_namespace.hpp"
 
@@ -22,6 +23,21 @@ struct Bf16Block {
     int64_t row_stride, col_stride;
     int rows, cols;
     uint16_t at(int r, int c) const { return data[r * row_stride + c * col_stride]; }
+};
+
+// Indices for interleaving the 16-bit words of two rows of 32: (a0, b0, a1, b1, ...)
+// takes `low` for words 0-15 of each row and `high` for words 16-31.
+struct WordInterleave {
+    __m512i low, high;
+    WordInterleave() {
+        alignas(64) int16_t low_index[32], high_index[32];
+        for (int w = 0; w < 16; ++w) {
+            low_index[2 * w] = int16_t(w), low_index[2 * w + 1] = int16_t(32 + w);
+            high_index[2 * w] = int16_t(16 + w), high_index[2 * w + 1] = int16_t(48 + w);
+        }
+        low = _mm512_load_si512(low_index);
+        high = _mm512_load_si512(high_index);
+    }
 };
 
 // dst[p * ld + j] = (X[j][2p], X[j][2p + 1]) for j < width (a multiple of 16)
@@ -46,12 +62,8 @@ inline void pack_column_pairs(const Bf16Block& x, int width, int cols_padded, ui
 // c < cols_padded (a multiple of 32); zeros past X's rows and columns.
 inline void pack_row_pairs(const Bf16Block& x, int height, int cols_padded, uint32_t* dst, int64_t ld) {
     if (x.col_stride == 1 && x.rows == height && x.cols == cols_padded) {
-        alignas(64) int16_t low_index[32], high_index[32];
-        for (int w = 0; w < 16; ++w) {
-            low_index[2 * w] = int16_t(w), low_index[2 * w + 1] = int16_t(32 + w);
-            high_index[2 * w] = int16_t(16 + w), high_index[2 * w + 1] = int16_t(48 + w);
-        }
-        const __m512i lo = _mm512_load_si512(low_index), hi = _mm512_load_si512(high_index);
+        const WordInterleave interleave;
+        const __m512i lo = interleave.low, hi = interleave.high;
         for (int jp = 0; jp < height / 2; ++jp)
             for (int c0 = 0; c0 < cols_padded; c0 += 32) {
                 const __m512i even = _mm512_loadu_si512(x.data + (2 * jp) * x.row_stride + c0);
@@ -64,6 +76,73 @@ inline void pack_row_pairs(const Bf16Block& x, int height, int cols_padded, uint
     for (int jp = 0; jp < height / 2; ++jp) std::memset(dst + jp * ld, 0, size_t(cols_padded) * 4);
     for (int j = 0; j < x.rows; ++j)
         for (int c = 0; c < x.cols; ++c) reinterpret_cast<uint16_t*>(dst + (j / 2) * ld + c)[j % 2] = x.at(j, c);
+}
+
+inline const char* row_at(const void* data, DType dt, int64_t element) {
+    return static_cast<const char*>(data) + element * (dt == DType::f32 ? 4 : 2);
+}
+
+// Split packings: a block of f32, bf16 or f16 values (unit column stride,
+// full: `width` or `height` rows, columns a multiple of 32) goes into bf16
+// parts (amx_split.hpp), each term's segment holding the part that term
+// multiplies.  They convert, split and pack in registers, in one pass, and
+// add the lanes that held an infinity to `infinite`.
+
+// As pack_column_pairs: term t's cols / 2 pair rows, from dst + t * (cols / 2) * ld, hold part b_part(t).
+template <int Parts>
+inline void pack_column_pairs_split(const void* data, DType dt, int64_t row_stride, int width, int cols,
+                                    uint32_t* dst, int64_t ld, __mmask16& infinite) {
+    using Terms = SplitTerms<Parts>;
+    __m512i in[Parts][16], out[16], parts[Parts];
+    for (int j0 = 0; j0 < width; j0 += 16)
+        for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
+            for (int r = 0; r < 16; ++r) {
+                load_split_32<Parts>(row_at(data, dt, (j0 + r) * row_stride + c0), dt, parts, infinite);
+                for (int p = 0; p < Parts; ++p) in[p][r] = parts[p];
+            }
+            for (int p = 0; p < Parts; ++p) {
+                transpose_16x16_words(in[p], out);
+                for (int t = 0; t < Terms::kTerms; ++t) {
+                    if (Terms::b_part(t) != p) continue;
+                    uint32_t* seg = dst + (int64_t(t) * (cols / 2) + c0 / 2) * ld + j0;
+                    for (int r = 0; r < 16; ++r) _mm512_storeu_si512(seg + r * ld, out[r]);
+                }
+            }
+        }
+}
+
+// As pack_row_pairs: term t's height / 2 pair rows, from dst + t * (height / 2) * ld, hold part b_part(t).
+template <int Parts>
+inline void pack_row_pairs_split(const void* data, DType dt, int64_t row_stride, int height, int cols,
+                                 uint32_t* dst, int64_t ld, __mmask16& infinite) {
+    using Terms = SplitTerms<Parts>;
+    const WordInterleave interleave;
+    __m512i even[Parts], odd[Parts];
+    for (int jp = 0; jp < height / 2; ++jp)
+        for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
+            load_split_32<Parts>(row_at(data, dt, (2 * jp) * row_stride + c0), dt, even, infinite);
+            load_split_32<Parts>(row_at(data, dt, (2 * jp + 1) * row_stride + c0), dt, odd, infinite);
+            for (int t = 0; t < Terms::kTerms; ++t) {
+                const int p = Terms::b_part(t);
+                uint32_t* out = dst + (int64_t(t) * (height / 2) + jp) * ld + c0;
+                _mm512_storeu_si512(out, _mm512_permutex2var_epi16(even[p], interleave.low, odd[p]));
+                _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(even[p], interleave.high, odd[p]));
+            }
+        }
+}
+
+// A operand rows: dst[r * ld + t * cols + c] = part a_part(t) of X[r][c] for r < rows.
+template <int Parts>
+inline void pack_rows_split(const void* data, DType dt, int64_t row_stride, int rows, int cols, uint16_t* dst,
+                            int64_t ld, __mmask16& infinite) {
+    using Terms = SplitTerms<Parts>;
+    __m512i parts[Parts];
+    for (int r = 0; r < rows; ++r)
+        for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
+            load_split_32<Parts>(row_at(data, dt, r * row_stride + c0), dt, parts, infinite);
+            for (int t = 0; t < Terms::kTerms; ++t)
+                _mm512_storeu_si512(dst + r * ld + t * cols + c0, parts[Terms::a_part(t)]);
+        }
 }
 
 }  // namespace GRAPHATTN_ISA_NS

@@ -57,17 +57,42 @@ bool amx_allowed() {
 #endif
 }
 
-// AMX tiles take bf16 Q, K and V in blocks of query rows; short query
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+// The AMX forward, or the vector build where it declines (infinities in split f16 inputs).
+Status forward_amx_or_vector(const SdpaForwardArgs& args) {
+    return sdpa_forward_amx(args) ? Status::success() : vector_kernel().run(args);
+}
+#endif
+
+// AMX tiles take bf16 Q, K and V, or f16 ones as pairs of bf16 parts (three
+// bf16 products in place of one), in blocks of query rows; short query
 // sequences (decode) stay on the vector build's row kernel.
 constexpr int64_t kAmxMinQueryRows = 16;
 
 ForwardKernel forward_kernel_for(DType input_dtype, int64_t seq_q) {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
-    if (input_dtype == DType::bf16 && seq_q >= kAmxMinQueryRows && amx_allowed()) return {"amx_bf16", sdpa_forward_amx, nullptr};
+    if (seq_q >= kAmxMinQueryRows && amx_allowed()) {
+        if (input_dtype == DType::bf16) return {"amx_bf16", forward_amx_or_vector, nullptr};
+        if (input_dtype == DType::f16) return {"amx_bf16x3", forward_amx_or_vector, nullptr};
+    }
 #endif
     (void)input_dtype;
     (void)seq_q;
     return vector_kernel();
+}
+
+// The dtype the kernel choice goes by: bf16 when Q, K and V all are, f16 when
+// all are 16-bit floats with at least one f16, else f32.  The AMX kernels have
+// no fused dropout yet, so dropout counts as f32 (the vector build).
+DType forward_dtype_class(const SdpaForwardArgs& args) {
+    const DType dts[3] = {args.query.dtype, args.key.dtype, args.value.dtype};
+    bool all_bf16 = true, all_half = true;
+    for (DType dt : dts) {
+        all_bf16 = all_bf16 && dt == DType::bf16;
+        all_half = all_half && (dt == DType::bf16 || dt == DType::f16);
+    }
+    if (args.dropout_p != 0.0f || !all_half) return DType::f32;
+    return all_bf16 ? DType::bf16 : DType::f16;
 }
 
 }  // namespace
@@ -76,11 +101,7 @@ Status sdpa_forward(const SdpaForwardArgs& args) {
     Status status = check_forward_args(args);
     if (!status.ok) return status;
     if (args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0) return status;
-    const bool all_bf16 =
-        args.query.dtype == DType::bf16 && args.key.dtype == DType::bf16 && args.value.dtype == DType::bf16;
-    // The AMX kernel has no fused dropout yet: dropout runs on the vector build.
-    const bool amx_candidate = all_bf16 && args.dropout_p == 0.0f;
-    return forward_kernel_for(amx_candidate ? DType::bf16 : DType::f32, args.seq_q).run(args);
+    return forward_kernel_for(forward_dtype_class(args), args.seq_q).run(args);
 }
 
 Status sdpa_backward(const SdpaBackwardArgs& args) {
@@ -104,5 +125,9 @@ const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q) {
 }
 
 const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q) { return forward_kernel_for(input_dtype, seq_q).isa; }
+
+const char* sdpa_forward_isa_for(const SdpaForwardArgs& args) {
+    return forward_kernel_for(forward_dtype_class(args), args.seq_q).isa;
+}
 
 }  // namespace graphattn

@@ -12,7 +12,9 @@ Status sdpa_forward_avx2(const SdpaForwardArgs& args);
 Status sdpa_backward_avx2(const SdpaBackwardArgs& args);
 Status sdpa_forward_avx512(const SdpaForwardArgs& args);
 Status sdpa_backward_avx512(const SdpaBackwardArgs& args);
-Status sdpa_forward_amx(const SdpaForwardArgs& args);  // bf16 Q/K/V only
+// bf16 and f16 Q/K/V only.  False, with the outputs unfinished, where f16
+// inputs hold an infinity (its split products cannot keep IEEE semantics).
+bool sdpa_forward_amx(const SdpaForwardArgs& args);
 Status sdpa_backward_amx(const SdpaBackwardArgs& args);
 bool sdpa_backward_amx_applies(const SdpaBackwardArgs& args);
 #endif

@@ -1,6 +1,7 @@
-// FlashAttention-2 forward for bf16 Q/K/V on AMX tiles (flags set in
-// CMakeLists.txt; chosen by dispatch.cpp only where the CPU has AMX-BF16 and
-// the OS granted the tile state).
+// FlashAttention-2 forward on AMX tiles for bf16 inputs, and for f16 inputs
+// split into bf16 parts (amx_split.hpp); flags set in CMakeLists.txt, chosen
+// by dispatch.cpp only where the CPU has AMX-BF16 and the OS granted the tile
+// state.
 //
 // Per work item (one batch index, up to kBlockQ query rows): Q is packed once as
 // bf16 rows; per key block, K is packed into VNNI pairs (a 16 x 16 word
@@ -10,18 +11,22 @@
 // straight into the f32 output accumulator.  Row tiles go in pairs through
 // a software pipeline: the tile unit computes the next pair's scores while
 // the vector units run this pair's softmax.  Scale and masks are applied to
-// S in f32, as in the reference.
+// S in f32, as in the reference.  With split inputs each packed operand holds
+// its parts side by side along the reduction, so the same tile products
+// compute every kept part product.
 #define GRAPHATTN_ISA_NS isa_amx
 #define GRAPHATTN_LANES 16
 
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "amx_packing.hpp"
+#include "amx_split.hpp"
 #include "amx_tiles.hpp"
 #include "block_io.hpp"
 #include "isa_entry_points.hpp"
@@ -39,24 +44,35 @@ constexpr int kBlockKV = 128;
 constexpr int kVecsPerRow = kBlockKV / kLanes;
 
 // Per-thread buffers; bf16 data is kept as uint16_t and pairs as uint32_t.
+// `terms` part products lie side by side along each reduction (1 for bf16).
 struct Scratch {
     int dp, dvp;  // head sizes padded to whole tiles
+    int terms;
     AlignedFloats q_store, k_store, v_store, s_store, p_store, mask_store, o_store, out_store;
-    Scratch(int D, int Dv)
+    AlignedFloats wide_store, part_store;  // split inputs only: a block as f32, then its bf16 parts
+    Scratch(int D, int Dv, int parts)
         : dp(int(round_up(D, kTileBf16Cols))),
           dvp(int(round_up(Dv, kTileBf16Cols))),
-          q_store(size_t(kBlockQ) * dp / 2),
-          k_store(size_t(dp / 2) * kBlockKV),
-          v_store(size_t(kBlockKV / 2) * dvp),
+          terms(parts == 1 ? SplitTerms<1>::kTerms : SplitTerms<2>::kTerms),
+          q_store(size_t(kBlockQ) * terms * dp / 2),
+          k_store(size_t(terms) * dp / 2 * kBlockKV),
+          v_store(size_t(terms) * kBlockKV / 2 * dvp),
           s_store(size_t(kBlockQ) * kBlockKV),
-          p_store(size_t(kBlockQ) * kBlockKV / 2),
+          p_store(size_t(kBlockQ) * terms * kBlockKV / 2),
           mask_store(size_t(kBlockQ) * kBlockKV),
           o_store(size_t(kBlockQ) * dvp),
-          out_store(size_t(dvp)) {}
+          out_store(size_t(dvp)),
+          wide_store(parts > 1 ? size_t(std::max(kBlockQ, kBlockKV)) * std::max(dp, dvp) : 0),
+          part_store(parts > 1 ? size_t(parts) * kBlockKV * std::max(dp, dvp) / 2 : 0) {}
     uint16_t* q() const { return reinterpret_cast<uint16_t*>(q_store.get()); }
     uint32_t* k() const { return reinterpret_cast<uint32_t*>(k_store.get()); }
     uint32_t* v() const { return reinterpret_cast<uint32_t*>(v_store.get()); }
     uint16_t* p() const { return reinterpret_cast<uint16_t*>(p_store.get()); }
+    // Part `part` of a split block of `width` columns.
+    uint16_t* part(int part, int width) const {
+        return reinterpret_cast<uint16_t*>(part_store.get()) + size_t(part) * kBlockKV * width;
+    }
+    __mmask16 infinite = 0;  // lanes of split inputs that held an infinity
     float row_max[kBlockQ];
     float row_sum[kBlockQ];
     int64_t query_index[kBlockQ], mask_offset[kBlockQ];
@@ -64,58 +80,121 @@ struct Scratch {
 
 const uint16_t* bf16_at(const TensorView& t, int64_t offset) { return static_cast<const uint16_t*>(t.data) + offset; }
 
-// q[r][d] for r < rows, d < D; zeros up to the row tiles' rows (a multiple of 32) x dp.
+// Rows of view t from `base` as f32 in sc.wide_store, width columns (zeros past
+// rows and cols, up to `height` rows).
+const float* load_wide(const TensorView& t, int64_t base, int rows, int cols, int height, int width, Scratch& sc) {
+    float* wide = sc.wide_store.get();
+    std::fill(wide, wide + size_t(height) * width, 0.0f);
+    load_block(element_ptr(t.data, t.dtype, base), t.dtype, t.strides[3], t.strides[4], rows, cols, wide, width, 1);
+    return wide;
+}
+
+// Splits `height` rows of `width` f32 values (from load_wide) into bf16 parts sc.part(p, width).
+template <int Parts>
+void split_rows(const float* wide, int height, int width, Scratch& sc) {
+    __m512i parts[Parts];
+    for (int r = 0; r < height; ++r)
+        for (int c0 = 0; c0 < width; c0 += kTileBf16Cols) {
+            load_split_32<Parts>(wide + size_t(r) * width + c0, DType::f32, parts, sc.infinite);
+            for (int p = 0; p < Parts; ++p) _mm512_storeu_si512(sc.part(p, width) + size_t(r) * width + c0, parts[p]);
+        }
+}
+
+// Row r of the packed Q holds, for each term t, the part a_part(t) of q[r]
+// (dp values each); zeros up to the row tiles' rows (a multiple of 32).
+template <int Parts>
 void pack_q(const TensorView& q, int64_t base, int rows, int D, Scratch& sc) {
     uint16_t* dst = sc.q();
-    std::memset(dst, 0, size_t(round_up(rows, 32)) * sc.dp * 2);
-    for (int r = 0; r < rows; ++r) {
-        const uint16_t* src = bf16_at(q, base + r * q.strides[3]);
-        for (int d = 0; d < D; ++d) dst[r * sc.dp + d] = src[d * q.strides[4]];
+    const int ld = sc.terms * sc.dp;
+    if constexpr (Parts == 1) {
+        std::memset(dst, 0, size_t(round_up(rows, 32)) * ld * 2);
+        for (int r = 0; r < rows; ++r) {
+            const uint16_t* src = bf16_at(q, base + r * q.strides[3]);
+            for (int d = 0; d < D; ++d) dst[r * ld + d] = src[d * q.strides[4]];
+        }
+    } else if (q.strides[4] == 1 && D == sc.dp) {
+        pack_rows_split<Parts>(element_ptr(q.data, q.dtype, base), q.dtype, q.strides[3], rows, D, dst, ld, sc.infinite);
+        std::memset(dst + size_t(rows) * ld, 0, size_t(round_up(rows, 32) - rows) * ld * 2);
+    } else {
+        const int height = int(round_up(rows, 32));
+        split_rows<Parts>(load_wide(q, base, rows, D, height, sc.dp, sc), height, sc.dp, sc);
+        for (int r = 0; r < height; ++r)
+            for (int t = 0; t < sc.terms; ++t)
+                std::memcpy(dst + size_t(r) * ld + t * sc.dp, sc.part(SplitTerms<Parts>::a_part(t), sc.dp) + size_t(r) * sc.dp,
+                            size_t(sc.dp) * 2);
     }
 }
 
-// k[p][j] = (K[j][2p], K[j][2p + 1]) for the key block; zeros past kv_rows and D.
+// k[p][j] = (K[j][2p], K[j][2p + 1]) for the key block; zeros past kv_rows and
+// D.  Split: term t's dp / 2 pair rows hold part b_part(t).
+template <int Parts>
 void pack_k(const TensorView& k, int64_t base, int kv_rows, int D, Scratch& sc) {
-    pack_column_pairs({bf16_at(k, base), k.strides[3], k.strides[4], kv_rows, D}, kBlockKV, sc.dp, sc.k(), kBlockKV);
+    if constexpr (Parts == 1) {
+        pack_column_pairs({bf16_at(k, base), k.strides[3], k.strides[4], kv_rows, D}, kBlockKV, sc.dp, sc.k(), kBlockKV);
+    } else if (k.strides[4] == 1 && D == sc.dp && kv_rows == kBlockKV) {
+        pack_column_pairs_split<Parts>(element_ptr(k.data, k.dtype, base), k.dtype, k.strides[3], kBlockKV, D, sc.k(),
+                                       kBlockKV, sc.infinite);
+    } else {
+        split_rows<Parts>(load_wide(k, base, kv_rows, D, kBlockKV, sc.dp, sc), kBlockKV, sc.dp, sc);
+        for (int t = 0; t < sc.terms; ++t)
+            pack_column_pairs({sc.part(SplitTerms<Parts>::b_part(t), sc.dp), sc.dp, 1, kBlockKV, sc.dp}, kBlockKV, sc.dp,
+                              sc.k() + size_t(t) * (sc.dp / 2) * kBlockKV, kBlockKV);
+    }
 }
 
-// v[jp][c] = (V[2jp][c], V[2jp + 1][c]); zeros past kv_rows and Dv.
+// v[jp][c] = (V[2jp][c], V[2jp + 1][c]); zeros past kv_rows and Dv.  Split:
+// term t's kBlockKV / 2 pair rows hold part b_part(t).
+template <int Parts>
 void pack_v(const TensorView& v, int64_t base, int kv_rows, int Dv, Scratch& sc) {
-    pack_row_pairs({bf16_at(v, base), v.strides[3], v.strides[4], kv_rows, Dv}, kBlockKV, sc.dvp, sc.v(), sc.dvp);
+    if constexpr (Parts == 1) {
+        pack_row_pairs({bf16_at(v, base), v.strides[3], v.strides[4], kv_rows, Dv}, kBlockKV, sc.dvp, sc.v(), sc.dvp);
+    } else if (v.strides[4] == 1 && Dv == sc.dvp && kv_rows == kBlockKV) {
+        pack_row_pairs_split<Parts>(element_ptr(v.data, v.dtype, base), v.dtype, v.strides[3], kBlockKV, Dv, sc.v(),
+                                    sc.dvp, sc.infinite);
+    } else {
+        split_rows<Parts>(load_wide(v, base, kv_rows, Dv, kBlockKV, sc.dvp, sc), kBlockKV, sc.dvp, sc);
+        for (int t = 0; t < sc.terms; ++t)
+            pack_row_pairs({sc.part(SplitTerms<Parts>::b_part(t), sc.dvp), sc.dvp, 1, kBlockKV, sc.dvp}, kBlockKV, sc.dvp,
+                           sc.v() + size_t(t) * (kBlockKV / 2) * sc.dvp, sc.dvp);
+    }
 }
 
-// s[r][j] = sum_d q[r][d] k[j][d] for the 32 rows of row tiles m, m + 1, on tiles 0-7.
+// s[r - 16 m][j] = sum_d q[r][d] k[j][d] for the 32 rows r of row tiles m, m + 1, on tiles 0-7.
 void scores_on_tiles(const Scratch& sc, int m, float* s) {
-    const int dp = sc.dp;
+    const int ld = sc.terms * sc.dp;
     for (int n = 0; n < kBlockKV / 16; n += 2) {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
-        tiles_2x2_product(sc.q() + (m * 16) * dp, dp * 2, 16 * dp, sc.k() + n * 16, kBlockKV * 4, dp / kTileBf16Cols);
-        store_tiles_2x2(s + (m * 16) * kBlockKV + n * 16, kBlockKV * 4);
+        tiles_2x2_product(sc.q() + (m * 16) * ld, ld * 2, 16 * ld, sc.k() + n * 16, kBlockKV * 4, ld / kTileBf16Cols);
+        store_tiles_2x2(s + n * 16, kBlockKV * 4);
     }
 }
 
-// o[r][c] += sum_j p[r][j] v[j][c] for the 32 rows of row tiles m, m + 1 and keys < kv_rows.
-void accumulate_on_tiles(const Scratch& sc, int m, int kv_rows, float* o) {
-    const int dvp = sc.dvp;
+// o[r][c] += sum_j p[r - 16 m][j] v[j][c] for the 32 rows r of row tiles m, m + 1
+// and keys < kv_rows, over every term.
+void accumulate_on_tiles(const Scratch& sc, int m, const uint16_t* p, int kv_rows, float* o) {
+    const int dvp = sc.dvp, ld = sc.terms * kBlockKV;
     const int key_chunks = (kv_rows + kTileBf16Cols - 1) / kTileBf16Cols;
     for (int c = 0; c < dvp / 16; c += 2) {
         float* acc = o + (m * 16) * dvp + c * 16;
         load_tiles_2x2(acc, dvp * 4);
-        tiles_2x2_product(sc.p() + (m * 16) * kBlockKV, kBlockKV * 2, 16 * kBlockKV, sc.v() + c * 16, dvp * 4,
-                          key_chunks);
+        for (int t = 0; t < sc.terms; ++t)
+            tiles_2x2_product(p + t * kBlockKV, ld * 2, 16 * ld,
+                              sc.v() + size_t(t) * (kBlockKV / 2) * dvp + c * 16, dvp * 4, key_chunks);
         store_tiles_2x2(acc, dvp * 4);
     }
 }
 
 // Updates row r's running max and sum with its scores in base-2 units (the
 // raw scores times load_scale > 0, so the max is taken on the raw values and
-// the scale enters the exponent's FMA), writes its probabilities as bf16 and
-// rescales its accumulator row when the max grew.  The probabilities are
-// rounded to bf16, so the coarse exp2 serves.
-void softmax_row(Scratch& sc, const float* s_row, int r, float load_scale, float* o_row) {
+// the scale enters the exponent's FMA), writes its probabilities as bf16
+// (parts) and rescales its accumulator row when the max grew.  The
+// probabilities are rounded to bf16, or split into parts good to 2^-17, so
+// the coarse exp2 serves.
+template <int Parts>
+void softmax_row(Scratch& sc, const float* s_row, int r, float load_scale, uint16_t* p_row, float* o_row) {
     VecF raw[kVecsPerRow];
     VecF m = splat(-__builtin_inff());
     for (int v = 0; v < kVecsPerRow; ++v) {
@@ -128,12 +207,14 @@ void softmax_row(Scratch& sc, const float* s_row, int r, float load_scale, float
     const float base = new_max == -__builtin_inff() ? 0.0f : new_max;  // no finite score yet: 2^-inf = 0
     const __m512 scale = _mm512_set1_ps(load_scale), shift = _mm512_set1_ps(-base);
     VecF sum{};
-    uint16_t* p_row = sc.p() + r * kBlockKV;
     for (int v = 0; v < kVecsPerRow; v += 2) {
         const VecF p0 = vexp2<true>((VecF)_mm512_fmadd_ps((__m512)raw[v], scale, shift));
         const VecF p1 = vexp2<true>((VecF)_mm512_fmadd_ps((__m512)raw[v + 1], scale, shift));
         sum += p0 + p1;
-        _mm512_storeu_si512(p_row + v * kLanes, (__m512i)_mm512_cvtne2ps_pbh((__m512)p1, (__m512)p0));
+        __m512i parts[Parts];
+        split_32<Parts>((__m512)p0, (__m512)p1, parts);
+        for (int t = 0; t < SplitTerms<Parts>::kTerms; ++t)
+            _mm512_storeu_si512(p_row + t * kBlockKV + v * kLanes, parts[SplitTerms<Parts>::a_part(t)]);
     }
     const float correction = new_max == old_max ? 1.0f : std::exp2(old_max - base);
     sc.row_sum[r] = sc.row_sum[r] * correction + _mm512_reduce_add_ps((__m512)sum);
@@ -159,6 +240,7 @@ void write_row(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims
     }
 }
 
+template <int Parts>
 void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows,
               bool skip_causal_blocks) {
     const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
@@ -170,7 +252,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         sc.query_index[r] = i0 + r;
         sc.mask_offset[r] = view_batch_offset(a.mask, b) + (i0 + r) * a.mask.strides[3];
     }
-    pack_q(q, view_batch_offset(q, b) + i0 * q.strides[3], rows, D, sc);
+    pack_q<Parts>(q, view_batch_offset(q, b) + i0 * q.strides[3], rows, D, sc);
     std::fill(sc.o_store.get(), sc.o_store.get() + size_t(row_tiles) * 16 * sc.dvp, 0.0f);  // the rows tiles touch
     std::fill(sc.row_max, sc.row_max + kBlockQ, -__builtin_inff());
     std::fill(sc.row_sum, sc.row_sum + kBlockQ, 0.0f);
@@ -179,8 +261,8 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
     for (int64_t j0 = 0; j0 < kv_end; j0 += kBlockKV) {
         const int kv_rows = int(std::min<int64_t>(kBlockKV, kv_end - j0));
-        pack_k(k, k_base + j0 * k.strides[3], kv_rows, D, sc);
-        pack_v(v, v_base + j0 * v.strides[3], kv_rows, Dv, sc);
+        pack_k<Parts>(k, k_base + j0 * k.strides[3], kv_rows, D, sc);
+        pack_v<Parts>(v, v_base + j0 * v.strides[3], kv_rows, Dv, sc);
         float* s = sc.s_store.get();
         // Plain blocks (no mask, no causal cut, no padding keys, a positive scale) take the
         // scale in the softmax; the others are scaled and masked first.
@@ -190,26 +272,27 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         // the tile unit before the softmax of this pair runs on the vector units.
         scores_on_tiles(sc, 0, s);
         for (int m = 0; m < row_tiles; m += 2) {
-            if (m + 2 < row_tiles) scores_on_tiles(sc, m + 2, s);
+            if (m + 2 < row_tiles) scores_on_tiles(sc, m + 2, s + (m + 2) * 16 * kBlockKV);
             const int r0 = m * 16, r1 = std::min(rows, r0 + 32);
+            float* s_pair = s + r0 * kBlockKV;
+            uint16_t* p_pair = sc.p() + size_t(r0) * sc.terms * kBlockKV;
             if (!plain) {
-                for (int x = r0 * kBlockKV; x < r1 * kBlockKV; x += kLanes) store(s + x, load(s + x) * scale_log2);
-                mask_key_lanes<kVecsPerRow>(a, s + r0 * kBlockKV, sc.mask_store.get(), sc.mask_offset + r0,
+                for (int x = 0; x < (r1 - r0) * kBlockKV; x += kLanes) store(s_pair + x, load(s_pair + x) * scale_log2);
+                mask_key_lanes<kVecsPerRow>(a, s_pair, sc.mask_store.get(), sc.mask_offset + r0,
                                             sc.query_index + r0, r1 - r0, kv_rows, j0);
             }
             for (int r = r0; r < r1; ++r)
-                softmax_row(sc, s + r * kBlockKV, r, plain ? scale_log2 : 1.0f, sc.o_store.get() + size_t(r) * sc.dvp);
-            accumulate_on_tiles(sc, m, kv_rows, sc.o_store.get());
+                softmax_row<Parts>(sc, s_pair + (r - r0) * kBlockKV, r, plain ? scale_log2 : 1.0f,
+                                   p_pair + size_t(r - r0) * sc.terms * kBlockKV, sc.o_store.get() + size_t(r) * sc.dvp);
+            accumulate_on_tiles(sc, m, p_pair, kv_rows, sc.o_store.get());
         }
     }
     for (int r = 0; r < rows; ++r) write_row(a, sc, b, r, i0 + r, Dv);
 }
 
-}  // namespace
-}  // namespace isa_amx
-
-Status sdpa_forward_amx(const SdpaForwardArgs& a) {
-    using namespace isa_amx;
+// False (output unfinished) when split inputs held an infinity.
+template <int Parts>
+bool run_forward(const SdpaForwardArgs& a) {
     const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
     // Larger items pack each K/V block for more query rows and pipeline more
     // row tiles; smaller ones keep every thread busy on small N*H.
@@ -218,12 +301,14 @@ Status sdpa_forward_amx(const SdpaForwardArgs& a) {
     const int64_t q_blocks = (a.seq_q + block_q - 1) / block_q;
     const int64_t work_items = batch * q_blocks;
     const bool skip_causal_blocks = a.causal && std::isinf(a.causal_fill) && a.causal_fill < 0;
+    std::atomic<bool> saw_infinity{false};
 #pragma omp parallel
     {
-        Scratch scratch(int(a.head_dim_qk), int(a.head_dim_v));
+        Scratch scratch(int(a.head_dim_qk), int(a.head_dim_v), Parts);
         configure_tiles();
 #pragma omp for schedule(dynamic, 1)
         for (int64_t w = 0; w < work_items; ++w) {
+            if (saw_infinity.load(std::memory_order_relaxed)) continue;
             int64_t rest = w;
             int64_t qb = rest % q_blocks;
             if (skip_causal_blocks) qb = q_blocks - 1 - qb;  // the longest items first
@@ -234,11 +319,20 @@ Status sdpa_forward_amx(const SdpaForwardArgs& a) {
             b[1] = rest % a.batch[1];
             b[0] = rest / a.batch[1];
             const int64_t i0 = qb * block_q;
-            run_item(a, scratch, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)), skip_causal_blocks);
+            run_item<Parts>(a, scratch, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)), skip_causal_blocks);
+            if (scratch.infinite) saw_infinity.store(true, std::memory_order_relaxed);
         }
         _tile_release();
     }
-    return Status::success();
+    return !saw_infinity.load();
+}
+
+}  // namespace
+}  // namespace isa_amx
+
+bool sdpa_forward_amx(const SdpaForwardArgs& a) {
+    const bool all_bf16 = a.query.dtype == DType::bf16 && a.key.dtype == DType::bf16 && a.value.dtype == DType::bf16;
+    return all_bf16 ? isa_amx::run_forward<1>(a) : isa_amx::run_forward<2>(a);
 }
 
 }  // namespace graphattn

@@ -202,7 +202,7 @@ class FusedSdpaForward:
             self.name = "sdpa_forward_sycl"
             self.isa = self.plan.kernel_name()
         else:
-            self.isa = _cpu.forward_isa(input_dtypes.pop().value if len(input_dtypes) == 1 else "f32", seq_q)
+            self.isa = self.plan.isa()
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
                            f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None}")
 

@@ -121,4 +121,8 @@ const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q);
 // this dtype and query length (for example "amx_bf16", "avx512" or "portable").
 const char* sdpa_forward_isa(DType input_dtype = DType::f32, int64_t seq_q = 1 << 20);
 
+// Name of the kernel build sdpa_forward uses for these arguments (their
+// dtypes, query length and dropout; data addresses are not read).
+const char* sdpa_forward_isa_for(const SdpaForwardArgs& args);
+
 }  // namespace graphattn
