@@ -74,7 +74,7 @@ struct Scratch {
     }
     __mmask16 infinite = 0;  // lanes of split inputs that held an infinity
     float row_max[kBlockQ];
-    float row_sum[kBlockQ];
+    VecF row_sums[kBlockQ];  // per-lane partial sums, reduced once per row at the end
     int64_t query_index[kBlockQ], mask_offset[kBlockQ];
 };
 
@@ -217,14 +217,14 @@ void softmax_row(Scratch& sc, const float* s_row, int r, float load_scale, uint1
             _mm512_storeu_si512(p_row + t * kBlockKV + v * kLanes, parts[SplitTerms<Parts>::a_part(t)]);
     }
     const float correction = new_max == old_max ? 1.0f : std::exp2(old_max - base);
-    sc.row_sum[r] = sc.row_sum[r] * correction + _mm512_reduce_add_ps((__m512)sum);
+    sc.row_sums[r] = sc.row_sums[r] * correction + sum;
     sc.row_max[r] = new_max;
     if (correction != 1.0f)
         for (int c = 0; c < sc.dvp; c += kLanes) store(o_row + c, load(o_row + c) * correction);
 }
 
 void write_row(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int r, int64_t i, int Dv) {
-    const float sum = sc.row_sum[r];
+    const float sum = horizontal_sum(sc.row_sums[r]);
     const float fully_masked = a.inf_as_zero ? 0.0f : std::nanf("");
     const float factor = sum > 0.0f ? 1.0f / sum : (sum == 0.0f ? fully_masked : std::nanf(""));
     const float* o_row = sc.o_store.get() + size_t(r) * sc.dvp;
@@ -255,7 +255,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     pack_q<Parts>(q, view_batch_offset(q, b) + i0 * q.strides[3], rows, D, sc);
     std::fill(sc.o_store.get(), sc.o_store.get() + size_t(row_tiles) * 16 * sc.dvp, 0.0f);  // the rows tiles touch
     std::fill(sc.row_max, sc.row_max + kBlockQ, -__builtin_inff());
-    std::fill(sc.row_sum, sc.row_sum + kBlockQ, 0.0f);
+    std::fill(sc.row_sums, sc.row_sums + kBlockQ, VecF{});
 
     const int64_t kv_end = skip_causal_blocks ? causal_key_end(i0 + rows - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
     const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);

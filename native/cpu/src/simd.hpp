@@ -100,12 +100,11 @@ template <bool Coarse = false>
 inline VecF vexp2(VecF x) {
 #if defined(__AVX512F__)
     if constexpr (kLanes == 16) {
-        // max(-150, x) keeps NaN (MAXPS returns its second operand then) and
-        // turns -inf into a finite exponent; below -126 the result is set to 0
-        // exactly, never a subnormal (slow, and a masked score must add nothing).
-        const __m512 c = _mm512_max_ps(_mm512_set1_ps(-150.0f), (__m512)x);
-        const __m512 k = _mm512_roundscale_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const VecF f = (VecF)_mm512_sub_ps(c, k);
+        // Below -126 (-inf included) the result is set to 0 exactly, never a
+        // subnormal (slow, and a masked score must add nothing); the NaN that
+        // -inf leaves in f is masked out with it.  NaN stays NaN.
+        const __m512 k = _mm512_roundscale_ps((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const VecF f = (VecF)_mm512_sub_ps((__m512)x, k);
         const __mmask16 normal = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
         return (VecF)_mm512_maskz_scalef_ps(normal, (__m512)(Coarse ? exp2_reduced_coarse(f) : exp2_reduced(f)), k);
     }
