@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
+#if defined(__SSE__)
 #include <immintrin.h>
 #endif
 
@@ -35,7 +35,22 @@ inline VecF load(const float* p) {
 
 inline void store(float* p, VecF v) { std::memcpy(p, &v, sizeof v); }
 
-inline VecF splat(float x) { return VecF{} + x; }
+// x in every lane, as one broadcast.  (Not VecF{} + x: without -ffast-math
+// the compiler must keep that add, since 0 + -0 is +0; and GCC turns a
+// lane-by-lane fill into one masked insert per lane.)
+inline VecF splat(float x) {
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+    return (VecF)_mm512_set1_ps(x);
+#elif defined(__AVX__) && GRAPHATTN_LANES == 8
+    return (VecF)_mm256_set1_ps(x);
+#elif defined(__SSE__) && GRAPHATTN_LANES == 4
+    return (VecF)_mm_set1_ps(x);
+#else
+    VecF v;
+    for (int i = 0; i < kLanes; ++i) v[i] = x;
+    return v;
+#endif
+}
 
 // Lane index 0, 1, ..., kLanes - 1 as floats (for per-lane row numbers).
 inline VecF lane_index() {
