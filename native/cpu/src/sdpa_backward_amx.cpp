@@ -59,7 +59,7 @@ struct Backward {
     bool skip_causal, zero_unkept;
     DropoutPlan dropout;
     KvGrouping kv;            // batch dims K and V ignore (their gradients sum over them)
-    int64_t key_blocks = 0, splits = 1, blocks_per_split = 0;
+    int64_t key_blocks = 0, splits = 1;
     // Per flat batch index: Q and dO as padded bf16 rows and transposed, D, lse in base 2.
     AlignedFloats q_rows, q_cols, do_rows, do_cols, delta, lse2, dq_sum;
 
@@ -83,7 +83,6 @@ struct Backward {
         key_blocks = (Skv + kKeys - 1) / kKeys;
         const int64_t threads = omp_get_max_threads();
         if (kv.outer_items < threads) splits = std::min<int64_t>({(threads + kv.outer_items - 1) / kv.outer_items, 4, key_blocks});
-        blocks_per_split = (key_blocks + splits - 1) / splits;
     }
 
     int64_t flat(const int64_t b[kBatchDims]) const { return (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]; }
@@ -280,8 +279,9 @@ struct Backward {
                 kv.outer_index(w / splits, b);
                 const int64_t split = w % splits;
                 float* dq_split = dq_sum.get() + split * batch_total * Sqp * Dp;
-                const int64_t last = std::min(key_blocks, (split + 1) * blocks_per_split);
-                for (int64_t kb = split * blocks_per_split; kb < last; ++kb) key_block(sc, b, kb * kKeys, dq_split);
+                // Every splits-th block: under a causal mask a key block's work falls with its
+                // index, and interleaved blocks give the splits equal shares.
+                for (int64_t kb = split; kb < key_blocks; kb += splits) key_block(sc, b, kb * kKeys, dq_split);
             }
             _tile_release();
 #pragma omp barrier
