@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "amx_packing.hpp"
 #include "amx_split.hpp"
@@ -187,40 +188,50 @@ void accumulate_on_tiles(const Scratch& sc, int m, const uint16_t* p, int kv_row
     }
 }
 
-// Updates row r's running max and sum with its scores in base-2 units (the
-// raw scores times load_scale > 0, so the max is taken on the raw values and
-// the scale enters the exponent's FMA), writes its probabilities as bf16
-// (parts) and rescales its accumulator row when the max grew.  The
+// Updates the running max and sum of rows r0 .. r0 + R - 1 with their scores
+// in base-2 units (the raw scores times load_scale > 0, so the max is taken
+// on the raw values and the scale enters the exponent's FMA), writes their
+// probabilities as bf16 (parts) and rescales their accumulator rows where
+// the max grew.  R rows at once: each row's max is a chain of dependent
+// reductions, and R of them side by side keep the vector units busy.  The
 // probabilities are rounded to bf16, or split into parts good to 2^-17, so
-// the coarse exp2 serves.
-template <int Parts>
-void softmax_row(Scratch& sc, const float* s_row, int r, float load_scale, uint16_t* p_row, float* o_row) {
-    VecF raw[kVecsPerRow];
-    VecF m = splat(-__builtin_inff());
-    for (int v = 0; v < kVecsPerRow; ++v) {
-        raw[v] = load(s_row + v * kLanes);
-        m = max_ignoring_nan(raw[v], m);
+// the coarse exp2 serves.  Scores are rows kBlockKV apart, P rows
+// terms * kBlockKV and accumulator rows dvp.
+template <int Parts, int R>
+void softmax_rows(Scratch& sc, const float* s_rows, int r0, float load_scale, uint16_t* p_rows, float* o_rows) {
+    float new_max[R], base[R], old_max[R];
+    for (int i = 0; i < R; ++i) {
+        VecF m = splat(-__builtin_inff());
+        for (int v = 0; v < kVecsPerRow; ++v) m = max_ignoring_nan(load(s_rows + i * kBlockKV + v * kLanes), m);
+        old_max[i] = sc.row_max[r0 + i];
+        const float block_max = _mm512_reduce_max_ps((__m512)m) * load_scale;
+        new_max[i] = block_max > old_max[i] ? block_max : old_max[i];
+        base[i] = new_max[i] == -__builtin_inff() ? 0.0f : new_max[i];  // no finite score yet: 2^-inf = 0
     }
-    const float old_max = sc.row_max[r];
-    float new_max = _mm512_reduce_max_ps((__m512)m) * load_scale;
-    new_max = new_max > old_max ? new_max : old_max;
-    const float base = new_max == -__builtin_inff() ? 0.0f : new_max;  // no finite score yet: 2^-inf = 0
-    const __m512 scale = _mm512_set1_ps(load_scale), shift = _mm512_set1_ps(-base);
-    VecF sum{};
-    for (int v = 0; v < kVecsPerRow; v += 2) {
-        const VecF p0 = vexp2<true>((VecF)_mm512_fmadd_ps((__m512)raw[v], scale, shift));
-        const VecF p1 = vexp2<true>((VecF)_mm512_fmadd_ps((__m512)raw[v + 1], scale, shift));
-        sum += p0 + p1;
-        __m512i parts[Parts];
-        split_32<Parts>((__m512)p0, (__m512)p1, parts);
-        for (int t = 0; t < SplitTerms<Parts>::kTerms; ++t)
-            _mm512_storeu_si512(p_row + t * kBlockKV + v * kLanes, parts[SplitTerms<Parts>::a_part(t)]);
+    const __m512 scale = _mm512_set1_ps(load_scale);
+    for (int i = 0; i < R; ++i) {
+        const __m512 shift = _mm512_set1_ps(-base[i]);
+        const float* s_row = s_rows + i * kBlockKV;
+        uint16_t* p_row = p_rows + size_t(i) * sc.terms * kBlockKV;
+        VecF sum{};
+        for (int v = 0; v < kVecsPerRow; v += 2) {
+            const VecF p0 = vexp2<true>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + v * kLanes), scale, shift));
+            const VecF p1 = vexp2<true>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + (v + 1) * kLanes), scale, shift));
+            sum += p0 + p1;
+            __m512i parts[Parts];
+            split_32<Parts>((__m512)p0, (__m512)p1, parts);
+            for (int t = 0; t < SplitTerms<Parts>::kTerms; ++t)
+                _mm512_storeu_si512(p_row + t * kBlockKV + v * kLanes, parts[SplitTerms<Parts>::a_part(t)]);
+        }
+        const int r = r0 + i;
+        const float correction = new_max[i] == old_max[i] ? 1.0f : std::exp2(old_max[i] - base[i]);
+        sc.row_sums[r] = sc.row_sums[r] * correction + sum;
+        sc.row_max[r] = new_max[i];
+        if (correction != 1.0f) {
+            float* o_row = o_rows + size_t(i) * sc.dvp;
+            for (int c = 0; c < sc.dvp; c += kLanes) store(o_row + c, load(o_row + c) * correction);
+        }
     }
-    const float correction = new_max == old_max ? 1.0f : std::exp2(old_max - base);
-    sc.row_sums[r] = sc.row_sums[r] * correction + sum;
-    sc.row_max[r] = new_max;
-    if (correction != 1.0f)
-        for (int c = 0; c < sc.dvp; c += kLanes) store(o_row + c, load(o_row + c) * correction);
 }
 
 void write_row(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int r, int64_t i, int Dv) {
@@ -281,9 +292,14 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
                 mask_key_lanes<kVecsPerRow>(a, s_pair, sc.mask_store.get(), sc.mask_offset + r0,
                                             sc.query_index + r0, r1 - r0, kv_rows, j0);
             }
-            for (int r = r0; r < r1; ++r)
-                softmax_row<Parts>(sc, s_pair + (r - r0) * kBlockKV, r, plain ? scale_log2 : 1.0f,
-                                   p_pair + size_t(r - r0) * sc.terms * kBlockKV, sc.o_store.get() + size_t(r) * sc.dvp);
+            const float load_scale = plain ? scale_log2 : 1.0f;
+            auto softmax_at = [&](auto rows, int r) {
+                softmax_rows<Parts, rows.value>(sc, s_pair + (r - r0) * kBlockKV, r, load_scale,
+                                                p_pair + size_t(r - r0) * sc.terms * kBlockKV, sc.o_store.get() + size_t(r) * sc.dvp);
+            };
+            int r = r0;
+            for (; r + 4 <= r1; r += 4) softmax_at(std::integral_constant<int, 4>{}, r);
+            for (; r < r1; ++r) softmax_at(std::integral_constant<int, 1>{}, r);
             accumulate_on_tiles(sc, m, p_pair, kv_rows, sc.o_store.get());
         }
     }
