@@ -184,3 +184,19 @@ def test_verbose_names_decisions(capsys):
     assert "graphattn_verbose,partition,id=0,sdpa_forward" in err
     assert f"sdpa_forward_cpu,isa={ga.forward_isa()}" in err
     assert "graphattn_verbose,exec,partition=0,sdpa_forward_cpu" in err
+
+
+@pytest.mark.parametrize("dtype,dropout", [("bf16", 0.0), ("f16", 0.0), ("bf16", 0.3), ("f32", 0.0)])
+def test_verbose_names_the_kernel_of_each_call(dtype, dropout, capsys):
+    """The logged kernel build is the one the call runs: AMX takes bf16 and f16 (as split products) without
+    dropout, and dropout or f32 stay on the vector build."""
+    ga.set_verbose(1)
+    try:
+        spec = SdpaGraphSpec(dtype=dtype, seq_q=32, dropout=dropout)
+        ga.run_graph(spec.build(), spec.random_inputs(np.random.default_rng(0)))
+    finally:
+        ga.set_verbose(0)
+    err = capsys.readouterr().err
+    amx = {"bf16": "amx_bf16", "f16": "amx_bf16x3"}.get(dtype)
+    expected = amx if amx and dropout == 0.0 and ga.forward_isa(dtype) == amx else ga.forward_isa("f32")
+    assert f"sdpa_forward_cpu,isa={expected}" in err
