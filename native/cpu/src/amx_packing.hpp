@@ -12,6 +12,7 @@
 
 #include "amx_split.hpp"
 #include "amx_tiles.hpp"
+#include "block_io.hpp"
 #include "isa_namespace.hpp"
 
 namespace graphattn {
@@ -78,10 +79,6 @@ inline void pack_row_pairs(const Bf16Block& x, int height, int cols_padded, uint
         for (int c = 0; c < x.cols; ++c) reinterpret_cast<uint16_t*>(dst + (j / 2) * ld + c)[j % 2] = x.at(j, c);
 }
 
-inline const char* row_at(const void* data, DType dt, int64_t element) {
-    return static_cast<const char*>(data) + element * (dt == DType::f32 ? 4 : 2);
-}
-
 // Split packings: a block of f32, bf16 or f16 values (unit column stride,
 // full: `width` or `height` rows, columns a multiple of 32) goes into bf16
 // parts (amx_split.hpp), each term's segment holding the part that term
@@ -97,7 +94,7 @@ inline void pack_column_pairs_split(const void* data, DType dt, int64_t row_stri
     for (int j0 = 0; j0 < width; j0 += 16)
         for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
             for (int r = 0; r < 16; ++r) {
-                load_split_32<Parts>(row_at(data, dt, (j0 + r) * row_stride + c0), dt, parts, infinite);
+                load_split_32<Parts>(element_ptr(data, dt, (j0 + r) * row_stride + c0), dt, parts, infinite);
                 for (int p = 0; p < Parts; ++p) in[p][r] = parts[p];
             }
             for (int p = 0; p < Parts; ++p) {
@@ -120,8 +117,8 @@ inline void pack_row_pairs_split(const void* data, DType dt, int64_t row_stride,
     __m512i even[Parts], odd[Parts];
     for (int jp = 0; jp < height / 2; ++jp)
         for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
-            load_split_32<Parts>(row_at(data, dt, (2 * jp) * row_stride + c0), dt, even, infinite);
-            load_split_32<Parts>(row_at(data, dt, (2 * jp + 1) * row_stride + c0), dt, odd, infinite);
+            load_split_32<Parts>(element_ptr(data, dt, (2 * jp) * row_stride + c0), dt, even, infinite);
+            load_split_32<Parts>(element_ptr(data, dt, (2 * jp + 1) * row_stride + c0), dt, odd, infinite);
             for (int t = 0; t < Terms::kTerms; ++t) {
                 const int p = Terms::b_part(t);
                 uint32_t* out = dst + (int64_t(t) * (height / 2) + jp) * ld + c0;
@@ -139,7 +136,7 @@ inline void pack_rows_split(const void* data, DType dt, int64_t row_stride, int 
     __m512i parts[Parts];
     for (int r = 0; r < rows; ++r)
         for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
-            load_split_32<Parts>(row_at(data, dt, r * row_stride + c0), dt, parts, infinite);
+            load_split_32<Parts>(element_ptr(data, dt, r * row_stride + c0), dt, parts, infinite);
             for (int t = 0; t < Terms::kTerms; ++t)
                 _mm512_storeu_si512(dst + r * ld + t * cols + c0, parts[Terms::a_part(t)]);
         }

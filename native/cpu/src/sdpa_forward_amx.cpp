@@ -50,7 +50,7 @@ struct Scratch {
     int dp, dvp;  // head sizes padded to whole tiles
     int terms;
     AlignedFloats q_store, k_store, v_store, s_store, p_store, mask_store, o_store, out_store;
-    AlignedFloats wide_store, part_store;  // split inputs only: a block as f32, then its bf16 parts
+    AlignedFloats wide_store;  // split inputs only: a block as f32 (load_wide)
     Scratch(int D, int Dv, int parts)
         : dp(int(round_up(D, kTileBf16Cols))),
           dvp(int(round_up(Dv, kTileBf16Cols))),
@@ -63,16 +63,11 @@ struct Scratch {
           mask_store(size_t(kBlockQ) * kBlockKV),
           o_store(size_t(kBlockQ) * dvp),
           out_store(size_t(dvp)),
-          wide_store(parts > 1 ? size_t(std::max(kBlockQ, kBlockKV)) * std::max(dp, dvp) : 0),
-          part_store(parts > 1 ? size_t(parts) * kBlockKV * std::max(dp, dvp) / 2 : 0) {}
+          wide_store(parts > 1 ? size_t(std::max(kBlockQ, kBlockKV)) * std::max(dp, dvp) : 0) {}
     uint16_t* q() const { return reinterpret_cast<uint16_t*>(q_store.get()); }
     uint32_t* k() const { return reinterpret_cast<uint32_t*>(k_store.get()); }
     uint32_t* v() const { return reinterpret_cast<uint32_t*>(v_store.get()); }
     uint16_t* p() const { return reinterpret_cast<uint16_t*>(p_store.get()); }
-    // Part `part` of a split block of `width` columns.
-    uint16_t* part(int part, int width) const {
-        return reinterpret_cast<uint16_t*>(part_store.get()) + size_t(part) * kBlockKV * width;
-    }
     __mmask16 infinite = 0;  // lanes of split inputs that held an infinity
     float row_max[kBlockQ];
     VecF row_sums[kBlockQ];  // per-lane partial sums, reduced once per row at the end
@@ -81,8 +76,9 @@ struct Scratch {
 
 const uint16_t* bf16_at(const TensorView& t, int64_t offset) { return static_cast<const uint16_t*>(t.data) + offset; }
 
-// Rows of view t from `base` as f32 in sc.wide_store, width columns (zeros past
-// rows and cols, up to `height` rows).
+// Rows of view t from `base` as f32 in sc.wide_store, `width` columns (zeros
+// past rows and cols, up to `height` rows): the split packings' input where
+// the view's own rows do not fit them (strides, padding, a partial block).
 const float* load_wide(const TensorView& t, int64_t base, int rows, int cols, int height, int width, Scratch& sc) {
     float* wide = sc.wide_store.get();
     std::fill(wide, wide + size_t(height) * width, 0.0f);
@@ -90,15 +86,10 @@ const float* load_wide(const TensorView& t, int64_t base, int rows, int cols, in
     return wide;
 }
 
-// Splits `height` rows of `width` f32 values (from load_wide) into bf16 parts sc.part(p, width).
-template <int Parts>
-void split_rows(const float* wide, int height, int width, Scratch& sc) {
-    __m512i parts[Parts];
-    for (int r = 0; r < height; ++r)
-        for (int c0 = 0; c0 < width; c0 += kTileBf16Cols) {
-            load_split_32<Parts>(wide + size_t(r) * width + c0, DType::f32, parts, sc.infinite);
-            for (int p = 0; p < Parts; ++p) _mm512_storeu_si512(sc.part(p, width) + size_t(r) * width + c0, parts[p]);
-        }
+// Whether rows of view t can feed a split packing in place: unit column
+// stride, cols filling whole tiles, and every row there (full).
+bool splits_in_place(const TensorView& t, int cols, int padded_cols, bool full) {
+    return t.strides[4] == 1 && cols == padded_cols && full;
 }
 
 // Row r of the packed Q holds, for each term t, the part a_part(t) of q[r]
@@ -106,23 +97,19 @@ void split_rows(const float* wide, int height, int width, Scratch& sc) {
 template <int Parts>
 void pack_q(const TensorView& q, int64_t base, int rows, int D, Scratch& sc) {
     uint16_t* dst = sc.q();
-    const int ld = sc.terms * sc.dp;
+    const int ld = sc.terms * sc.dp, height = int(round_up(rows, 32));
     if constexpr (Parts == 1) {
-        std::memset(dst, 0, size_t(round_up(rows, 32)) * ld * 2);
+        std::memset(dst, 0, size_t(height) * ld * 2);
         for (int r = 0; r < rows; ++r) {
             const uint16_t* src = bf16_at(q, base + r * q.strides[3]);
             for (int d = 0; d < D; ++d) dst[r * ld + d] = src[d * q.strides[4]];
         }
-    } else if (q.strides[4] == 1 && D == sc.dp) {
+    } else if (splits_in_place(q, D, sc.dp, true)) {
         pack_rows_split<Parts>(element_ptr(q.data, q.dtype, base), q.dtype, q.strides[3], rows, D, dst, ld, sc.infinite);
-        std::memset(dst + size_t(rows) * ld, 0, size_t(round_up(rows, 32) - rows) * ld * 2);
+        std::memset(dst + size_t(rows) * ld, 0, size_t(height - rows) * ld * 2);
     } else {
-        const int height = int(round_up(rows, 32));
-        split_rows<Parts>(load_wide(q, base, rows, D, height, sc.dp, sc), height, sc.dp, sc);
-        for (int r = 0; r < height; ++r)
-            for (int t = 0; t < sc.terms; ++t)
-                std::memcpy(dst + size_t(r) * ld + t * sc.dp, sc.part(SplitTerms<Parts>::a_part(t), sc.dp) + size_t(r) * sc.dp,
-                            size_t(sc.dp) * 2);
+        pack_rows_split<Parts>(load_wide(q, base, rows, D, height, sc.dp, sc), DType::f32, sc.dp, height, sc.dp, dst, ld,
+                               sc.infinite);
     }
 }
 
@@ -132,14 +119,12 @@ template <int Parts>
 void pack_k(const TensorView& k, int64_t base, int kv_rows, int D, Scratch& sc) {
     if constexpr (Parts == 1) {
         pack_column_pairs({bf16_at(k, base), k.strides[3], k.strides[4], kv_rows, D}, kBlockKV, sc.dp, sc.k(), kBlockKV);
-    } else if (k.strides[4] == 1 && D == sc.dp && kv_rows == kBlockKV) {
+    } else if (splits_in_place(k, D, sc.dp, kv_rows == kBlockKV)) {
         pack_column_pairs_split<Parts>(element_ptr(k.data, k.dtype, base), k.dtype, k.strides[3], kBlockKV, D, sc.k(),
                                        kBlockKV, sc.infinite);
     } else {
-        split_rows<Parts>(load_wide(k, base, kv_rows, D, kBlockKV, sc.dp, sc), kBlockKV, sc.dp, sc);
-        for (int t = 0; t < sc.terms; ++t)
-            pack_column_pairs({sc.part(SplitTerms<Parts>::b_part(t), sc.dp), sc.dp, 1, kBlockKV, sc.dp}, kBlockKV, sc.dp,
-                              sc.k() + size_t(t) * (sc.dp / 2) * kBlockKV, kBlockKV);
+        pack_column_pairs_split<Parts>(load_wide(k, base, kv_rows, D, kBlockKV, sc.dp, sc), DType::f32, sc.dp, kBlockKV,
+                                       sc.dp, sc.k(), kBlockKV, sc.infinite);
     }
 }
 
@@ -149,14 +134,12 @@ template <int Parts>
 void pack_v(const TensorView& v, int64_t base, int kv_rows, int Dv, Scratch& sc) {
     if constexpr (Parts == 1) {
         pack_row_pairs({bf16_at(v, base), v.strides[3], v.strides[4], kv_rows, Dv}, kBlockKV, sc.dvp, sc.v(), sc.dvp);
-    } else if (v.strides[4] == 1 && Dv == sc.dvp && kv_rows == kBlockKV) {
+    } else if (splits_in_place(v, Dv, sc.dvp, kv_rows == kBlockKV)) {
         pack_row_pairs_split<Parts>(element_ptr(v.data, v.dtype, base), v.dtype, v.strides[3], kBlockKV, Dv, sc.v(),
                                     sc.dvp, sc.infinite);
     } else {
-        split_rows<Parts>(load_wide(v, base, kv_rows, Dv, kBlockKV, sc.dvp, sc), kBlockKV, sc.dvp, sc);
-        for (int t = 0; t < sc.terms; ++t)
-            pack_row_pairs({sc.part(SplitTerms<Parts>::b_part(t), sc.dvp), sc.dvp, 1, kBlockKV, sc.dvp}, kBlockKV, sc.dvp,
-                           sc.v() + size_t(t) * (kBlockKV / 2) * sc.dvp, sc.dvp);
+        pack_row_pairs_split<Parts>(load_wide(v, base, kv_rows, Dv, kBlockKV, sc.dvp, sc), DType::f32, sc.dvp, kBlockKV,
+                                    sc.dvp, sc.v(), sc.dvp, sc.infinite);
     }
 }
 
