@@ -33,6 +33,8 @@ CASES = {
     "long_d80": dict(q=(1, 2, 70, 80), k=(1, 2, 150, 80), v=(1, 2, 150, 48)),
     # Enough query blocks per thread (on up to 4 threads) for the AMX kernel's 128-row items, one of them partial.
     "long_many_heads": dict(q=(2, 4, 200, 64), k=(2, 4, 260, 64), v=(2, 4, 260, 64)),
+    # GQA through the AMX kernel: four query heads per K/V head, several query items each, a partial last key block.
+    "long_gqa": dict(q=(1, 8, 300, 64), k=(1, 2, 290, 64), v=(1, 2, 290, 64), enable_gqa=True),
     "long_many_heads_causal": dict(q=(2, 4, 200, 64), k=(2, 4, 200, 64), v=(2, 4, 200, 64), is_causal=True),
 }
 
