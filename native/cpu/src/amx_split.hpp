@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "graphattn/sdpa.hpp"
+#include "half_types.hpp"
 #include "isa_namespace.hpp"
 
 namespace graphattn {
@@ -30,9 +31,6 @@ struct SplitTerms {
     static constexpr int b_part(int t) { return t == 1 ? 1 : 0; }
 };
 
-// The f32 values of 16 bf16 values.
-inline __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
-
 // 32 consecutive values of dtype dt (f32, bf16 or f16) at p, as f32: the first 16 in lo.
 inline void load_32_as_f32(const void* p, DType dt, __m512& lo, __m512& hi) {
     if (dt == DType::f32) {
@@ -45,8 +43,8 @@ inline void load_32_as_f32(const void* p, DType dt, __m512& lo, __m512& hi) {
         lo = _mm512_cvtph_ps(_mm256_loadu_si256(h));
         hi = _mm512_cvtph_ps(_mm256_loadu_si256(h + 1));
     } else {
-        lo = widen_bf16(_mm256_loadu_si256(h));
-        hi = widen_bf16(_mm256_loadu_si256(h + 1));
+        lo = bf16x16_to_f32(_mm256_loadu_si256(h));
+        hi = bf16x16_to_f32(_mm256_loadu_si256(h + 1));
     }
 }
 
@@ -57,8 +55,8 @@ inline void split_32(__m512 lo, __m512 hi, __m512i parts[Parts]) {
     for (int p = 0; p < Parts; ++p) {
         parts[p] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
         if (p + 1 == Parts) break;
-        const __m512 lo_part = widen_bf16(_mm512_castsi512_si256(parts[p]));
-        const __m512 hi_part = widen_bf16(_mm512_extracti64x4_epi64(parts[p], 1));
+        const __m512 lo_part = bf16x16_to_f32(_mm512_castsi512_si256(parts[p]));
+        const __m512 hi_part = bf16x16_to_f32(_mm512_extracti64x4_epi64(parts[p], 1));
         lo = _mm512_sub_ps(lo, lo_part);
         hi = _mm512_sub_ps(hi, hi_part);
     }

@@ -42,8 +42,7 @@ inline void convert_contiguous(const uint16_t* s, float* d, int cols, bool is_f1
             _mm512_storeu_ps(d + c, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + c))));
     } else {
         for (; c + 16 <= cols; c += 16) {
-            const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + c)));
-            _mm512_storeu_ps(d + c, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+            _mm512_storeu_ps(d + c, bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + c))));
         }
     }
 #elif defined(__F16C__)

@@ -63,7 +63,7 @@ inline VecF load_as_f32(const void* p) {
         if constexpr (kLanes == 16) {
             const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h));
             if constexpr (DT == DType::f16) return (VecF)_mm512_cvtph_ps(words);
-            return (VecF)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16));
+            return (VecF)bf16x16_to_f32(words);
         }
 #elif defined(__AVX2__) && defined(__F16C__)
         if constexpr (kLanes == 8) {
