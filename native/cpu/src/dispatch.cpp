@@ -58,9 +58,11 @@ bool amx_allowed() {
 }
 
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
-// The AMX forward, or the vector build where it declines (infinities in split f16 inputs).
+// The AMX forward, plain (bf16 inputs) or split (f16 among them), or the vector
+// build where it declines (infinities in split inputs).
+template <bool Split>
 Status forward_amx_or_vector(const SdpaForwardArgs& args) {
-    return sdpa_forward_amx(args) ? Status::success() : vector_kernel().run(args);
+    return sdpa_forward_amx(args, Split) ? Status::success() : vector_kernel().run(args);
 }
 #endif
 
@@ -72,8 +74,8 @@ constexpr int64_t kAmxMinQueryRows = 16;
 ForwardKernel forward_kernel_for(DType input_dtype, int64_t seq_q) {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
     if (seq_q >= kAmxMinQueryRows && amx_allowed()) {
-        if (input_dtype == DType::bf16) return {"amx_bf16", forward_amx_or_vector, nullptr};
-        if (input_dtype == DType::f16) return {"amx_bf16x3", forward_amx_or_vector, nullptr};
+        if (input_dtype == DType::bf16) return {"amx_bf16", forward_amx_or_vector<false>, nullptr};
+        if (input_dtype == DType::f16) return {"amx_bf16x3", forward_amx_or_vector<true>, nullptr};
     }
 #endif
     (void)input_dtype;

@@ -12,9 +12,10 @@ Status sdpa_forward_avx2(const SdpaForwardArgs& args);
 Status sdpa_backward_avx2(const SdpaBackwardArgs& args);
 Status sdpa_forward_avx512(const SdpaForwardArgs& args);
 Status sdpa_backward_avx512(const SdpaBackwardArgs& args);
-// bf16 and f16 Q/K/V only.  False, with the outputs unfinished, where f16
-// inputs hold an infinity (its split products cannot keep IEEE semantics).
-bool sdpa_forward_amx(const SdpaForwardArgs& args);
+// bf16 Q/K/V, or (split) 16-bit floats with f16 among them, each value as two
+// bf16 parts.  False, with the outputs unfinished, where split inputs hold an
+// infinity (split products cannot keep IEEE semantics).
+bool sdpa_forward_amx(const SdpaForwardArgs& args, bool split);
 Status sdpa_backward_amx(const SdpaBackwardArgs& args);
 bool sdpa_backward_amx_applies(const SdpaBackwardArgs& args);
 #endif

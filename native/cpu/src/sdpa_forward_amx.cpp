@@ -329,9 +329,8 @@ bool run_forward(const SdpaForwardArgs& a) {
 }  // namespace
 }  // namespace isa_amx
 
-bool sdpa_forward_amx(const SdpaForwardArgs& a) {
-    const bool all_bf16 = a.query.dtype == DType::bf16 && a.key.dtype == DType::bf16 && a.value.dtype == DType::bf16;
-    return all_bf16 ? isa_amx::run_forward<1>(a) : isa_amx::run_forward<2>(a);
+bool sdpa_forward_amx(const SdpaForwardArgs& a, bool split) {
+    return split ? isa_amx::run_forward<2>(a) : isa_amx::run_forward<1>(a);
 }
 
 }  // namespace graphattn
