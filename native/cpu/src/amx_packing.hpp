@@ -1,8 +1,8 @@
 // Packing bf16 blocks into the VNNI pair layouts that TDPBF16PS reads as its
 // B operand (see amx_tiles.hpp): pairs along the columns of a block (for
 // X^T as B, e.g. K^T in Q K^T) and pairs along its rows (for X as B, e.g. V
-// in P V).  Full, unit-stride blocks take the AVX-512 paths; the rest
-// (edges, strided views) a scalar one that zero-fills the padding.
+// in P V).  Unit-stride rows take the AVX-512 paths, with masked loads at the
+// edges; strided rows a scalar one that zero-fills the padding.
 #pragma once
 
 #include <immintrin.h>
@@ -41,14 +41,24 @@ struct WordInterleave {
     }
 };
 
+// 32 words of row `row` from column c0, zeros from column `cols` on.
+inline __m512i load_words(const uint16_t* row, int c0, int cols) {
+    const int n = cols - c0;
+    const __mmask32 keep = n >= 32 ? ~__mmask32(0) : (n <= 0 ? __mmask32(0) : (__mmask32(1) << n) - 1);
+    return _mm512_maskz_loadu_epi16(keep, row + c0);
+}
+
 // dst[p * ld + j] = (X[j][2p], X[j][2p + 1]) for j < width (a multiple of 16)
-// and p < cols_padded / 2; zeros past X's rows and columns.
+// and p < cols_padded / 2 (cols_padded a multiple of 32); zeros past X's rows
+// and columns.
 inline void pack_column_pairs(const Bf16Block& x, int width, int cols_padded, uint32_t* dst, int64_t ld) {
-    if (x.col_stride == 1 && x.rows == width && x.cols == cols_padded && x.cols % kTileBf16Cols == 0) {
+    if (x.col_stride == 1) {
+        const __m512i zero = _mm512_setzero_si512();
         __m512i in[16], out[16];
         for (int j0 = 0; j0 < width; j0 += 16)
-            for (int p0 = 0; p0 < x.cols / 2; p0 += 16) {
-                for (int t = 0; t < 16; ++t) in[t] = _mm512_loadu_si512(x.data + (j0 + t) * x.row_stride + 2 * p0);
+            for (int p0 = 0; p0 < cols_padded / 2; p0 += 16) {
+                for (int t = 0; t < 16; ++t)
+                    in[t] = j0 + t < x.rows ? load_words(x.data + (j0 + t) * x.row_stride, 2 * p0, x.cols) : zero;
                 transpose_16x16_words(in, out);
                 for (int t = 0; t < 16; ++t) _mm512_storeu_si512(dst + (p0 + t) * ld + j0, out[t]);
             }
@@ -62,13 +72,14 @@ inline void pack_column_pairs(const Bf16Block& x, int width, int cols_padded, ui
 // dst[jp * ld + c] = (X[2jp][c], X[2jp + 1][c]) for jp < height / 2 and
 // c < cols_padded (a multiple of 32); zeros past X's rows and columns.
 inline void pack_row_pairs(const Bf16Block& x, int height, int cols_padded, uint32_t* dst, int64_t ld) {
-    if (x.col_stride == 1 && x.rows == height && x.cols == cols_padded) {
+    if (x.col_stride == 1) {
         const WordInterleave interleave;
-        const __m512i lo = interleave.low, hi = interleave.high;
+        const __m512i lo = interleave.low, hi = interleave.high, zero = _mm512_setzero_si512();
         for (int jp = 0; jp < height / 2; ++jp)
             for (int c0 = 0; c0 < cols_padded; c0 += 32) {
-                const __m512i even = _mm512_loadu_si512(x.data + (2 * jp) * x.row_stride + c0);
-                const __m512i odd = _mm512_loadu_si512(x.data + (2 * jp + 1) * x.row_stride + c0);
+                const __m512i even = 2 * jp < x.rows ? load_words(x.data + (2 * jp) * x.row_stride, c0, x.cols) : zero;
+                const __m512i odd =
+                    2 * jp + 1 < x.rows ? load_words(x.data + (2 * jp + 1) * x.row_stride, c0, x.cols) : zero;
                 _mm512_storeu_si512(dst + jp * ld + c0, _mm512_permutex2var_epi16(even, lo, odd));
                 _mm512_storeu_si512(dst + jp * ld + c0 + 16, _mm512_permutex2var_epi16(even, hi, odd));
             }
@@ -108,10 +119,10 @@ inline void pack_column_pairs_split(const void* data, DType dt, int64_t row_stri
         }
 }
 
-// As pack_row_pairs: term t's height / 2 pair rows, from dst + t * (height / 2) * ld, hold part b_part(t).
+// As pack_row_pairs: term t's height / 2 pair rows, from dst + t * term_rows * ld, hold part b_part(t).
 template <int Parts>
 inline void pack_row_pairs_split(const void* data, DType dt, int64_t row_stride, int height, int cols,
-                                 uint32_t* dst, int64_t ld, __mmask16& infinite) {
+                                 uint32_t* dst, int64_t ld, int64_t term_rows, __mmask16& infinite) {
     using Terms = SplitTerms<Parts>;
     const WordInterleave interleave;
     __m512i even[Parts], odd[Parts];
@@ -121,7 +132,7 @@ inline void pack_row_pairs_split(const void* data, DType dt, int64_t row_stride,
             load_split_32<Parts>(element_ptr(data, dt, (2 * jp + 1) * row_stride + c0), dt, odd, infinite);
             for (int t = 0; t < Terms::kTerms; ++t) {
                 const int p = Terms::b_part(t);
-                uint32_t* out = dst + (int64_t(t) * (height / 2) + jp) * ld + c0;
+                uint32_t* out = dst + (int64_t(t) * term_rows + jp) * ld + c0;
                 _mm512_storeu_si512(out, _mm512_permutex2var_epi16(even[p], interleave.low, odd[p]));
                 _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(even[p], interleave.high, odd[p]));
             }

@@ -95,10 +95,11 @@ void zero_unkept_query_lanes(const SdpaForwardArgs& a, float* g_t, const float* 
 }
 
 // Key lanes.  s[r][lanes] for keys j0 + lane; row r reads its mask at
-// m_off[r] and has query index qi[r].  Lanes past kv_rows become -inf.
+// m_off[r] and has query index qi[r].  Lanes past kv_rows become -inf.  Only
+// the first `vecs` vectors of each row are touched (rows stay RV vectors apart).
 template <int RV>
 void mask_key_lanes(const SdpaForwardArgs& a, float* s, float* mask_rows, const int64_t* m_off, const int64_t* qi,
-                    int rows, int kv_rows, int64_t j0) {
+                    int rows, int kv_rows, int64_t j0, int vecs = RV) {
     constexpr int kRow = RV * kLanes;
     const TensorView& m = a.mask;
     const VecF lanes = lane_index(), keep = splat(a.select_keep_value ? 1.0f : 0.0f);
@@ -113,7 +114,7 @@ void mask_key_lanes(const SdpaForwardArgs& a, float* s, float* mask_rows, const 
         // Keys j0 + l with l >= first_masked are cut by the causal mask.
         const float first_masked = a.causal ? float(std::clamp<int64_t>(qi[r] + a.causal_offset + 1 - j0, 0, kRow))
                                             : float(kRow);
-        for (int v = 0; v < RV; ++v) {
+        for (int v = 0; v < vecs; ++v) {
             const VecF l = lanes + float(v * kLanes);
             VecF x = load(row + v * kLanes);
             if (a.mask_kind == MaskKind::additive) x += to_log2_units(load(mask_row + v * kLanes));

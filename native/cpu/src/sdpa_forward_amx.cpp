@@ -41,7 +41,12 @@ namespace {
 
 constexpr int kBlockQ = 128;  // query rows per item at most (the scratch's size)
 constexpr int kSmallBlockQ = 64;  // per item when 128-row items would leave threads with few items each
-constexpr int kBlockKV = 128;
+// 256 keys per block: each O accumulator tile pair is loaded and stored once
+// per 8 reduction steps of P V rather than 4 (tile stores run at one row per
+// cycle, so short reductions leave the tile unit idle), and each row's
+// softmax bookkeeping covers twice the keys.  Scores are computed only up to
+// the keys a pair of row tiles can see (causal cut, partial blocks).
+constexpr int kBlockKV = 256;
 constexpr int kVecsPerRow = kBlockKV / kLanes;
 
 // Per-thread buffers; bf16 data is kept as uint16_t and pairs as uint32_t.
@@ -113,40 +118,45 @@ void pack_q(const TensorView& q, int64_t base, int rows, int D, Scratch& sc) {
     }
 }
 
-// k[p][j] = (K[j][2p], K[j][2p + 1]) for the key block; zeros past kv_rows and
-// D.  Split: term t's dp / 2 pair rows hold part b_part(t).
+// k[p][j] = (K[j][2p], K[j][2p + 1]) for the key block's first
+// round_up(kv_rows, 32) keys (all that scores_on_tiles reads); zeros past
+// kv_rows and D.  Split: term t's dp / 2 pair rows hold part b_part(t).
 template <int Parts>
 void pack_k(const TensorView& k, int64_t base, int kv_rows, int D, Scratch& sc) {
+    const int width = int(round_up(kv_rows, 32));
     if constexpr (Parts == 1) {
-        pack_column_pairs({bf16_at(k, base), k.strides[3], k.strides[4], kv_rows, D}, kBlockKV, sc.dp, sc.k(), kBlockKV);
-    } else if (splits_in_place(k, D, sc.dp, kv_rows == kBlockKV)) {
-        pack_column_pairs_split<Parts>(element_ptr(k.data, k.dtype, base), k.dtype, k.strides[3], kBlockKV, D, sc.k(),
+        pack_column_pairs({bf16_at(k, base), k.strides[3], k.strides[4], kv_rows, D}, width, sc.dp, sc.k(), kBlockKV);
+    } else if (splits_in_place(k, D, sc.dp, kv_rows == width)) {
+        pack_column_pairs_split<Parts>(element_ptr(k.data, k.dtype, base), k.dtype, k.strides[3], width, D, sc.k(),
                                        kBlockKV, sc.infinite);
     } else {
-        pack_column_pairs_split<Parts>(load_wide(k, base, kv_rows, D, kBlockKV, sc.dp, sc), DType::f32, sc.dp, kBlockKV,
+        pack_column_pairs_split<Parts>(load_wide(k, base, kv_rows, D, width, sc.dp, sc), DType::f32, sc.dp, width,
                                        sc.dp, sc.k(), kBlockKV, sc.infinite);
     }
 }
 
-// v[jp][c] = (V[2jp][c], V[2jp + 1][c]); zeros past kv_rows and Dv.  Split:
-// term t's kBlockKV / 2 pair rows hold part b_part(t).
+// v[jp][c] = (V[2jp][c], V[2jp + 1][c]) for the key block's first
+// round_up(kv_rows, 32) keys (all that accumulate_on_tiles reads); zeros past
+// kv_rows and Dv.  Split: term t's pair rows, kBlockKV / 2 apart, hold part b_part(t).
 template <int Parts>
 void pack_v(const TensorView& v, int64_t base, int kv_rows, int Dv, Scratch& sc) {
+    const int height = int(round_up(kv_rows, 32));
     if constexpr (Parts == 1) {
-        pack_row_pairs({bf16_at(v, base), v.strides[3], v.strides[4], kv_rows, Dv}, kBlockKV, sc.dvp, sc.v(), sc.dvp);
-    } else if (splits_in_place(v, Dv, sc.dvp, kv_rows == kBlockKV)) {
-        pack_row_pairs_split<Parts>(element_ptr(v.data, v.dtype, base), v.dtype, v.strides[3], kBlockKV, Dv, sc.v(),
-                                    sc.dvp, sc.infinite);
+        pack_row_pairs({bf16_at(v, base), v.strides[3], v.strides[4], kv_rows, Dv}, height, sc.dvp, sc.v(), sc.dvp);
+    } else if (splits_in_place(v, Dv, sc.dvp, kv_rows == height)) {
+        pack_row_pairs_split<Parts>(element_ptr(v.data, v.dtype, base), v.dtype, v.strides[3], height, Dv, sc.v(),
+                                    sc.dvp, kBlockKV / 2, sc.infinite);
     } else {
-        pack_row_pairs_split<Parts>(load_wide(v, base, kv_rows, Dv, kBlockKV, sc.dvp, sc), DType::f32, sc.dvp, kBlockKV,
-                                    sc.dvp, sc.v(), sc.dvp, sc.infinite);
+        pack_row_pairs_split<Parts>(load_wide(v, base, kv_rows, Dv, height, sc.dvp, sc), DType::f32, sc.dvp, height,
+                                    sc.dvp, sc.v(), sc.dvp, kBlockKV / 2, sc.infinite);
     }
 }
 
-// s[r - 16 m][j] = sum_d q[r][d] k[j][d] for the 32 rows r of row tiles m, m + 1, on tiles 0-7.
-void scores_on_tiles(const Scratch& sc, int m, float* s) {
+// s[r - 16 m][j] = sum_d q[r][d] k[j][d] for the 32 rows r of row tiles m, m + 1
+// and the first `cols` keys (a multiple of 32), on tiles 0-7.
+void scores_on_tiles(const Scratch& sc, int m, int cols, float* s) {
     const int ld = sc.terms * sc.dp;
-    for (int n = 0; n < kBlockKV / 16; n += 2) {
+    for (int n = 0; n < cols / 16; n += 2) {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
@@ -175,17 +185,19 @@ void accumulate_on_tiles(const Scratch& sc, int m, const uint16_t* p, int kv_row
 // in base-2 units (the raw scores times load_scale > 0, so the max is taken
 // on the raw values and the scale enters the exponent's FMA), writes their
 // probabilities as bf16 (parts) and rescales their accumulator rows where
-// the max grew.  R rows at once: each row's max is a chain of dependent
+// the max grew; only the first `vecs` vectors (an even count) of each row are
+// read.  R rows at once: each row's max is a chain of dependent
 // reductions, and R of them side by side keep the vector units busy.  The
 // probabilities are rounded to bf16, or split into parts good to 2^-17, so
 // the coarse exp2 serves.  Scores are rows kBlockKV apart, P rows
 // terms * kBlockKV and accumulator rows dvp.
 template <int Parts, int R>
-void softmax_rows(Scratch& sc, const float* s_rows, int r0, float load_scale, uint16_t* p_rows, float* o_rows) {
+void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load_scale, uint16_t* p_rows,
+                  float* o_rows) {
     float new_max[R], base[R], old_max[R];
     for (int i = 0; i < R; ++i) {
         VecF m = splat(-__builtin_inff());
-        for (int v = 0; v < kVecsPerRow; ++v) m = max_ignoring_nan(load(s_rows + i * kBlockKV + v * kLanes), m);
+        for (int v = 0; v < vecs; ++v) m = max_ignoring_nan(load(s_rows + i * kBlockKV + v * kLanes), m);
         old_max[i] = sc.row_max[r0 + i];
         const float block_max = _mm512_reduce_max_ps((__m512)m) * load_scale;
         new_max[i] = block_max > old_max[i] ? block_max : old_max[i];
@@ -197,7 +209,7 @@ void softmax_rows(Scratch& sc, const float* s_rows, int r0, float load_scale, ui
         const float* s_row = s_rows + i * kBlockKV;
         uint16_t* p_row = p_rows + size_t(i) * sc.terms * kBlockKV;
         VecF sum{};
-        for (int v = 0; v < kVecsPerRow; v += 2) {
+        for (int v = 0; v < vecs; v += 2) {
             const VecF p0 = vexp2<true>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + v * kLanes), scale, shift));
             const VecF p1 = vexp2<true>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + (v + 1) * kLanes), scale, shift));
             sum += p0 + p1;
@@ -258,32 +270,53 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         pack_k<Parts>(k, k_base + j0 * k.strides[3], kv_rows, D, sc);
         pack_v<Parts>(v, v_base + j0 * v.strides[3], kv_rows, Dv, sc);
         float* s = sc.s_store.get();
-        // Plain blocks (no mask, no causal cut, no padding keys, a positive scale) take the
-        // scale in the softmax; the others are scaled and masked first.
+        // Keys of this block that rows of the pair at row tile m can see: past them
+        // every score is -inf (causal cut) or padding.
         const bool causal_cut = a.causal && j0 + kv_rows - 1 - i0 > a.causal_offset;
-        const bool plain = a.mask_kind == MaskKind::none && !causal_cut && kv_rows == kBlockKV && scale_log2 > 0.0f;
+        auto pair_keys = [&](int m) {
+            if (!skip_causal_blocks || !causal_cut) return kv_rows;
+            const int64_t last_row = i0 + std::min(rows, m * 16 + 32) - 1;
+            return int(std::clamp<int64_t>(causal_key_end(last_row, a.causal_offset, a.seq_kv) - j0, 0, kv_rows));
+        };
+        // Plain pairs (no mask, every row sees all `keys`, no padding keys within
+        // whole tiles, a positive scale) take the scale in the softmax; the others
+        // are scaled and masked first.
+        auto pair_is_plain = [&](int m, int keys) {
+            if (a.mask_kind != MaskKind::none || keys % 32 != 0 || !(scale_log2 > 0.0f)) return false;
+            return !a.causal || causal_key_end(i0 + m * 16, a.causal_offset, a.seq_kv) - j0 >= keys;
+        };
         // Software pipeline over pairs of row tiles: the scores of the next pair go to
         // the tile unit before the softmax of this pair runs on the vector units.
-        scores_on_tiles(sc, 0, s);
+        int next_keys = pair_keys(0);
+        if (next_keys > 0) scores_on_tiles(sc, 0, int(round_up(next_keys, 32)), s);
         for (int m = 0; m < row_tiles; m += 2) {
-            if (m + 2 < row_tiles) scores_on_tiles(sc, m + 2, s + (m + 2) * 16 * kBlockKV);
+            const int keys = next_keys, cols = int(round_up(keys, 32));
+            if (m + 2 < row_tiles) {
+                next_keys = pair_keys(m + 2);
+                if (next_keys > 0) scores_on_tiles(sc, m + 2, int(round_up(next_keys, 32)), s + (m + 2) * 16 * kBlockKV);
+            }
+            if (keys == 0) continue;  // no key of this block is visible to these rows
             const int r0 = m * 16, r1 = std::min(rows, r0 + 32);
             float* s_pair = s + r0 * kBlockKV;
             uint16_t* p_pair = sc.p() + size_t(r0) * sc.terms * kBlockKV;
-            if (!plain) {
-                for (int x = 0; x < (r1 - r0) * kBlockKV; x += kLanes) store(s_pair + x, load(s_pair + x) * scale_log2);
-                mask_key_lanes<kVecsPerRow>(a, s_pair, sc.mask_store.get(), sc.mask_offset + r0,
-                                            sc.query_index + r0, r1 - r0, kv_rows, j0);
-            }
+            const bool plain = pair_is_plain(m, keys);
             const float load_scale = plain ? scale_log2 : 1.0f;
+            if (!plain) {
+                for (int r = 0; r < r1 - r0; ++r)
+                    for (int x = 0; x < cols; x += kLanes)
+                        store(s_pair + r * kBlockKV + x, load(s_pair + r * kBlockKV + x) * scale_log2);
+                mask_key_lanes<kVecsPerRow>(a, s_pair, sc.mask_store.get(), sc.mask_offset + r0, sc.query_index + r0,
+                                            r1 - r0, keys, j0, cols / kLanes);
+            }
             auto softmax_at = [&](auto rows, int r) {
-                softmax_rows<Parts, rows.value>(sc, s_pair + (r - r0) * kBlockKV, r, load_scale,
-                                                p_pair + size_t(r - r0) * sc.terms * kBlockKV, sc.o_store.get() + size_t(r) * sc.dvp);
+                softmax_rows<Parts, rows.value>(sc, s_pair + (r - r0) * kBlockKV, cols / kLanes, r, load_scale,
+                                                p_pair + size_t(r - r0) * sc.terms * kBlockKV,
+                                                sc.o_store.get() + size_t(r) * sc.dvp);
             };
             int r = r0;
             for (; r + 4 <= r1; r += 4) softmax_at(std::integral_constant<int, 4>{}, r);
             for (; r < r1; ++r) softmax_at(std::integral_constant<int, 1>{}, r);
-            accumulate_on_tiles(sc, m, p_pair, kv_rows, sc.o_store.get());
+            accumulate_on_tiles(sc, m, p_pair, keys, sc.o_store.get());
         }
     }
     for (int r = 0; r < rows; ++r) write_row(a, sc, b, r, i0 + r, Dv);
