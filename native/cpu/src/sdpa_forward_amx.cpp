@@ -47,26 +47,33 @@ constexpr int kSmallBlockQ = 64;  // per item when 128-row items would leave thr
 // softmax bookkeeping covers twice the keys.  Scores are computed only up to
 // the keys a pair of row tiles can see (causal cut, partial blocks).
 constexpr int kBlockKV = 256;
-constexpr int kVecsPerRow = kBlockKV / kLanes;
+// Row strides of the tile operands and results, padded by one cache line: at
+// 2^n bytes, the 16 rows of a tile would share a few L1 sets.
+constexpr int kKeyPairsLd = kBlockKV + 16;  // packed K rows, in pair words
+constexpr int kScoresLd = kBlockKV + 16;    // S rows, in floats
 
 // Per-thread buffers; bf16 data is kept as uint16_t and pairs as uint32_t.
 // `terms` part products lie side by side along each reduction (1 for bf16).
 struct Scratch {
     int dp, dvp;  // head sizes padded to whole tiles
+    int p_ld, v_ld, o_ld;  // row strides of P (words), packed V (pair words) and O (floats)
     int terms;
     AlignedFloats q_store, k_store, v_store, s_store, p_store, mask_store, o_store, out_store;
     AlignedFloats wide_store;  // split inputs only: a block as f32 (load_wide)
     Scratch(int D, int Dv, int parts)
         : dp(int(round_up(D, kTileBf16Cols))),
           dvp(int(round_up(Dv, kTileBf16Cols))),
+          p_ld((parts == 1 ? SplitTerms<1>::kTerms : SplitTerms<2>::kTerms) * kBlockKV + 32),
+          v_ld(dvp + 16),
+          o_ld(dvp + 16),
           terms(parts == 1 ? SplitTerms<1>::kTerms : SplitTerms<2>::kTerms),
           q_store(size_t(kBlockQ) * terms * dp / 2),
-          k_store(size_t(terms) * dp / 2 * kBlockKV),
-          v_store(size_t(terms) * kBlockKV / 2 * dvp),
-          s_store(size_t(kBlockQ) * kBlockKV),
-          p_store(size_t(kBlockQ) * terms * kBlockKV / 2),
-          mask_store(size_t(kBlockQ) * kBlockKV),
-          o_store(size_t(kBlockQ) * dvp),
+          k_store(size_t(terms) * dp / 2 * kKeyPairsLd),
+          v_store(size_t(terms) * kBlockKV / 2 * v_ld),
+          s_store(size_t(kBlockQ) * kScoresLd),
+          p_store(size_t(kBlockQ) * p_ld / 2),
+          mask_store(size_t(kBlockQ) * kScoresLd),
+          o_store(size_t(kBlockQ) * o_ld),
           out_store(size_t(dvp)),
           wide_store(parts > 1 ? size_t(std::max(kBlockQ, kBlockKV)) * std::max(dp, dvp) : 0) {}
     uint16_t* q() const { return reinterpret_cast<uint16_t*>(q_store.get()); }
@@ -125,13 +132,13 @@ template <int Parts>
 void pack_k(const TensorView& k, int64_t base, int kv_rows, int D, Scratch& sc) {
     const int width = int(round_up(kv_rows, 32));
     if constexpr (Parts == 1) {
-        pack_column_pairs({bf16_at(k, base), k.strides[3], k.strides[4], kv_rows, D}, width, sc.dp, sc.k(), kBlockKV);
+        pack_column_pairs({bf16_at(k, base), k.strides[3], k.strides[4], kv_rows, D}, width, sc.dp, sc.k(), kKeyPairsLd);
     } else if (splits_in_place(k, D, sc.dp, kv_rows == width)) {
         pack_column_pairs_split<Parts>(element_ptr(k.data, k.dtype, base), k.dtype, k.strides[3], width, D, sc.k(),
-                                       kBlockKV, sc.infinite);
+                                       kKeyPairsLd, sc.infinite);
     } else {
         pack_column_pairs_split<Parts>(load_wide(k, base, kv_rows, D, width, sc.dp, sc), DType::f32, sc.dp, width,
-                                       sc.dp, sc.k(), kBlockKV, sc.infinite);
+                                       sc.dp, sc.k(), kKeyPairsLd, sc.infinite);
     }
 }
 
@@ -142,13 +149,13 @@ template <int Parts>
 void pack_v(const TensorView& v, int64_t base, int kv_rows, int Dv, Scratch& sc) {
     const int height = int(round_up(kv_rows, 32));
     if constexpr (Parts == 1) {
-        pack_row_pairs({bf16_at(v, base), v.strides[3], v.strides[4], kv_rows, Dv}, height, sc.dvp, sc.v(), sc.dvp);
+        pack_row_pairs({bf16_at(v, base), v.strides[3], v.strides[4], kv_rows, Dv}, height, sc.dvp, sc.v(), sc.v_ld);
     } else if (splits_in_place(v, Dv, sc.dvp, kv_rows == height)) {
         pack_row_pairs_split<Parts>(element_ptr(v.data, v.dtype, base), v.dtype, v.strides[3], height, Dv, sc.v(),
-                                    sc.dvp, kBlockKV / 2, sc.infinite);
+                                    sc.v_ld, kBlockKV / 2, sc.infinite);
     } else {
         pack_row_pairs_split<Parts>(load_wide(v, base, kv_rows, Dv, height, sc.dvp, sc), DType::f32, sc.dvp, height,
-                                    sc.dvp, sc.v(), sc.dvp, kBlockKV / 2, sc.infinite);
+                                    sc.dvp, sc.v(), sc.v_ld, kBlockKV / 2, sc.infinite);
     }
 }
 
@@ -161,23 +168,23 @@ void scores_on_tiles(const Scratch& sc, int m, int cols, float* s) {
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
-        tiles_2x2_product(sc.q() + (m * 16) * ld, ld * 2, 16 * ld, sc.k() + n * 16, kBlockKV * 4, ld / kTileBf16Cols);
-        store_tiles_2x2(s + n * 16, kBlockKV * 4);
+        tiles_2x2_product(sc.q() + (m * 16) * ld, ld * 2, 16 * ld, sc.k() + n * 16, kKeyPairsLd * 4, ld / kTileBf16Cols);
+        store_tiles_2x2(s + n * 16, kScoresLd * 4);
     }
 }
 
 // o[r][c] += sum_j p[r - 16 m][j] v[j][c] for the 32 rows r of row tiles m, m + 1
 // and keys < kv_rows, over every term.
 void accumulate_on_tiles(const Scratch& sc, int m, const uint16_t* p, int kv_rows, float* o) {
-    const int dvp = sc.dvp, ld = sc.terms * kBlockKV;
+    const int ld = sc.p_ld;
     const int key_chunks = (kv_rows + kTileBf16Cols - 1) / kTileBf16Cols;
-    for (int c = 0; c < dvp / 16; c += 2) {
-        float* acc = o + (m * 16) * dvp + c * 16;
-        load_tiles_2x2(acc, dvp * 4);
+    for (int c = 0; c < sc.dvp / 16; c += 2) {
+        float* acc = o + (m * 16) * sc.o_ld + c * 16;
+        load_tiles_2x2(acc, sc.o_ld * 4);
         for (int t = 0; t < sc.terms; ++t)
             tiles_2x2_product(p + t * kBlockKV, ld * 2, 16 * ld,
-                              sc.v() + size_t(t) * (kBlockKV / 2) * dvp + c * 16, dvp * 4, key_chunks);
-        store_tiles_2x2(acc, dvp * 4);
+                              sc.v() + size_t(t) * (kBlockKV / 2) * sc.v_ld + c * 16, sc.v_ld * 4, key_chunks);
+        store_tiles_2x2(acc, sc.o_ld * 4);
     }
 }
 
@@ -189,15 +196,15 @@ void accumulate_on_tiles(const Scratch& sc, int m, const uint16_t* p, int kv_row
 // read.  R rows at once: each row's max is a chain of dependent
 // reductions, and R of them side by side keep the vector units busy.  The
 // probabilities are rounded to bf16, or split into parts good to 2^-17, so
-// the coarse exp2 serves.  Scores are rows kBlockKV apart, P rows
-// terms * kBlockKV and accumulator rows dvp.
+// the coarse exp2 serves.  Scores are rows kScoresLd apart, P rows p_ld
+// and accumulator rows o_ld.
 template <int Parts, int R>
 void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load_scale, uint16_t* p_rows,
                   float* o_rows) {
     float new_max[R], base[R], old_max[R];
     for (int i = 0; i < R; ++i) {
         VecF m = splat(-__builtin_inff());
-        for (int v = 0; v < vecs; ++v) m = max_ignoring_nan(load(s_rows + i * kBlockKV + v * kLanes), m);
+        for (int v = 0; v < vecs; ++v) m = max_ignoring_nan(load(s_rows + i * kScoresLd + v * kLanes), m);
         old_max[i] = sc.row_max[r0 + i];
         const float block_max = _mm512_reduce_max_ps((__m512)m) * load_scale;
         new_max[i] = block_max > old_max[i] ? block_max : old_max[i];
@@ -206,8 +213,8 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
     const __m512 scale = _mm512_set1_ps(load_scale);
     for (int i = 0; i < R; ++i) {
         const __m512 shift = _mm512_set1_ps(-base[i]);
-        const float* s_row = s_rows + i * kBlockKV;
-        uint16_t* p_row = p_rows + size_t(i) * sc.terms * kBlockKV;
+        const float* s_row = s_rows + i * kScoresLd;
+        uint16_t* p_row = p_rows + size_t(i) * sc.p_ld;
         VecF sum{};
         for (int v = 0; v < vecs; v += 2) {
             const VecF p0 = vexp2<true>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + v * kLanes), scale, shift));
@@ -223,7 +230,7 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
         sc.row_sums[r] = sc.row_sums[r] * correction + sum;
         sc.row_max[r] = new_max[i];
         if (correction != 1.0f) {
-            float* o_row = o_rows + size_t(i) * sc.dvp;
+            float* o_row = o_rows + size_t(i) * sc.o_ld;
             for (int c = 0; c < sc.dvp; c += kLanes) store(o_row + c, load(o_row + c) * correction);
         }
     }
@@ -233,7 +240,7 @@ void write_row(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims
     const float sum = horizontal_sum(sc.row_sums[r]);
     const float fully_masked = a.inf_as_zero ? 0.0f : std::nanf("");
     const float factor = sum > 0.0f ? 1.0f / sum : (sum == 0.0f ? fully_masked : std::nanf(""));
-    const float* o_row = sc.o_store.get() + size_t(r) * sc.dvp;
+    const float* o_row = sc.o_store.get() + size_t(r) * sc.o_ld;
     float* out = sc.out_store.get();
     for (int c = 0; c < Dv; ++c) out[c] = o_row[c] * factor;
     const TensorView& o = a.output;
@@ -259,7 +266,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         sc.mask_offset[r] = view_batch_offset(a.mask, b) + (i0 + r) * a.mask.strides[3];
     }
     pack_q<Parts>(q, view_batch_offset(q, b) + i0 * q.strides[3], rows, D, sc);
-    std::fill(sc.o_store.get(), sc.o_store.get() + size_t(row_tiles) * 16 * sc.dvp, 0.0f);  // the rows tiles touch
+    std::fill(sc.o_store.get(), sc.o_store.get() + size_t(row_tiles) * 16 * sc.o_ld, 0.0f);  // the rows tiles touch
     std::fill(sc.row_max, sc.row_max + kBlockQ, -__builtin_inff());
     std::fill(sc.row_sums, sc.row_sums + kBlockQ, VecF{});
 
@@ -293,25 +300,25 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             const int keys = next_keys, cols = int(round_up(keys, 32));
             if (m + 2 < row_tiles) {
                 next_keys = pair_keys(m + 2);
-                if (next_keys > 0) scores_on_tiles(sc, m + 2, int(round_up(next_keys, 32)), s + (m + 2) * 16 * kBlockKV);
+                if (next_keys > 0) scores_on_tiles(sc, m + 2, int(round_up(next_keys, 32)), s + (m + 2) * 16 * kScoresLd);
             }
             if (keys == 0) continue;  // no key of this block is visible to these rows
             const int r0 = m * 16, r1 = std::min(rows, r0 + 32);
-            float* s_pair = s + r0 * kBlockKV;
-            uint16_t* p_pair = sc.p() + size_t(r0) * sc.terms * kBlockKV;
+            float* s_pair = s + r0 * kScoresLd;
+            uint16_t* p_pair = sc.p() + size_t(r0) * sc.p_ld;
             const bool plain = pair_is_plain(m, keys);
             const float load_scale = plain ? scale_log2 : 1.0f;
             if (!plain) {
                 for (int r = 0; r < r1 - r0; ++r)
                     for (int x = 0; x < cols; x += kLanes)
-                        store(s_pair + r * kBlockKV + x, load(s_pair + r * kBlockKV + x) * scale_log2);
-                mask_key_lanes<kVecsPerRow>(a, s_pair, sc.mask_store.get(), sc.mask_offset + r0, sc.query_index + r0,
+                        store(s_pair + r * kScoresLd + x, load(s_pair + r * kScoresLd + x) * scale_log2);
+                mask_key_lanes<kScoresLd / kLanes>(a, s_pair, sc.mask_store.get(), sc.mask_offset + r0, sc.query_index + r0,
                                             r1 - r0, keys, j0, cols / kLanes);
             }
             auto softmax_at = [&](auto rows, int r) {
-                softmax_rows<Parts, rows.value>(sc, s_pair + (r - r0) * kBlockKV, cols / kLanes, r, load_scale,
-                                                p_pair + size_t(r - r0) * sc.terms * kBlockKV,
-                                                sc.o_store.get() + size_t(r) * sc.dvp);
+                softmax_rows<Parts, rows.value>(sc, s_pair + (r - r0) * kScoresLd, cols / kLanes, r, load_scale,
+                                                p_pair + size_t(r - r0) * sc.p_ld,
+                                                sc.o_store.get() + size_t(r) * sc.o_ld);
             };
             int r = r0;
             for (; r + 4 <= r1; r += 4) softmax_at(std::integral_constant<int, 4>{}, r);
