@@ -55,6 +55,7 @@ struct Backward {
     const SdpaForwardArgs& a;
     int D, Dv, Dp, Dvp;
     int64_t Sq, Skv, Sqp, batch_total;
+    int64_t cols_ld;  // row stride of the transposed Q and dO: Sqp plus a cache line, so a tile's rows spread over L1 sets
     float scale, scale_log2;
     bool skip_causal, zero_unkept;
     DropoutPlan dropout;
@@ -73,6 +74,7 @@ struct Backward {
           Sq(a.seq_q),
           Skv(a.seq_kv),
           Sqp(round_up(a.seq_q, kRows)),
+          cols_ld(Sqp + 32),
           batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
           scale(a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f),
           scale_log2(scale * kLog2e),
@@ -91,9 +93,9 @@ struct Backward {
     void prepare() {
         const size_t q_size = size_t(batch_total) * Sqp * Dp, do_size = size_t(batch_total) * Sqp * Dvp;
         q_rows = AlignedFloats::uninitialized(q_size / 2 + 16);
-        q_cols = AlignedFloats::uninitialized(q_size / 2 + 16);
+        q_cols = AlignedFloats::uninitialized(size_t(batch_total) * Dp * cols_ld / 2 + 16);
         do_rows = AlignedFloats::uninitialized(do_size / 2 + 16);
-        do_cols = AlignedFloats::uninitialized(do_size / 2 + 16);
+        do_cols = AlignedFloats::uninitialized(size_t(batch_total) * Dvp * cols_ld / 2 + 16);
         delta = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
         lse2 = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
         dq_sum = AlignedFloats::uninitialized(size_t(splits) * batch_total * Sqp * Dp);
@@ -114,7 +116,7 @@ struct Backward {
                 std::fill(row.get(), row.get() + Dp, 0.0f);
                 if (real) load_row(a.query, b, i, D, row.get());
                 store_bf16_row(row.get(), Dp, bf16s(q_rows) + x * Dp);
-                for (int d = 0; d < Dp; ++d) bf16s(q_cols)[(fb * Dp + d) * Sqp + i] = bf16s(q_rows)[x * Dp + d];
+                for (int d = 0; d < Dp; ++d) bf16s(q_cols)[(fb * Dp + d) * cols_ld + i] = bf16s(q_rows)[x * Dp + d];
                 // dO row, and D = dO . O.
                 std::fill(row.get(), row.get() + Dvp, 0.0f);
                 float dot = 0.0f;
@@ -124,7 +126,7 @@ struct Backward {
                     for (int c = 0; c < Dv; ++c) dot += row.get()[c] * o_row.get()[c];
                 }
                 store_bf16_row(row.get(), Dvp, bf16s(do_rows) + x * Dvp);
-                for (int c = 0; c < Dvp; ++c) bf16s(do_cols)[(fb * Dvp + c) * Sqp + i] = bf16s(do_rows)[x * Dvp + c];
+                for (int c = 0; c < Dvp; ++c) bf16s(do_cols)[(fb * Dvp + c) * cols_ld + i] = bf16s(do_rows)[x * Dvp + c];
                 delta.get()[x] = dot;
                 // lse in base 2; +inf (P = 0) for a fully masked row and for padding rows.
                 float lse = __builtin_inff();
@@ -177,13 +179,13 @@ struct Backward {
         }
     }
 
-    // acc_t (rows x kKeys, f32) += columns [i0, i0 + 32) of a_cols (rows x Sqp, bf16) x row pairs.
+    // acc_t (rows x kKeys, f32) += columns [i0, i0 + 32) of a_cols (rows cols_ld apart, bf16) x row pairs.
     void accumulate_transposed(const uint16_t* a_cols, int rows, int64_t i0, const uint32_t* row_pairs, float* acc_t) {
         for (int m = 0; m < rows / 16; m += 2)
             for (int n = 0; n < kKeys / 16; n += 2) {
                 float* c = acc_t + (m * 16) * kKeys + n * 16;
                 load_tiles_2x2(c, kKeys * 4);
-                tiles_2x2_product(a_cols + (m * 16) * Sqp + i0, Sqp * 2, 16 * Sqp, row_pairs + n * 16, kKeys * 4, 1);
+                tiles_2x2_product(a_cols + (m * 16) * cols_ld + i0, cols_ld * 2, 16 * cols_ld, row_pairs + n * 16, kKeys * 4, 1);
                 store_tiles_2x2(c, kKeys * 4);
             }
     }
@@ -232,8 +234,8 @@ struct Backward {
         pack_row_pairs({bf16s(sc.ds_bf16), kKeys, 1, kRows, kKeys}, kRows, kKeys, pairs(sc.ds_pairs), kKeys);
 
         // dV^T += dO^T (P Z), dK^T += Q^T dS, dQ += dS K.
-        accumulate_transposed(bf16s(do_cols) + fb * Dvp * Sqp, Dvp, i0, pairs(sc.p_pairs), sc.dv_t.get());
-        accumulate_transposed(bf16s(q_cols) + fb * Dp * Sqp, Dp, i0, pairs(sc.ds_pairs), sc.dk_t.get());
+        accumulate_transposed(bf16s(do_cols) + fb * Dvp * cols_ld, Dvp, i0, pairs(sc.p_pairs), sc.dv_t.get());
+        accumulate_transposed(bf16s(q_cols) + fb * Dp * cols_ld, Dp, i0, pairs(sc.ds_pairs), sc.dk_t.get());
         float* dq = dq_split + (fb * Sqp + i0) * Dp;
         for (int n = 0; n < Dp / 16; n += 2) {
             load_tiles_2x2(dq + n * 16, Dp * 4);
