@@ -194,3 +194,19 @@ def test_backward_needs_the_forward_seed(rng):
     out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True, dropout_p=0.2, dropout_seed=5)
     with pytest.raises(ValueError, match="dropout_seed"):
         ga.scaled_dot_product_attention_backward(out, q, k, v, out, stats, dropout_p=0.2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seq_q,seq_kv", [(3, 0), (40, 0), (0, 5), (0, 0)])
+def test_empty_sequences(seq_q, seq_kv, dtype, rng):
+    """No keys: every output row is fully masked (0) and dQ is 0; no queries: dK and dV are 0."""
+    q = random_array((1, 2, seq_q, 16), dtype, rng)
+    k = random_array((1, 2, seq_kv, 16), dtype, rng)
+    v = random_array((1, 2, seq_kv, 8), dtype, rng)
+    for causal in (False, True):
+        out, stats = ga.scaled_dot_product_attention(q, k, v, is_causal=causal, return_stats=True)
+        assert out.shape == (1, 2, seq_q, 8) and not np.any(out.astype(np.float32))
+        grad = random_array(out.shape, dtype, rng)
+        dq, dk, dv = ga.scaled_dot_product_attention_backward(grad, q, k, v, out, stats, is_causal=causal)
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+        assert not (np.any(dq.astype(np.float32)) or np.any(dk.astype(np.float32)) or np.any(dv.astype(np.float32)))

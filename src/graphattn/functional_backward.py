@@ -163,23 +163,28 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         m_rows, m_cols = m2.shape[-2:]
         code, bst, a = specs["mask"]
         specs["mask"] = (code, bst[:3] + (bst[3] if m_rows != 1 else 0, bst[4] if m_cols != 1 else 0), a)
-    scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if queue is not None:
-        sycl_runtime.wait_for_producers(views.values())
-        specs = {name: (code, strides, sycl_runtime.usm_address(a)) for name, (code, strides, a) in specs.items()}
-        run_backward = functools.partial(sycl_runtime.plugin().backward, queue)
+    if seq_q == 0 or seq_kv == 0:  # no score exists: every gradient is zero (and the kernel takes no empty views)
+        for a in (dq_full, dk_own, dv_own, dmask_full):
+            if a is not None:
+                a[...] = 0
     else:
-        run_backward = _cpu.backward
-    run_backward(kernel_batch, seq_q, seq_kv, q.shape[-1], v.shape[-1], specs,
-                  mask_kind=_cpu.MASK_KIND_CODES["none" if m2 is None else
-                                                 ("select" if m2.dtype == np.bool_ else "additive")],
-                  has_scale=True, scale=scale_value, causal=bool(is_causal),
-                  causal_offset=(seq_kv - seq_q) if causal_alignment == "bottom_right" else 0,
-                  inf_as_zero=True, dropout_p=float(dropout_p),
-                  dropout_seed=int(dropout_seed or 0) & 0xFFFFFFFFFFFFFFFF,
-                  dropout_offset=int(dropout_offset) & 0xFFFFFFFFFFFFFFFF)
-    if queue is not None:
-        queue.wait()  # the gradients are ready on return, as on the CPU
+        scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        if queue is not None:
+            sycl_runtime.wait_for_producers(views.values())
+            specs = {name: (code, strides, sycl_runtime.usm_address(a)) for name, (code, strides, a) in specs.items()}
+            run_backward = functools.partial(sycl_runtime.plugin().backward, queue)
+        else:
+            run_backward = _cpu.backward
+        run_backward(kernel_batch, seq_q, seq_kv, q.shape[-1], v.shape[-1], specs,
+                      mask_kind=_cpu.MASK_KIND_CODES["none" if m2 is None else
+                                                     ("select" if m2.dtype == np.bool_ else "additive")],
+                      has_scale=True, scale=scale_value, causal=bool(is_causal),
+                      causal_offset=(seq_kv - seq_q) if causal_alignment == "bottom_right" else 0,
+                      inf_as_zero=True, dropout_p=float(dropout_p),
+                      dropout_seed=int(dropout_seed or 0) & 0xFFFFFFFFFFFFFFFF,
+                      dropout_offset=int(dropout_offset) & 0xFFFFFFFFFFFFFFFF)
+        if queue is not None:
+            queue.wait()  # the gradients are ready on return, as on the CPU
 
     dq = _reduce_to(dq_full, q2.shape).astype(q.dtype, copy=False).reshape(q.shape)
     dk = (dk_own if kv_alike else _reduce_to(dk_own, k2.shape).astype(k.dtype, copy=False)).reshape(k.shape)

@@ -113,7 +113,7 @@ struct LaneForward {
             p.splits = std::max<int64_t>(1, std::min(by_threads, a.seq_kv / kMinKeysPerSplit));
         }
         const int64_t per_split = (a.seq_kv + p.splits - 1) / p.splits;
-        p.keys_per_split = (per_split + kBlockKV - 1) / kBlockKV * kBlockKV;
+        p.keys_per_split = std::max<int64_t>(kBlockKV, (per_split + kBlockKV - 1) / kBlockKV * kBlockKV);  // no keys: one split
         p.splits = std::max<int64_t>(1, (a.seq_kv + p.keys_per_split - 1) / p.keys_per_split);
         return p;
     }
