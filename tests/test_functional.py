@@ -208,3 +208,38 @@ def test_torch_bf16_shares_memory():
     array, kind = to_numpy(t, "query")
     assert kind == "torch" and array.dtype == ml_dtypes.bfloat16
     assert array.__array_interface__["data"][0] == t.data_ptr()
+
+
+def test_torch_direct_path_views_grads_and_repeats(rng):
+    """torch Q/K/V without a mask reach the kernel without NumPy views: strided views, tensors that require
+    grad, GQA stats and repeated calls (the cached signature) must all match the reference."""
+    torch = pytest.importorskip("torch")
+    base = torch.randn(1, 16, 40, 64)
+    q = base.transpose(1, 2)[:, :, :8, :]            # (1, 40, 8, 64) viewed as (N, L, H, E): strided
+    q = q.transpose(1, 2)                             # (1, 8, 40, 64), non-contiguous
+    k = torch.randn(1, 2, 50, 64, requires_grad=True)
+    v = torch.randn(1, 2, 50, 64)[..., ::2]          # column stride 2, Ev = 32
+    for _ in range(2):                                # the second call takes the cached signature
+        out, stats = ga.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_stats=True)
+        assert isinstance(out, torch.Tensor) and out.shape == (1, 8, 40, 32) and stats.shape == (1, 8, 40, 1)
+        want, want_stats = sdpa_reference(q.numpy(), k.detach().numpy(), v.numpy(), enable_gqa=True,
+                                          return_stats=True)
+        assert_close(out.numpy(), want, "f32")
+        assert_close(stats.numpy(), want_stats, "f32", "stats", STATS_TOLERANCE)
+
+
+def test_torch_tensor_off_the_cpu_is_refused():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(1, 2, 4, 16)
+    ga.scaled_dot_product_attention(x, x, x)          # caches this layout for CPU tensors
+    meta = torch.empty(1, 2, 4, 16, device="meta")
+    with pytest.raises(TypeError, match="query is a torch tensor on meta"):
+        ga.scaled_dot_product_attention(meta, meta, meta)
+
+
+def test_torch_zero_length_sequences():
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 2, 0, 16)
+    k = torch.randn(1, 2, 5, 16)
+    out = ga.scaled_dot_product_attention(q, k, k)
+    assert isinstance(out, torch.Tensor) and out.shape == (1, 2, 0, 16)

@@ -19,6 +19,18 @@ from graphattn._cpu cimport (DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs,
 include "_sdpa_args.pxi"
 
 
+cdef double _no_elements[8]  # the address given for a torch tensor without storage
+
+
+cdef uintptr_t _host_address(object array) except? 0:
+    """The first element's address of a NumPy array or a torch CPU tensor.  An empty torch tensor may have
+    no storage (address 0); the kernel touches none of its elements, so any valid address serves."""
+    if cnp.PyArray_Check(array):
+        return <uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>array)
+    cdef uintptr_t address = array.data_ptr()
+    return address if address != 0 else <uintptr_t>&_no_elements[0]
+
+
 cdef class ForwardPlan:
     """Compile-time half of a fused forward call."""
     cdef SdpaForwardArgs args
@@ -35,16 +47,13 @@ cdef class ForwardPlan:
         """Name of the kernel build the run will use (for the verbose log)."""
         return sdpa_forward_isa_for(self.args).decode()
 
-    def run_arrays(self, cnp.ndarray query, cnp.ndarray key, cnp.ndarray value, cnp.ndarray output,
-                   cnp.ndarray mask=None, cnp.ndarray stats=None, float scale=1.0, int64_t causal_offset=0,
-                   float select_fill=float("-inf"), float causal_fill=float("-inf"), uint64_t dropout_seed=0,
-                   uint64_t dropout_offset=0):
-        """As run, taking the arrays themselves (their first element's address is used; strides were
-        fixed at plan time and are checked by the caller)."""
-        self.run(<uintptr_t>cnp.PyArray_DATA(query), <uintptr_t>cnp.PyArray_DATA(key),
-                 <uintptr_t>cnp.PyArray_DATA(value), <uintptr_t>cnp.PyArray_DATA(output),
-                 <uintptr_t>cnp.PyArray_DATA(mask) if mask is not None else 0,
-                 <uintptr_t>cnp.PyArray_DATA(stats) if stats is not None else 0,
+    def run_arrays(self, query, key, value, output, mask=None, stats=None, float scale=1.0,
+                   int64_t causal_offset=0, float select_fill=float("-inf"), float causal_fill=float("-inf"),
+                   uint64_t dropout_seed=0, uint64_t dropout_offset=0):
+        """As run, taking the arrays themselves: NumPy arrays, or torch CPU tensors (their first element's
+        address is used; strides were fixed at plan time and are checked by the caller)."""
+        self.run(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
+                 _host_address(mask) if mask is not None else 0, _host_address(stats) if stats is not None else 0,
                  scale, causal_offset, select_fill, causal_fill, dropout_seed, dropout_offset)
 
     def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,

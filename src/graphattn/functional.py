@@ -18,7 +18,7 @@ from .dtypes import DataType, from_numpy as dtype_of, numpy_dtype
 from .engine import Engine, Stream
 from .builder import GraphBuilder
 from .ops.broadcast import broadcast_shapes
-from .interop import from_numpy, to_numpy
+from .interop import from_numpy, is_torch_tensor, to_numpy, torch_empty, torch_layout
 from .tensor import Tensor, element_strides
 
 _ENGINE = Engine("cpu")
@@ -71,7 +71,7 @@ def _engine_for(queue) -> tuple[Engine, Stream]:
 def _sycl_inputs(query, key, value, attn_mask):
     """(q, k, v, mask, queue) when the inputs are USM arrays (dpnp or usm_ndarray), else None."""
     arrays = [query, key, value] + ([attn_mask] if attn_mask is not None else [])
-    if all(type(a) is np.ndarray for a in arrays):
+    if all(type(a) is np.ndarray or is_torch_tensor(a) for a in arrays):  # host arrays: the common case, checked first
         return None
     on_device = [sycl_runtime.is_usm_array(a) for a in arrays]
     if not any(on_device):
@@ -245,10 +245,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     (dropout does not change it).
     """
     on_sycl = _sycl_inputs(query, key, value, attn_mask)
+    # torch Q, K, V without a mask go to the kernel as they are (no NumPy views): on decode-sized calls the
+    # views cost more than torch's whole call.  New signatures are still checked and built through NumPy.
+    torch_direct = (on_sycl is None and attn_mask is None and is_torch_tensor(query) and is_torch_tensor(key)
+                    and is_torch_tensor(value))
     if on_sycl is not None:
         q, k, v, mask, queue = on_sycl
         kind = "usm"
         mask = _normalize_mask(mask)
+    elif torch_direct:
+        q, k, v, mask, queue, kind = query, key, value, None, None, "torch"
     else:
         q, kind = to_numpy(query, "query")
         k, _ = to_numpy(key, "key")
@@ -258,14 +264,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     engine, stream = _engine_for(queue)
     dropout_p = float(dropout_p)
     # A signature seen before was validated when it was built: only new ones are checked.
-    signature = (_layout(q), _layout(k), _layout(v), _layout(mask) if mask is not None else None, bool(enable_gqa),
+    layout = torch_layout if torch_direct else _layout
+    signature = (layout(q), layout(k), layout(v), _layout(mask) if mask is not None else None, bool(enable_gqa),
                  bool(is_causal), causal_alignment, bool(return_stats), dropout_p, queue)
     entry = _cache.get(signature)
     if entry is None:
-        gqa = _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment)
+        # Checked and built on NumPy views (the same memory); a torch tensor off the CPU is refused here.
+        qc, kc, vc = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value"))) \
+            if torch_direct else (q, k, v)
+        gqa = _check_inputs(qc, kc, vc, mask, dropout_p, is_causal, enable_gqa, causal_alignment)
         if mask is not None and mask.dtype != np.bool_ and mask.dtype not in (q.dtype, np.float32):
             raise TypeError(f"a float attn_mask must be float32 or the query's dtype {q.dtype}, got {mask.dtype}")
-        entry = _build(q, k, v, mask, gqa, bool(is_causal), causal_alignment, return_stats, dropout_p, engine)
+        entry = _build(qc, kc, vc, mask, gqa, bool(is_causal), causal_alignment, return_stats, dropout_p, engine)
         _cache[signature] = entry
         if len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
@@ -286,10 +296,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if "seed" in roles:
         data[roles["seed"]] = np.array([new_dropout_seed() if dropout_seed is None else int(dropout_seed)], np.int64)
         data[roles["offset"]] = np.array([int(dropout_offset)], np.int64)
-    out = _empty_like_kind(q, entry.out_shape, numpy_dtype(entry.dtype), queue)
+    empty = torch_empty if torch_direct else lambda shape, dtype: _empty_like_kind(q, shape, dtype, queue)
+    out = empty(entry.out_shape, numpy_dtype(entry.dtype))
     outputs = {roles["output"]: out}
     if return_stats:
-        stats = _empty_like_kind(q, entry.stats_shape, np.float32, queue)
+        stats = empty(entry.stats_shape, np.float32)
         outputs[roles["stats"]] = stats
     compiled = entry.compiled
     if queue is None:  # the signature pins every layout this partition was compiled for
@@ -298,6 +309,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         compiled.execute(stream, [Tensor(lt, engine, data[lt.id]) for lt in compiled.inputs],
                          [Tensor(lt, engine, outputs[lt.id]) for lt in compiled.outputs])
         stream.wait()  # dpnp does not know the kernel's event: its results are ready on return
+    wrap = (lambda a: a) if torch_direct else (lambda a: from_numpy(a, kind))
     if return_stats:  # GQA stats come out as (..., Hkv, rep, L, 1): give them the query's head layout
-        return from_numpy(out, kind), from_numpy(stats.reshape(tuple(out.shape[:-1]) + (1,)), kind)
-    return from_numpy(out, kind)
+        return wrap(out), wrap(stats.reshape(tuple(out.shape[:-1]) + (1,)))
+    return wrap(out)

@@ -9,22 +9,35 @@ import ml_dtypes
 import numpy as np
 
 
-def _is_torch(x) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
+_torch = None  # the torch module, once a torch tensor has been seen (this module never imports it first)
+_torch_tensor_types: set = set()
+
+
+def is_torch_tensor(x) -> bool:
+    if type(x) in _torch_tensor_types:
+        return True
+    if type(x).__module__.split(".")[0] != "torch":
+        return False
+    global _torch
+    import torch
+
+    _torch = torch
+    if isinstance(x, torch.Tensor):
+        _torch_tensor_types.add(type(x))
+        return True
+    return False
 
 
 def to_numpy(x, name: str) -> tuple[np.ndarray, str]:
     """(array sharing x's memory, kind of x) where kind is 'numpy' or 'torch'."""
-    if isinstance(x, np.ndarray):
+    if type(x) is np.ndarray or isinstance(x, np.ndarray):
         return x, "numpy"
-    if _is_torch(x):
-        import torch
-
-        t = x.detach()
-        if t.device.type != "cpu":
-            raise TypeError(f"{name} is a torch tensor on {t.device}; the CPU engine needs CPU tensors")
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16), "torch"
+    if is_torch_tensor(x):
+        if not x.is_cpu:
+            raise TypeError(f"{name} is a torch tensor on {x.device}; the CPU engine needs CPU tensors")
+        t = x.detach() if x.requires_grad else x
+        if t.dtype is _torch.bfloat16:
+            return t.view(_torch.int16).numpy().view(ml_dtypes.bfloat16), "torch"
         return t.numpy(), "torch"
     if hasattr(x, "__dlpack__"):
         return np.from_dlpack(x), "numpy"
@@ -33,12 +46,22 @@ def to_numpy(x, name: str) -> tuple[np.ndarray, str]:
     raise TypeError(f"{name} must be a NumPy array, a torch CPU tensor or a DLPack producer, got {type(x).__name__}")
 
 
+def torch_layout(x) -> tuple:
+    """What pins a torch tensor's memory layout for a compiled call: shape, element strides, dtype, on the CPU."""
+    return x.shape, x.stride(), x.dtype, x.is_cpu
+
+
+def torch_empty(shape: tuple, dtype: np.dtype):
+    """An uninitialised contiguous torch CPU tensor of a NumPy dtype (ml_dtypes.bfloat16 for bf16)."""
+    if dtype == ml_dtypes.bfloat16:
+        return _torch.empty(shape, dtype=_torch.bfloat16)
+    return _torch.from_numpy(np.empty(shape, dtype))
+
+
 def from_numpy(array: np.ndarray, kind: str):
     """Wraps a result as the caller's array kind, without a copy."""
     if kind != "torch":
         return array
-    import torch
-
     if array.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+        return _torch.from_numpy(array.view(np.int16)).view(_torch.bfloat16)
+    return _torch.from_numpy(array)
