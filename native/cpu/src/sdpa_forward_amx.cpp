@@ -39,8 +39,9 @@ namespace graphattn {
 namespace isa_amx {
 namespace {
 
-constexpr int kBlockQ = 128;  // query rows per item at most (the scratch's size)
-constexpr int kSmallBlockQ = 64;  // per item when 128-row items would leave threads with few items each
+constexpr int kBlockQ = 256;  // query rows per item at most (the scratch's size)
+// Item sizes tried in turn: the largest that still gives every thread a few items.
+constexpr int kItemRows[] = {kBlockQ, 128, 64};
 // 256 keys per block: each O accumulator tile pair is loaded and stored once
 // per 8 reduction steps of P V rather than 4 (tile stores run at one row per
 // cycle, so short reductions leave the tile unit idle), and each row's
@@ -335,8 +336,11 @@ bool run_forward(const SdpaForwardArgs& a) {
     const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
     // Larger items pack each K/V block for more query rows and pipeline more
     // row tiles; smaller ones keep every thread busy on small N*H.
-    const int64_t block_q =
-        batch * ((a.seq_q + kBlockQ - 1) / kBlockQ) >= 4 * int64_t(omp_get_max_threads()) ? kBlockQ : kSmallBlockQ;
+    int64_t block_q = kItemRows[0];
+    for (const int rows : kItemRows) {
+        block_q = rows;
+        if (batch * ((a.seq_q + rows - 1) / rows) >= 4 * int64_t(omp_get_max_threads())) break;
+    }
     const int64_t q_blocks = (a.seq_q + block_q - 1) / block_q;
     const int64_t work_items = batch * q_blocks;
     const bool skip_causal_blocks = a.causal && std::isinf(a.causal_fill) && a.causal_fill < 0;
