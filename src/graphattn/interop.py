@@ -30,7 +30,7 @@ def is_torch_tensor(x) -> bool:
 
 def to_numpy(x, name: str) -> tuple[np.ndarray, str]:
     """(array sharing x's memory, kind of x) where kind is 'numpy' or 'torch'."""
-    if type(x) is np.ndarray or isinstance(x, np.ndarray):
+    if isinstance(x, np.ndarray):
         return x, "numpy"
     if is_torch_tensor(x):
         if not x.is_cpu:

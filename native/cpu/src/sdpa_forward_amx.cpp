@@ -57,17 +57,17 @@ constexpr int kScoresLd = kBlockKV + 16;    // S rows, in floats
 // `terms` part products lie side by side along each reduction (1 for bf16).
 struct Scratch {
     int dp, dvp;  // head sizes padded to whole tiles
-    int p_ld, v_ld, o_ld;  // row strides of P (words), packed V (pair words) and O (floats)
     int terms;
+    int p_ld, v_ld, o_ld;  // row strides of P (words), packed V (pair words) and O (floats)
     AlignedFloats q_store, k_store, v_store, s_store, p_store, mask_store, o_store, out_store;
     AlignedFloats wide_store;  // split inputs only: a block as f32 (load_wide)
     Scratch(int D, int Dv, int parts)
         : dp(int(round_up(D, kTileBf16Cols))),
           dvp(int(round_up(Dv, kTileBf16Cols))),
-          p_ld((parts == 1 ? SplitTerms<1>::kTerms : SplitTerms<2>::kTerms) * kBlockKV + 32),
+          terms(parts == 1 ? SplitTerms<1>::kTerms : SplitTerms<2>::kTerms),
+          p_ld(terms * kBlockKV + 32),
           v_ld(dvp + 16),
           o_ld(dvp + 16),
-          terms(parts == 1 ? SplitTerms<1>::kTerms : SplitTerms<2>::kTerms),
           q_store(size_t(kBlockQ) * terms * dp / 2),
           k_store(size_t(terms) * dp / 2 * kKeyPairsLd),
           v_store(size_t(terms) * kBlockKV / 2 * v_ld),
