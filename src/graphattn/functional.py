@@ -244,11 +244,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return_stats, stats being the f32 logsumexp (..., L, 1) of the scores
     (dropout does not change it).
     """
-    on_sycl = _sycl_inputs(query, key, value, attn_mask)
     # torch Q, K, V without a mask go to the kernel as they are (no NumPy views): on decode-sized calls the
     # views cost more than torch's whole call.  New signatures are still checked and built through NumPy.
-    torch_direct = (on_sycl is None and attn_mask is None and is_torch_tensor(query) and is_torch_tensor(key)
-                    and is_torch_tensor(value))
+    torch_direct = attn_mask is None and is_torch_tensor(query) and is_torch_tensor(key) and is_torch_tensor(value)
+    on_sycl = None if torch_direct else _sycl_inputs(query, key, value, attn_mask)
     if on_sycl is not None:
         q, k, v, mask, queue = on_sycl
         kind = "usm"

@@ -44,12 +44,8 @@ extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::sub_group_size<kSubGroup>))
 void graphattn_sdpa_row_delta(BackwardParams b) {
     const ForwardParams& p = b.forward;
-    const RowItem it = row_item();
-    const sycl::sub_group& sg = it.sg;
-    const int lane = it.lane;
-    const int64_t row = it.row;
+    const auto [sg, lane, row, fb, i] = row_item(p.seq_q);
     if (row >= batch_count(p) * p.seq_q) return;
-    const int64_t fb = row / p.seq_q, i = row % p.seq_q;
     const int64_t o_off = batch_offset(p.output, p.batch, fb) + i * p.output.strides[3];
     const int64_t g_off = batch_offset(b.grad_output, p.batch, fb) + i * b.grad_output.strides[3];
     float partial = 0.0f;
@@ -64,12 +60,8 @@ extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::sub_group_size<kSubGroup>))
 void graphattn_sdpa_backward_kv(BackwardParams b, int64_t outer_items, int32_t shared_mask) {
     const ForwardParams& p = b.forward;
-    const RowItem it = row_item();
-    const sycl::sub_group& sg = it.sg;
-    const int lane = it.lane;
-    const int64_t row = it.row;
+    const auto [sg, lane, row, outer, j] = row_item(p.seq_kv);
     if (row >= outer_items * p.seq_kv) return;
-    const int64_t outer = row / p.seq_kv, j = row % p.seq_kv;
     const int D = p.head_dim_qk, Dv = p.head_dim_v;
     // Batch dims in shared_mask (bit d) are those K/V are broadcast over: this
     // item sums over them.  The others come from the outer index.
@@ -142,12 +134,8 @@ extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::sub_group_size<kSubGroup>))
 void graphattn_sdpa_backward_q(BackwardParams b) {
     const ForwardParams& p = b.forward;
-    const RowItem it = row_item();
-    const sycl::sub_group& sg = it.sg;
-    const int lane = it.lane;
-    const int64_t row = it.row;
+    const auto [sg, lane, row, fb, i] = row_item(p.seq_q);
     if (row >= batch_count(p) * p.seq_q) return;
-    const int64_t fb = row / p.seq_q, i = row % p.seq_q;
     const int D = p.head_dim_qk, Dv = p.head_dim_v;
     const int64_t q_off = batch_offset(p.query, p.batch, fb) + i * p.query.strides[3];
     const int64_t g_off = batch_offset(b.grad_output, p.batch, fb) + i * b.grad_output.strides[3];

@@ -110,17 +110,20 @@ inline float dropout_multiplier(const ForwardParams& p, uint64_t e) {
 inline int64_t batch_count(const ForwardParams& p) { return p.batch[0] * p.batch[1] * p.batch[2]; }
 
 // The sub-group kernels give each sub-group one row (of queries or keys):
-// the calling work-item's lane in it and the row's index.
+// the calling work-item's lane in it, the row's index, and that index split
+// into an outer index and the row within it (rows_per_outer of them).
 struct RowItem {
     sycl::sub_group sg;
     int lane;
-    int64_t row;
+    int64_t row, outer, inner;
 };
 
-inline RowItem row_item() {
+inline RowItem row_item(int64_t rows_per_outer) {
     const sycl::nd_item<1> item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
     const sycl::sub_group sg = item.get_sub_group();
-    return {sg, int(sg.get_local_linear_id()), int64_t(item.get_global_id(0) / kSubGroup)};
+    const int64_t row = int64_t(item.get_global_id(0) / kSubGroup);
+    const int64_t per = rows_per_outer > 0 ? rows_per_outer : 1;  // no rows: every item leaves at its bounds check
+    return {sg, int(sg.get_local_linear_id()), row, row / per, row % per};
 }
 
 // Lane's share of one input row of `size` elements starting at `offset`:

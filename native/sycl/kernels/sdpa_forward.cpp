@@ -9,12 +9,8 @@ using namespace graphattn_sycl;
 extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::sub_group_size<kSubGroup>))
 void graphattn_sdpa_forward(ForwardParams p) {
-    const RowItem it = row_item();
-    const sycl::sub_group& sg = it.sg;
-    const int lane = it.lane;
-    const int64_t row = it.row;
+    const auto [sg, lane, row, fb, i] = row_item(p.seq_q);
     if (row >= batch_count(p) * p.seq_q) return;  // uniform over the sub-group
-    const int64_t fb = row / p.seq_q, i = row % p.seq_q;
     const int D = p.head_dim_qk, Dv = p.head_dim_v;
 
     const int64_t q_off = batch_offset(p.query, p.batch, fb) + i * p.query.strides[3];
