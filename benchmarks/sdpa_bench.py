@@ -10,9 +10,10 @@ Each case times graphattn and every peer alternately on the same inputs and
 reports the median. The backward times graphattn's fused backward against
 torch's autograd backward of F.scaled_dot_product_attention (retained graph, so
 only the backward is timed). Prints one JSON line per case on stdout, a progress bar
-on stderr, then a table with ms, GFLOP/s and the ratio to each peer
-(peer time / graphattn time, so > 1 means graphattn is faster), and the
-machine's measured GEMM rate per dtype as the practical peak.
+on stderr, then a table with ms, GFLOP/s, graphattn's share of the practical
+peak and the ratio to each peer (peer time / graphattn time, so > 1 means
+graphattn is faster), and the machine's measured GEMM rate per dtype as the
+practical peak.
 --memory runs the forward at S=32768 (N=1, H=8, D=128) in a child process
 and prints its peak memory beyond inputs and outputs.
 """
@@ -161,7 +162,7 @@ def memory_case() -> dict:
 def print_table(rows: list[dict], peaks: dict) -> None:
     peers = sorted({key[:-3] for row in rows for key in row if key.endswith("_ms")} - {"graphattn"})
     header = (f"{'pass':<8} {'shape (N,Hq,Hkv,Sq,Skv,D)':<30} {'dtype':<5} {'causal':<6} {'isa':<9} "
-              f"{'graphattn ms':>12} {'GFLOP/s':>8}")
+              f"{'graphattn ms':>12} {'GFLOP/s':>8} {'%peak':>6}")
     for peer in peers:
         header += f" {peer + ' ms':>10} {'GFLOP/s':>8} {'ratio':>6}"
     print()
@@ -169,15 +170,18 @@ def print_table(rows: list[dict], peaks: dict) -> None:
           f"{ga.forward_isa('f32')}, bf16 {ga.forward_isa('bf16')}; backward bf16 {ga.backward_isa('bf16')}")
     print(header)
     for row in rows:
+        peak = peaks.get(row["dtype"])
+        of_peak = f"{100 * row['graphattn_gflops'] / peak:>6.0f}" if peak else f"{'-':>6}"
         line = (f"{row['bench'][5:]:<8} {str(tuple(row['shape'])):<30} {row['dtype']:<5} {str(row['causal']):<6} "
                 f"{row['isa']:<9} "
-                f"{row['graphattn_ms']:>12.3f} {row['graphattn_gflops']:>8.1f}")
+                f"{row['graphattn_ms']:>12.3f} {row['graphattn_gflops']:>8.1f} {of_peak}")
         for peer in peers:
             if f"{peer}_ms" in row:
                 line += f" {row[peer + '_ms']:>10.3f} {row[peer + '_gflops']:>8.1f} {row['vs_' + peer]:>6.2f}"
         print(line)
     if peaks:
-        print("practical peak (2048^3 GEMM): " + ", ".join(f"{dt} {gf:.0f} GFLOP/s" for dt, gf in peaks.items()))
+        print("practical peak (2048^3 GEMM, measured after the cases; %peak = graphattn's share of it): "
+              + ", ".join(f"{dt} {gf:.0f} GFLOP/s" for dt, gf in peaks.items()))
 
 
 def plot(rows: list[dict], path: str) -> None:
