@@ -189,7 +189,7 @@ def test_every_isa_build_matches(rng):
 
 def test_split_keys_merge_matches():
     """With more threads than work items (run with 16 threads) the forward splits the keys and merges them by
-    log-sum-exp, the f32 backward computes dQ in its own pass instead of inside the dK/dV pass, and the
+    log-sum-exp (decode rows and blocks of query rows alike), the f32 backward computes dQ in its own pass instead of inside the dK/dV pass, and the
     bf16 (AMX) backward splits each K/V batch index's keys among items with dQ sums of their own (key blocks dealt
     out in turn, so that causal splits get equal work)."""
     script = (
@@ -208,6 +208,16 @@ def test_split_keys_merge_matches():
         "    q[0, 3, 1, 5] = np.nan\n"
         "    out = ga.scaled_dot_product_attention(q, k, v, enable_gqa=True)\n"
         "    assert np.isnan(out[0, 3, 1]).all() and not np.isnan(np.delete(out[0, 3], 1, axis=0)).any()\n"
+        "for dt in ('bf16', 'f16'):  # blocks of query rows (AMX where present): 4 items, so the keys split\n"
+        "    q, k, v = (random_array(s, dt, rng) for s in ((1, 2, 70, 80), (1, 1, 3000, 80), (1, 1, 3000, 80)))\n"
+        "    mask = rng.random((1, 2, 70, 3000)) < 0.9\n"
+        "    mask[0, 1, 5] = False  # one fully masked row\n"
+        "    for kw in (dict(), dict(attn_mask=mask), dict(is_causal=True),\n"
+        "               dict(is_causal=True, causal_alignment='bottom_right')):\n"
+        "        got = ga.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_stats=True, **kw)\n"
+        "        want = sdpa_reference(q, k, v, enable_gqa=True, return_stats=True, **kw)\n"
+        "        assert_close(got[0], want[0], dt)\n"
+        "        assert_close(got[1], want[1], dt, 'stats', STATS_TOLERANCE)\n"
         "from graphattn.testing import assert_grad_close, sdpa_reference_backward\n"
         "for dt, kw in [(dt, kw) for dt in ('f32', 'bf16') for kw in (dict(is_causal=True), dict(enable_gqa=True),\n"
         "                                                         dict(dropout_p=0.2, dropout_seed=3))]:\n"

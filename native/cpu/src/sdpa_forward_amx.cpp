@@ -13,7 +13,9 @@
 // the vector units run this pair's softmax.  Scale and masks are applied to
 // S in f32, as in the reference.  With split inputs each packed operand holds
 // its parts side by side along the reduction, so the same tile products
-// compute every kept part product.
+// compute every kept part product.  Where the items are fewer than the
+// threads, each also takes only a range of the keys, and a second pass merges
+// the ranges by their log-sum-exp.
 #define GRAPHATTN_ISA_NS isa_amx
 #define GRAPHATTN_LANES 16
 
@@ -237,26 +239,57 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
     }
 }
 
-void write_row(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int r, int64_t i, int Dv) {
-    const float sum = horizontal_sum(sc.row_sums[r]);
+// Writes output row i of batch index b from its unnormalised accumulator row
+// o_row, the row's running max (base 2) and its sum; `out` holds one row.
+void write_output_row(const SdpaForwardArgs& a, const int64_t b[kBatchDims], int64_t i, const float* o_row,
+                      float row_max, float sum, int Dv, float* out) {
     const float fully_masked = a.inf_as_zero ? 0.0f : std::nanf("");
     const float factor = sum > 0.0f ? 1.0f / sum : (sum == 0.0f ? fully_masked : std::nanf(""));
-    const float* o_row = sc.o_store.get() + size_t(r) * sc.o_ld;
-    float* out = sc.out_store.get();
     for (int c = 0; c < Dv; ++c) out[c] = o_row[c] * factor;
     const TensorView& o = a.output;
     store_view_row(out, Dv, o, view_batch_offset(o, b) + i * o.strides[3]);
     if (a.stats.data) {
-        const float lse = sum > 0.0f ? sc.row_max[r] * kLn2 + std::log(sum)
+        const float lse = sum > 0.0f ? row_max * kLn2 + std::log(sum)
                                      : (sum == 0.0f && a.inf_as_zero ? -__builtin_inff() : std::nanf(""));
         float* stats = static_cast<float*>(const_cast<void*>(a.stats.data));
         stats[view_batch_offset(a.stats, b) + i * a.stats.strides[3]] = lse;
     }
 }
 
+// Split keys (run_forward): one (item, split)'s results, per row its
+// unnormalised accumulator row (Dv floats), then every row's max, then every
+// row's sum.
+size_t partial_floats(int Dv) { return size_t(kBlockQ) * (Dv + 2); }
+
+// Merges the splits of the item of rows i0 .. i0 + rows of batch index b by
+// their log-sum-exp and writes it; `acc` holds one row.
+void merge_and_write(const SdpaForwardArgs& a, const int64_t b[kBatchDims], int64_t i0, int rows,
+                     const float* partials, int64_t splits, float* acc, float* out) {
+    const int Dv = int(a.head_dim_v);
+    const size_t maxes = size_t(kBlockQ) * Dv, sums = maxes + kBlockQ;
+    for (int r = 0; r < rows; ++r) {
+        float m = -__builtin_inff();
+        for (int64_t s = 0; s < splits; ++s) m = std::max(m, partials[s * partial_floats(Dv) + maxes + r]);
+        const float base = m == -__builtin_inff() ? 0.0f : m;  // no finite score in any split: weights 0
+        float sum = 0.0f;
+        std::fill(acc, acc + Dv, 0.0f);
+        for (int64_t s = 0; s < splits; ++s) {
+            const float* part = partials + s * partial_floats(Dv);
+            const float weight = std::exp2(part[maxes + r] - base);
+            sum += weight * part[sums + r];
+            if (weight != 0.0f)
+                for (int c = 0; c < Dv; ++c) acc[c] += weight * part[size_t(r) * Dv + c];
+        }
+        write_output_row(a, b, i0 + r, acc, m, sum, Dv, out);
+    }
+}
+
+// Rows i0 .. i0 + rows of batch index b against keys [key_begin, key_end)
+// (key_begin a multiple of kBlockKV): into the output, or (split keys) into
+// `partial` as partial_floats lays it out.
 template <int Parts>
 void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows,
-              bool skip_causal_blocks) {
+              int64_t key_begin, int64_t key_end, bool skip_causal_blocks, float* partial) {
     const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
     const int row_tiles = int(round_up(rows, 32) / 16);  // tiles go in pairs
     const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
@@ -271,9 +304,10 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     std::fill(sc.row_max, sc.row_max + kBlockQ, -__builtin_inff());
     std::fill(sc.row_sums, sc.row_sums + kBlockQ, VecF{});
 
-    const int64_t kv_end = skip_causal_blocks ? causal_key_end(i0 + rows - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
+    const int64_t kv_end =
+        skip_causal_blocks ? std::min(key_end, causal_key_end(i0 + rows - 1, a.causal_offset, a.seq_kv)) : key_end;
     const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
-    for (int64_t j0 = 0; j0 < kv_end; j0 += kBlockKV) {
+    for (int64_t j0 = key_begin; j0 < kv_end; j0 += kBlockKV) {
         const int kv_rows = int(std::min<int64_t>(kBlockKV, kv_end - j0));
         pack_k<Parts>(k, k_base + j0 * k.strides[3], kv_rows, D, sc);
         pack_v<Parts>(v, v_base + j0 * v.strides[3], kv_rows, Dv, sc);
@@ -327,45 +361,86 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             accumulate_on_tiles(sc, m, p_pair, keys, sc.o_store.get());
         }
     }
-    for (int r = 0; r < rows; ++r) write_row(a, sc, b, r, i0 + r, Dv);
+    for (int r = 0; r < rows; ++r) {
+        const float* o_row = sc.o_store.get() + size_t(r) * sc.o_ld;
+        const float sum = horizontal_sum(sc.row_sums[r]);
+        if (!partial) {
+            write_output_row(a, b, i0 + r, o_row, sc.row_max[r], sum, Dv, sc.out_store.get());
+            continue;
+        }
+        std::copy(o_row, o_row + Dv, partial + size_t(r) * Dv);
+        partial[size_t(kBlockQ) * Dv + r] = sc.row_max[r];
+        partial[size_t(kBlockQ) * (Dv + 1) + r] = sum;
+    }
 }
+
+// Keys per split at least: shorter splits would cost more in merging and
+// per-item set-up than they gain in threads.
+constexpr int64_t kMinKeysPerSplit = 512;
 
 // False (output unfinished) when split inputs held an infinity.
 template <int Parts>
 bool run_forward(const SdpaForwardArgs& a) {
     const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
+    const int64_t threads = omp_get_max_threads();
     // Larger items pack each K/V block for more query rows and pipeline more
     // row tiles; smaller ones keep every thread busy on small N*H.
     int64_t block_q = kItemRows[0];
     for (const int rows : kItemRows) {
         block_q = rows;
-        if (batch * ((a.seq_q + rows - 1) / rows) >= 4 * int64_t(omp_get_max_threads())) break;
+        if (batch * ((a.seq_q + rows - 1) / rows) >= 4 * threads) break;
     }
     const int64_t q_blocks = (a.seq_q + block_q - 1) / block_q;
-    const int64_t work_items = batch * q_blocks;
+    const int64_t items = batch * q_blocks;
     const bool skip_causal_blocks = a.causal && std::isinf(a.causal_fill) && a.causal_fill < 0;
+    // Where even the smallest items leave threads idle, the keys some row
+    // sees are split too (about two pieces of work per thread) and the splits
+    // merged by their log-sum-exp.
+    const int64_t visible_keys =
+        skip_causal_blocks ? causal_key_end(a.seq_q - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
+    int64_t splits = 1;
+    if (items < threads)
+        splits = std::max<int64_t>(1, std::min((2 * threads + items - 1) / items, visible_keys / kMinKeysPerSplit));
+    const int64_t keys_per_split =
+        splits == 1 ? std::max<int64_t>(a.seq_kv, 1) : round_up((visible_keys + splits - 1) / splits, kBlockKV);
+    splits = std::max<int64_t>(1, (visible_keys + keys_per_split - 1) / keys_per_split);
+    const int Dv = int(a.head_dim_v);
+    AlignedFloats partials =
+        splits > 1 ? AlignedFloats::uninitialized(size_t(items * splits) * partial_floats(Dv)) : AlignedFloats();
     std::atomic<bool> saw_infinity{false};
+    // An item's batch index and first query row (the longest causal items first).
+    auto item_origin = [&](int64_t item, int64_t b[kBatchDims]) {
+        int64_t qb = item % q_blocks;
+        if (skip_causal_blocks) qb = q_blocks - 1 - qb;
+        unflatten_batch(a.batch, item / q_blocks, b);
+        return qb * block_q;
+    };
 #pragma omp parallel
     {
-        Scratch scratch(int(a.head_dim_qk), int(a.head_dim_v), Parts);
+        Scratch scratch(int(a.head_dim_qk), Dv, Parts);
         configure_tiles();
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t w = 0; w < work_items; ++w) {
+        for (int64_t w = 0; w < items * splits; ++w) {
             if (saw_infinity.load(std::memory_order_relaxed)) continue;
-            int64_t rest = w;
-            int64_t qb = rest % q_blocks;
-            if (skip_causal_blocks) qb = q_blocks - 1 - qb;  // the longest items first
-            rest /= q_blocks;
             int64_t b[kBatchDims];
-            b[2] = rest % a.batch[2];
-            rest /= a.batch[2];
-            b[1] = rest % a.batch[1];
-            b[0] = rest / a.batch[1];
-            const int64_t i0 = qb * block_q;
-            run_item<Parts>(a, scratch, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)), skip_causal_blocks);
+            const int64_t item = w / splits, split = w % splits, i0 = item_origin(item, b);
+            const int64_t key_begin = split * keys_per_split;
+            run_item<Parts>(a, scratch, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)), key_begin,
+                            std::min(a.seq_kv, key_begin + keys_per_split), skip_causal_blocks,
+                            splits > 1 ? partials.get() + w * partial_floats(Dv) : nullptr);
             if (scratch.infinite) saw_infinity.store(true, std::memory_order_relaxed);
         }
         _tile_release();
+        if (splits > 1 && !saw_infinity.load()) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t item = 0; item < items; ++item) {
+                int64_t b[kBatchDims];
+                const int64_t i0 = item_origin(item, b);
+                merge_and_write(a, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)),
+                                partials.get() + item * splits * partial_floats(Dv), splits, scratch.o_store.get(),
+                                scratch.out_store.get());
+            }
+        }
     }
     return !saw_infinity.load();
 }
