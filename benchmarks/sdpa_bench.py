@@ -1,6 +1,6 @@
 """graphattn's fused SDPA against the installed peers, in one process, interleaved.
 
-    python benchmarks/sdpa_bench.py [--suite quick|standard|full|training] [--dtypes f32,bf16]
+    python benchmarks/sdpa_bench.py [--suite quick|standard|full|training|decode|small] [--dtypes f32,bf16]
                                     [--direction forward|backward|both] [--only causal|plain]
                                     [--plot out.png] [--memory]
 
@@ -46,6 +46,9 @@ SUITES = {
 SUITES["training"] = [(1, 16, 16, 1024, 1024, 64), (1, 16, 16, 2048, 2048, 128), (4, 32, 32, 512, 512, 64),
                       (1, 32, 8, 1024, 1024, 128)]
 SUITES["decode"] = [(1, 32, 8, 1, s, 128) for s in (4096, 16384, 32768)]
+# Few heads and short prompts: fewer query blocks than threads, so the keys are split too.
+SUITES["small"] = [(1, 1, 1, 64, 4096, 128), (1, 1, 1, 256, 4096, 128), (1, 2, 2, 128, 8192, 128),
+                   (1, 4, 1, 512, 2048, 64)]
 SUITES["full"] = SUITES["standard"] + [(8, 16, 16, s, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096)] + [
     (1, 32, 8, 1, s, 128) for s in (8192, 32768)]
 

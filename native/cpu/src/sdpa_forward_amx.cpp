@@ -415,7 +415,10 @@ bool run_forward(const SdpaForwardArgs& a) {
         unflatten_batch(a.batch, item / q_blocks, b);
         return qb * block_q;
     };
-#pragma omp parallel
+    // No more threads than work items: each thread sets up its own scratch, so
+    // idle ones would only add to a small call's cost.
+    const int team = int(std::clamp<int64_t>(items * splits, 1, threads));
+#pragma omp parallel num_threads(team)
     {
         Scratch scratch(int(a.head_dim_qk), Dv, Parts);
         configure_tiles();

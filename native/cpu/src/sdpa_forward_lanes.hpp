@@ -403,7 +403,9 @@ struct LaneForward {
         // Every (item, split) writes its whole partial before the merge reads it.
         AlignedFloats partials = AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 1);
 
-#pragma omp parallel
+        // No more threads than work items: each sets up its own scratch.
+        const int team = int(std::clamp<int64_t>(work_items, 1, omp_get_max_threads()));
+#pragma omp parallel num_threads(team)
         {
             Scratch sc(D, Dv);
 #pragma omp for schedule(dynamic, 1)
