@@ -33,6 +33,7 @@
 #include "amx_tiles.hpp"
 #include "block_io.hpp"
 #include "isa_entry_points.hpp"
+#include "key_splits.hpp"
 #include "lane_masks.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
@@ -266,21 +267,12 @@ size_t partial_floats(int Dv) { return size_t(kBlockQ) * (Dv + 2); }
 void merge_and_write(const SdpaForwardArgs& a, const int64_t b[kBatchDims], int64_t i0, int rows,
                      const float* partials, int64_t splits, float* acc, float* out) {
     const int Dv = int(a.head_dim_v);
-    const size_t maxes = size_t(kBlockQ) * Dv, sums = maxes + kBlockQ;
+    const int64_t maxes = int64_t(kBlockQ) * Dv, sums = maxes + kBlockQ;
     for (int r = 0; r < rows; ++r) {
-        float m = -__builtin_inff();
-        for (int64_t s = 0; s < splits; ++s) m = std::max(m, partials[s * partial_floats(Dv) + maxes + r]);
-        const float base = m == -__builtin_inff() ? 0.0f : m;  // no finite score in any split: weights 0
-        float sum = 0.0f;
-        std::fill(acc, acc + Dv, 0.0f);
-        for (int64_t s = 0; s < splits; ++s) {
-            const float* part = partials + s * partial_floats(Dv);
-            const float weight = std::exp2(part[maxes + r] - base);
-            sum += weight * part[sums + r];
-            if (weight != 0.0f)
-                for (int c = 0; c < Dv; ++c) acc[c] += weight * part[size_t(r) * Dv + c];
-        }
-        write_output_row(a, b, i0 + r, acc, m, sum, Dv, out);
+        float row_max, row_sum;
+        merge_split_row(partials + int64_t(r) * Dv, 1, partials + maxes + r, partials + sums + r,
+                        int64_t(partial_floats(Dv)), splits, Dv, acc, 1, row_max, row_sum);
+        write_output_row(a, b, i0 + r, acc, row_max, row_sum, Dv, out);
     }
 }
 
@@ -398,12 +390,8 @@ bool run_forward(const SdpaForwardArgs& a) {
     // merged by their log-sum-exp.
     const int64_t visible_keys =
         skip_causal_blocks ? causal_key_end(a.seq_q - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
-    int64_t splits = 1;
-    if (items < threads)
-        splits = std::max<int64_t>(1, std::min((2 * threads + items - 1) / items, visible_keys / kMinKeysPerSplit));
-    const int64_t keys_per_split =
-        splits == 1 ? std::max<int64_t>(a.seq_kv, 1) : round_up((visible_keys + splits - 1) / splits, kBlockKV);
-    splits = std::max<int64_t>(1, (visible_keys + keys_per_split - 1) / keys_per_split);
+    const KeySplits plan = plan_key_splits(items, threads, 2, visible_keys, kMinKeysPerSplit, kBlockKV);
+    const int64_t splits = plan.count, keys_per_split = plan.keys;
     const int Dv = int(a.head_dim_v);
     AlignedFloats partials =
         splits > 1 ? AlignedFloats::uninitialized(size_t(items * splits) * partial_floats(Dv)) : AlignedFloats();

@@ -29,6 +29,7 @@
 #include "block_io.hpp"
 #include "decode_blocks.hpp"
 #include "dropout.hpp"
+#include "key_splits.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
 #include "lane_gemm.hpp"
@@ -107,14 +108,10 @@ struct LaneForward {
         p.rows_total = p.group * a.seq_q;
         p.row_blocks = (p.rows_total + kBlockQ - 1) / kBlockQ;
         p.outer_items = a.batch[0] * a.batch[1] * a.batch[2] / p.group * p.row_blocks;
-        const int64_t threads = omp_get_max_threads();
-        if (p.outer_items < threads) {  // about four items per thread, so that dynamic scheduling can balance them
-            const int64_t by_threads = (4 * threads + p.outer_items - 1) / p.outer_items;
-            p.splits = std::max<int64_t>(1, std::min(by_threads, a.seq_kv / kMinKeysPerSplit));
-        }
-        const int64_t per_split = (a.seq_kv + p.splits - 1) / p.splits;
-        p.keys_per_split = std::max<int64_t>(kBlockKV, (per_split + kBlockKV - 1) / kBlockKV * kBlockKV);  // no keys: one split
-        p.splits = std::max<int64_t>(1, (a.seq_kv + p.keys_per_split - 1) / p.keys_per_split);
+        // About four items per thread, so that dynamic scheduling can balance them.
+        const KeySplits splits = plan_key_splits(p.outer_items, omp_get_max_threads(), 4, a.seq_kv, kMinKeysPerSplit, kBlockKV);
+        p.splits = splits.count;
+        p.keys_per_split = splits.keys;
         return p;
     }
 
@@ -374,22 +371,9 @@ struct LaneForward {
         float* o_t = sc.o_t.get();
         float* row_max = sc.row_max.get();
         float* row_sum = sc.row_sum.get();
-        for (int r = 0; r < rows; ++r) {
-            float m = -__builtin_inff();
-            for (int64_t s = 0; s < p.splits; ++s) m = std::max(m, partials[s * partial_floats(Dv) + Dv * kBlockQ + r]);
-            const float base = m == -__builtin_inff() ? 0.0f : m;
-            float sum = 0.0f;
-            for (int c = 0; c < Dv; ++c) o_t[c * kBlockQ + r] = 0.0f;
-            for (int64_t s = 0; s < p.splits; ++s) {
-                const float* part = partials + s * partial_floats(Dv);
-                const float weight = std::exp2(part[Dv * kBlockQ + r] - base);
-                sum += weight * part[(Dv + 1) * kBlockQ + r];
-                if (weight != 0.0f)
-                    for (int c = 0; c < Dv; ++c) o_t[c * kBlockQ + r] += weight * part[c * kBlockQ + r];
-            }
-            row_max[r] = m;
-            row_sum[r] = sum;
-        }
+        for (int r = 0; r < rows; ++r)
+            merge_split_row(partials + r, kBlockQ, partials + Dv * kBlockQ + r, partials + (Dv + 1) * kBlockQ + r,
+                            int64_t(partial_floats(Dv)), p.splits, Dv, o_t + r, kBlockQ, row_max[r], row_sum[r]);
         write_rows(a, sc, o_t, row_max, row_sum, rows, Dv);
     }
 

@@ -1,0 +1,62 @@
+// Splitting the keys among work items where the items alone would leave
+// threads idle, and merging the splits' partial results by their
+// log-sum-exp: the plan and the merge the lane and AMX forwards share.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "block_io.hpp"
+#include "isa_namespace.hpp"
+
+namespace graphattn {
+namespace GRAPHATTN_ISA_NS {
+
+struct KeySplits {
+    int64_t count = 1;  // splits of each work item's keys
+    int64_t keys = 1;   // keys per split: a multiple of the key block, or all of them in one split
+};
+
+// Splits of the first `keys` keys (those some query row sees) for `items`
+// work items on `threads` threads: about `per_thread` pieces of work per
+// thread, each split at least min_keys long and a whole number of key blocks.
+inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t min_keys,
+                                 int64_t block) {
+    KeySplits s;
+    if (items < threads) s.count = std::max<int64_t>(1, std::min((per_thread * threads + items - 1) / items, keys / min_keys));
+    if (s.count == 1) {
+        s.keys = std::max<int64_t>(keys, 1);
+        return s;
+    }
+    s.keys = round_up((keys + s.count - 1) / s.count, block);
+    s.count = (keys + s.keys - 1) / s.keys;
+    return s;
+}
+
+// One row's results merged from `splits` key splits by their log-sum-exp.
+// Split s keeps the row's unnormalised output at o + s * split_stride (Dv
+// values o_step apart), its running max (base 2) at max_at[s * split_stride]
+// and its sum at sum_at[s * split_stride].  The merged output goes to acc
+// (Dv values acc_step apart), its max and sum to row_max and row_sum.
+inline void merge_split_row(const float* o, int64_t o_step, const float* max_at, const float* sum_at,
+                            int64_t split_stride, int64_t splits, int Dv, float* acc, int64_t acc_step,
+                            float& row_max, float& row_sum) {
+    float m = -__builtin_inff();
+    for (int64_t s = 0; s < splits; ++s) m = std::max(m, max_at[s * split_stride]);
+    const float base = m == -__builtin_inff() ? 0.0f : m;  // no finite score in any split: every weight 0
+    float sum = 0.0f;
+    for (int c = 0; c < Dv; ++c) acc[c * acc_step] = 0.0f;
+    for (int64_t s = 0; s < splits; ++s) {
+        const float weight = std::exp2(max_at[s * split_stride] - base);
+        sum += weight * sum_at[s * split_stride];
+        if (weight == 0.0f) continue;
+        const float* part = o + s * split_stride;
+        for (int c = 0; c < Dv; ++c) acc[c * acc_step] += weight * part[c * o_step];
+    }
+    row_max = m;
+    row_sum = sum;
+}
+
+}  // namespace GRAPHATTN_ISA_NS
+}  // namespace graphattn
