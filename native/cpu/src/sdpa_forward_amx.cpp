@@ -71,15 +71,15 @@ struct Scratch {
           p_ld(terms * kBlockKV + 32),
           v_ld(dvp + 16),
           o_ld(dvp + 16),
-          q_store(size_t(kBlockQ) * terms * dp / 2),
-          k_store(size_t(terms) * dp / 2 * kKeyPairsLd),
-          v_store(size_t(terms) * kBlockKV / 2 * v_ld),
-          s_store(size_t(kBlockQ) * kScoresLd),
-          p_store(size_t(kBlockQ) * p_ld / 2),
-          mask_store(size_t(kBlockQ) * kScoresLd),
-          o_store(size_t(kBlockQ) * o_ld),
-          out_store(size_t(dvp)),
-          wide_store(parts > 1 ? size_t(std::max(kBlockQ, kBlockKV)) * std::max(dp, dvp) : 0) {}
+          q_store(AlignedFloats::uninitialized(size_t(kBlockQ) * terms * dp / 2)),
+          k_store(AlignedFloats::uninitialized(size_t(terms) * dp / 2 * kKeyPairsLd)),
+          v_store(AlignedFloats::uninitialized(size_t(terms) * kBlockKV / 2 * v_ld)),
+          s_store(AlignedFloats::uninitialized(size_t(kBlockQ) * kScoresLd)),
+          p_store(AlignedFloats::uninitialized(size_t(kBlockQ) * p_ld / 2)),
+          mask_store(AlignedFloats::uninitialized(size_t(kBlockQ) * kScoresLd)),
+          o_store(AlignedFloats::uninitialized(size_t(kBlockQ) * o_ld)),
+          out_store(AlignedFloats::uninitialized(size_t(dvp))),
+          wide_store(AlignedFloats::uninitialized(parts > 1 ? size_t(std::max(kBlockQ, kBlockKV)) * std::max(dp, dvp) : 0)) {}
     uint16_t* q() const { return reinterpret_cast<uint16_t*>(q_store.get()); }
     uint32_t* k() const { return reinterpret_cast<uint32_t*>(k_store.get()); }
     uint32_t* v() const { return reinterpret_cast<uint32_t*>(v_store.get()); }
