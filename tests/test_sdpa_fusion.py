@@ -189,9 +189,9 @@ def test_every_isa_build_matches(rng):
 
 def test_split_keys_merge_matches():
     """With more threads than work items (run with 16 threads) the forward splits the keys and merges them by
-    log-sum-exp (decode rows and blocks of query rows alike), the f32 backward computes dQ in its own pass instead of inside the dK/dV pass, and the
-    bf16 (AMX) backward splits each K/V batch index's keys among items with dQ sums of their own (key blocks dealt
-    out in turn, so that causal splits get equal work)."""
+    log-sum-exp (decode rows and blocks of query rows alike), the f32 backward computes dQ in its own pass
+    instead of inside the dK/dV pass, and the bf16 (AMX) backward splits each K/V batch index's keys among
+    items with dQ sums of their own (key blocks dealt out in turn, so that causal splits get equal work)."""
     script = (
         "import numpy as np, graphattn as ga\n"
         "from graphattn.testing import STATS_TOLERANCE, assert_close, random_array, sdpa_reference\n"

@@ -13,6 +13,10 @@
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
+// Keys per split at least: shorter splits cost more in per-item set-up and
+// merging than they gain in threads.
+constexpr int64_t kMinKeysPerSplit = 512;
+
 struct KeySplits {
     int64_t count = 1;  // splits of each work item's keys
     int64_t keys = 1;   // keys per split: a multiple of the key block, or all of them in one split
@@ -20,11 +24,10 @@ struct KeySplits {
 
 // Splits of the first `keys` keys (those some query row sees) for `items`
 // work items on `threads` threads: about `per_thread` pieces of work per
-// thread, each split at least min_keys long and a whole number of key blocks.
-inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t min_keys,
-                                 int64_t block) {
+// thread, each split at least kMinKeysPerSplit long and a whole number of key blocks.
+inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t block) {
     KeySplits s;
-    if (items < threads) s.count = std::max<int64_t>(1, std::min((per_thread * threads + items - 1) / items, keys / min_keys));
+    if (items < threads) s.count = std::max<int64_t>(1, std::min((per_thread * threads + items - 1) / items, keys / kMinKeysPerSplit));
     if (s.count == 1) {
         s.keys = std::max<int64_t>(keys, 1);
         return s;

@@ -29,6 +29,10 @@ inline int64_t causal_key_end(int64_t i, int64_t offset, int64_t seq_kv) {
 
 inline bool fill_is_neg_inf(float fill) { return fill == -__builtin_inff(); }
 
+// Causal key blocks can be skipped only when masked scores are -inf; any
+// other fill value still takes part in the softmax.
+inline bool skips_causal_blocks(const SdpaForwardArgs& a) { return a.causal && fill_is_neg_inf(a.causal_fill); }
+
 // Does zeroing unkept positions change anything?  Not when every fill is -inf
 // (their probabilities, hence their gradients, are 0 already).
 inline bool needs_unkept_zeroing(const SdpaForwardArgs& a) {

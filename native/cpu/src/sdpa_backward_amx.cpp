@@ -78,7 +78,7 @@ struct Backward {
           batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
           scale(a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f),
           scale_log2(scale * kLog2e),
-          skip_causal(a.causal && fill_is_neg_inf(a.causal_fill)),
+          skip_causal(skips_causal_blocks(a)),
           zero_unkept(needs_unkept_zeroing(a)),
           dropout(a),
           kv(a) {

@@ -63,7 +63,7 @@ struct LaneBackward {
           D(int(a.head_dim_qk)),
           Dv(int(a.head_dim_v)),
           scale(a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f),
-          skip_causal(a.causal && fill_is_neg_inf(a.causal_fill)),
+          skip_causal(skips_causal_blocks(a)),
           zero_unkept(needs_unkept_zeroing(a)),
           dropout(a),
           batch_total(a.batch[0] * a.batch[1] * a.batch[2]),

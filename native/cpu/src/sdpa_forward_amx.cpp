@@ -366,10 +366,6 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     }
 }
 
-// Keys per split at least: shorter splits would cost more in merging and
-// per-item set-up than they gain in threads.
-constexpr int64_t kMinKeysPerSplit = 512;
-
 // False (output unfinished) when split inputs held an infinity.
 template <int Parts>
 bool run_forward(const SdpaForwardArgs& a) {
@@ -384,13 +380,13 @@ bool run_forward(const SdpaForwardArgs& a) {
     }
     const int64_t q_blocks = (a.seq_q + block_q - 1) / block_q;
     const int64_t items = batch * q_blocks;
-    const bool skip_causal_blocks = a.causal && std::isinf(a.causal_fill) && a.causal_fill < 0;
+    const bool skip_causal_blocks = skips_causal_blocks(a);
     // Where even the smallest items leave threads idle, the keys some row
     // sees are split too (about two pieces of work per thread) and the splits
     // merged by their log-sum-exp.
     const int64_t visible_keys =
         skip_causal_blocks ? causal_key_end(a.seq_q - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
-    const KeySplits plan = plan_key_splits(items, threads, 2, visible_keys, kMinKeysPerSplit, kBlockKV);
+    const KeySplits plan = plan_key_splits(items, threads, 2, visible_keys, kBlockKV);
     const int64_t splits = plan.count, keys_per_split = plan.keys;
     const int Dv = int(a.head_dim_v);
     AlignedFloats partials =

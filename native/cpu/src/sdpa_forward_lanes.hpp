@@ -70,7 +70,6 @@ template <int RV, int NT>
 struct LaneForward {
     static constexpr int kBlockQ = RV * kLanes;
     static constexpr int kBlockKV = 128;
-    static constexpr int64_t kMinKeysPerSplit = 512;
 
     // Scratch of one thread, allocated once per parallel region.
     struct Scratch {
@@ -109,7 +108,7 @@ struct LaneForward {
         p.row_blocks = (p.rows_total + kBlockQ - 1) / kBlockQ;
         p.outer_items = a.batch[0] * a.batch[1] * a.batch[2] / p.group * p.row_blocks;
         // About four items per thread, so that dynamic scheduling can balance them.
-        const KeySplits splits = plan_key_splits(p.outer_items, omp_get_max_threads(), 4, a.seq_kv, kMinKeysPerSplit, kBlockKV);
+        const KeySplits splits = plan_key_splits(p.outer_items, omp_get_max_threads(), 4, a.seq_kv, kBlockKV);
         p.splits = splits.count;
         p.keys_per_split = splits.keys;
         return p;
@@ -380,9 +379,7 @@ struct LaneForward {
     static Status run(const SdpaForwardArgs& a) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
         const LanePlan p = plan(a);
-        // Causal key blocks can only be skipped when masked scores are -inf;
-        // any other fill value still takes part in the softmax.
-        const bool skip_causal_blocks = a.causal && std::isinf(a.causal_fill) && a.causal_fill < 0;
+        const bool skip_causal_blocks = skips_causal_blocks(a);
         const int64_t work_items = p.outer_items * p.splits;
         // Every (item, split) writes its whole partial before the merge reads it.
         AlignedFloats partials = AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 1);
