@@ -36,9 +36,11 @@ CASES = {
     # GQA through the AMX kernel: four query heads per K/V head, several query items each, a partial last key block.
     "long_gqa": dict(q=(1, 8, 300, 64), k=(1, 2, 290, 64), v=(1, 2, 290, 64), enable_gqa=True),
     "long_many_heads_causal": dict(q=(2, 4, 200, 64), k=(2, 4, 200, 64), v=(2, 4, 200, 64), is_causal=True),
-    # Two key blocks of the AMX kernel, the second partial; the causal cut (offset 100) falls inside row-tile pairs.
-    "long_causal_bottom_right": dict(q=(1, 2, 200, 64), k=(1, 2, 300, 64), v=(1, 2, 300, 64), is_causal=True,
+    # Two key blocks of the AMX kernel, the second partial; the causal cut (offset 400) falls inside row-tile pairs.
+    "long_causal_bottom_right": dict(q=(1, 2, 200, 64), k=(1, 2, 600, 64), v=(1, 2, 600, 64), is_causal=True,
                                      causal_alignment="bottom_right"),
+    # The AMX kernel's largest items (512 rows, on up to 2 threads), each followed by a partial one; causal.
+    "long_causal_large_items": dict(q=(1, 8, 520, 64), k=(1, 8, 520, 64), v=(1, 8, 520, 64), is_causal=True),
     # Offset -30: the first rows see no key (output 0); D=80 and Dv=48 pack with masked edge loads.
     "long_causal_sq_gt_skv_d80": dict(q=(1, 2, 300, 80), k=(1, 2, 270, 80), v=(1, 2, 270, 48), is_causal=True,
                                       causal_alignment="bottom_right"),

@@ -8,9 +8,10 @@
 // transpose), V rows are interleaved pairwise, S = Q K^T is computed on
 // tiles in f32, the online softmax runs row by row in AVX-512 (base 2, one
 // exp2 per score) and writes P as bf16, and O += P V accumulates on tiles
-// straight into the f32 output accumulator.  Row tiles go in pairs through
-// a software pipeline: the tile unit computes the next pair's scores while
-// the vector units run this pair's softmax.  Scale and masks are applied to
+// straight into the f32 output accumulator.  Row tiles go in pairs, one
+// pair's scores and probabilities at a time: the tile unit and the vector
+// units did not overlap on these cores (a pipeline across pairs measured no
+// faster), and one pair's buffers stay small.  Scale and masks are applied to
 // S in f32, as in the reference.  With split inputs each packed operand holds
 // its parts side by side along the reduction, so the same tile products
 // compute every kept part product.  Where the items are fewer than the
@@ -42,15 +43,17 @@ namespace graphattn {
 namespace isa_amx {
 namespace {
 
-constexpr int kBlockQ = 256;  // query rows per item at most (the scratch's size)
-// Item sizes tried in turn: the largest that still gives every thread a few items.
-constexpr int kItemRows[] = {kBlockQ, 128, 64};
-// 256 keys per block: each O accumulator tile pair is loaded and stored once
-// per 8 reduction steps of P V rather than 4 (tile stores run at one row per
-// cycle, so short reductions leave the tile unit idle), and each row's
-// softmax bookkeeping covers twice the keys.  Scores are computed only up to
+constexpr int kBlockQ = 512;  // query rows per item at most (the scratch's size)
+// Item sizes tried in turn: the largest that still gives every thread a few
+// items (each item packs every K/V block it reads, so larger items pack less).
+constexpr int kItemRows[] = {kBlockQ, 256, 128, 64};
+constexpr int kPairRows = 32;  // a pair of row tiles
+// 512 keys per block: each O accumulator tile pair is loaded and stored once
+// per 16 reduction steps of P V (tile loads and stores cost about as much as
+// a product on these cores), and each row's softmax bookkeeping covers more
+// keys.  Scores are computed only up to
 // the keys a pair of row tiles can see (causal cut, partial blocks).
-constexpr int kBlockKV = 256;
+constexpr int kBlockKV = 512;
 // Row strides of the tile operands and results, padded by one cache line: at
 // 2^n bytes, the 16 rows of a tile would share a few L1 sets.
 constexpr int kKeyPairsLd = kBlockKV + 16;  // packed K rows, in pair words
@@ -74,9 +77,9 @@ struct Scratch {
           q_store(AlignedFloats::uninitialized(size_t(kBlockQ) * terms * dp / 2)),
           k_store(AlignedFloats::uninitialized(size_t(terms) * dp / 2 * kKeyPairsLd)),
           v_store(AlignedFloats::uninitialized(size_t(terms) * kBlockKV / 2 * v_ld)),
-          s_store(AlignedFloats::uninitialized(size_t(kBlockQ) * kScoresLd)),
-          p_store(AlignedFloats::uninitialized(size_t(kBlockQ) * p_ld / 2)),
-          mask_store(AlignedFloats::uninitialized(size_t(kBlockQ) * kScoresLd)),
+          s_store(AlignedFloats::uninitialized(size_t(kPairRows) * kScoresLd)),
+          p_store(AlignedFloats::uninitialized(size_t(kPairRows) * p_ld / 2)),
+          mask_store(AlignedFloats::uninitialized(size_t(kPairRows) * kScoresLd)),
           o_store(AlignedFloats::uninitialized(size_t(kBlockQ) * o_ld)),
           out_store(AlignedFloats::uninitialized(size_t(dvp))),
           wide_store(AlignedFloats::uninitialized(parts > 1 ? size_t(std::max(kBlockQ, kBlockKV)) * std::max(dp, dvp) : 0)) {}
@@ -257,31 +260,37 @@ void write_output_row(const SdpaForwardArgs& a, const int64_t b[kBatchDims], int
     }
 }
 
-// Split keys (run_forward): one (item, split)'s results, per row its
-// unnormalised accumulator row (Dv floats), then every row's max, then every
-// row's sum.
-size_t partial_floats(int Dv) { return size_t(kBlockQ) * (Dv + 2); }
+// Split keys (run_forward): one (item, split)'s results for items of up to
+// `rows` rows, per row its unnormalised accumulator row (Dv floats), then
+// every row's max, then every row's sum.
+struct PartialLayout {
+    int64_t rows, Dv;
+    size_t floats() const { return size_t(rows * (Dv + 2)); }
+    int64_t row(int r) const { return r * Dv; }
+    int64_t max_of(int r) const { return rows * Dv + r; }
+    int64_t sum_of(int r) const { return rows * (Dv + 1) + r; }
+};
 
 // Merges the splits of the item of rows i0 .. i0 + rows of batch index b by
 // their log-sum-exp and writes it; `acc` holds one row.
 void merge_and_write(const SdpaForwardArgs& a, const int64_t b[kBatchDims], int64_t i0, int rows,
-                     const float* partials, int64_t splits, float* acc, float* out) {
+                     const PartialLayout& layout, const float* partials, int64_t splits, float* acc, float* out) {
     const int Dv = int(a.head_dim_v);
-    const int64_t maxes = int64_t(kBlockQ) * Dv, sums = maxes + kBlockQ;
     for (int r = 0; r < rows; ++r) {
         float row_max, row_sum;
-        merge_split_row(partials + int64_t(r) * Dv, 1, partials + maxes + r, partials + sums + r,
-                        int64_t(partial_floats(Dv)), splits, Dv, acc, 1, row_max, row_sum);
+        merge_split_row(partials + layout.row(r), 1, partials + layout.max_of(r), partials + layout.sum_of(r),
+                        int64_t(layout.floats()), splits, Dv, acc, 1, row_max, row_sum);
         write_output_row(a, b, i0 + r, acc, row_max, row_sum, Dv, out);
     }
 }
 
 // Rows i0 .. i0 + rows of batch index b against keys [key_begin, key_end)
 // (key_begin a multiple of kBlockKV): into the output, or (split keys) into
-// `partial` as partial_floats lays it out.
+// `partial` as `layout` lays it out.
 template <int Parts>
 void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows,
-              int64_t key_begin, int64_t key_end, bool skip_causal_blocks, float* partial) {
+              int64_t key_begin, int64_t key_end, bool skip_causal_blocks, const PartialLayout& layout,
+              float* partial) {
     const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
     const int row_tiles = int(round_up(rows, 32) / 16);  // tiles go in pairs
     const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
@@ -303,7 +312,6 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         const int kv_rows = int(std::min<int64_t>(kBlockKV, kv_end - j0));
         pack_k<Parts>(k, k_base + j0 * k.strides[3], kv_rows, D, sc);
         pack_v<Parts>(v, v_base + j0 * v.strides[3], kv_rows, Dv, sc);
-        float* s = sc.s_store.get();
         // Keys of this block that rows of the pair at row tile m can see: past them
         // every score is -inf (causal cut) or padding.
         const bool causal_cut = a.causal && j0 + kv_rows - 1 - i0 > a.causal_offset;
@@ -319,38 +327,30 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             if (a.mask_kind != MaskKind::none || keys % 32 != 0 || !(scale_log2 > 0.0f)) return false;
             return !a.causal || causal_key_end(i0 + m * 16, a.causal_offset, a.seq_kv) - j0 >= keys;
         };
-        // Software pipeline over pairs of row tiles: the scores of the next pair go to
-        // the tile unit before the softmax of this pair runs on the vector units.
-        int next_keys = pair_keys(0);
-        if (next_keys > 0) scores_on_tiles(sc, 0, int(round_up(next_keys, 32)), s);
+        float* s = sc.s_store.get();
+        uint16_t* p = sc.p();
         for (int m = 0; m < row_tiles; m += 2) {
-            const int keys = next_keys, cols = int(round_up(keys, 32));
-            if (m + 2 < row_tiles) {
-                next_keys = pair_keys(m + 2);
-                if (next_keys > 0) scores_on_tiles(sc, m + 2, int(round_up(next_keys, 32)), s + (m + 2) * 16 * kScoresLd);
-            }
+            const int keys = pair_keys(m), cols = int(round_up(keys, 32));
             if (keys == 0) continue;  // no key of this block is visible to these rows
-            const int r0 = m * 16, r1 = std::min(rows, r0 + 32);
-            float* s_pair = s + r0 * kScoresLd;
-            uint16_t* p_pair = sc.p() + size_t(r0) * sc.p_ld;
+            const int r0 = m * 16, r1 = std::min(rows, r0 + kPairRows);
+            scores_on_tiles(sc, m, cols, s);
             const bool plain = pair_is_plain(m, keys);
             const float load_scale = plain ? scale_log2 : 1.0f;
             if (!plain) {
                 for (int r = 0; r < r1 - r0; ++r)
                     for (int x = 0; x < cols; x += kLanes)
-                        store(s_pair + r * kScoresLd + x, load(s_pair + r * kScoresLd + x) * scale_log2);
-                mask_key_lanes<kScoresLd / kLanes>(a, s_pair, sc.mask_store.get(), sc.mask_offset + r0, sc.query_index + r0,
-                                            r1 - r0, keys, j0, cols / kLanes);
+                        store(s + r * kScoresLd + x, load(s + r * kScoresLd + x) * scale_log2);
+                mask_key_lanes<kScoresLd / kLanes>(a, s, sc.mask_store.get(), sc.mask_offset + r0, sc.query_index + r0,
+                                                   r1 - r0, keys, j0, cols / kLanes);
             }
             auto softmax_at = [&](auto rows, int r) {
-                softmax_rows<Parts, rows.value>(sc, s_pair + (r - r0) * kScoresLd, cols / kLanes, r, load_scale,
-                                                p_pair + size_t(r - r0) * sc.p_ld,
-                                                sc.o_store.get() + size_t(r) * sc.o_ld);
+                softmax_rows<Parts, rows.value>(sc, s + (r - r0) * kScoresLd, cols / kLanes, r, load_scale,
+                                                p + size_t(r - r0) * sc.p_ld, sc.o_store.get() + size_t(r) * sc.o_ld);
             };
             int r = r0;
             for (; r + 4 <= r1; r += 4) softmax_at(std::integral_constant<int, 4>{}, r);
             for (; r < r1; ++r) softmax_at(std::integral_constant<int, 1>{}, r);
-            accumulate_on_tiles(sc, m, p_pair, keys, sc.o_store.get());
+            accumulate_on_tiles(sc, m, p, keys, sc.o_store.get());
         }
     }
     for (int r = 0; r < rows; ++r) {
@@ -360,9 +360,9 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             write_output_row(a, b, i0 + r, o_row, sc.row_max[r], sum, Dv, sc.out_store.get());
             continue;
         }
-        std::copy(o_row, o_row + Dv, partial + size_t(r) * Dv);
-        partial[size_t(kBlockQ) * Dv + r] = sc.row_max[r];
-        partial[size_t(kBlockQ) * (Dv + 1) + r] = sum;
+        std::copy(o_row, o_row + Dv, partial + layout.row(r));
+        partial[layout.max_of(r)] = sc.row_max[r];
+        partial[layout.sum_of(r)] = sum;
     }
 }
 
@@ -389,8 +389,9 @@ bool run_forward(const SdpaForwardArgs& a) {
     const KeySplits plan = plan_key_splits(items, threads, 2, visible_keys, kBlockKV);
     const int64_t splits = plan.count, keys_per_split = plan.keys;
     const int Dv = int(a.head_dim_v);
+    const PartialLayout layout{block_q, Dv};
     AlignedFloats partials =
-        splits > 1 ? AlignedFloats::uninitialized(size_t(items * splits) * partial_floats(Dv)) : AlignedFloats();
+        splits > 1 ? AlignedFloats::uninitialized(size_t(items * splits) * layout.floats()) : AlignedFloats();
     std::atomic<bool> saw_infinity{false};
     // An item's batch index and first query row (the longest causal items first).
     auto item_origin = [&](int64_t item, int64_t b[kBatchDims]) {
@@ -414,7 +415,7 @@ bool run_forward(const SdpaForwardArgs& a) {
             const int64_t key_begin = split * keys_per_split;
             run_item<Parts>(a, scratch, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)), key_begin,
                             std::min(a.seq_kv, key_begin + keys_per_split), skip_causal_blocks,
-                            splits > 1 ? partials.get() + w * partial_floats(Dv) : nullptr);
+                            layout, splits > 1 ? partials.get() + w * layout.floats() : nullptr);
             if (scratch.infinite) saw_infinity.store(true, std::memory_order_relaxed);
         }
         _tile_release();
@@ -424,7 +425,7 @@ bool run_forward(const SdpaForwardArgs& a) {
                 int64_t b[kBatchDims];
                 const int64_t i0 = item_origin(item, b);
                 merge_and_write(a, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)),
-                                partials.get() + item * splits * partial_floats(Dv), splits, scratch.o_store.get(),
+                                layout, partials.get() + item * splits * layout.floats(), splits, scratch.o_store.get(),
                                 scratch.out_store.get());
             }
         }
