@@ -169,8 +169,9 @@ def print_table(rows: list[dict], peaks: dict) -> None:
     for peer in peers:
         header += f" {peer + ' ms':>10} {'GFLOP/s':>8} {'ratio':>6}"
     print()
-    print(f"cpu: {cpu_model()}, {core_count()} cores, {ga.thread_count()} threads; forward kernels: f32/f16 "
-          f"{ga.forward_isa('f32')}, bf16 {ga.forward_isa('bf16')}; backward bf16 {ga.backward_isa('bf16')}")
+    kernels = "; ".join(f"{name} " + ", ".join(f"{dt} {isa(dt)}" for dt in ("f32", "bf16", "f16"))
+                        for name, isa in (("forward", ga.forward_isa), ("backward", ga.backward_isa)))
+    print(f"cpu: {cpu_model()}, {core_count()} cores, {ga.thread_count()} threads; kernels: {kernels}")
     print(header)
     for row in rows:
         peak = peaks.get(row["dtype"])

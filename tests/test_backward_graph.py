@@ -42,14 +42,18 @@ def test_backward_graph_fuses_and_matches_reference(variant, dtype, rng):
     check(dtype, rng, **VARIANTS[variant])
 
 
-def test_verbose_names_the_backward_kernel(capsys, rng):
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_verbose_names_the_backward_kernel(dtype, capsys, rng):
+    """The log names the backward kernel and the build the call runs (AMX split products for f16 where
+    the CPU has AMX)."""
     ga.set_verbose(1)
     try:
-        check("f32", rng, mask="causal_top_left")
+        check(dtype, rng, mask="causal_top_left", seq_q=40, seq_kv=70)
     finally:
         ga.set_verbose(0)
     err = capsys.readouterr().err
     assert "sdpa_backward" in err and "sdpa_backward_cpu" in err
+    assert f"isa={ga.backward_isa(dtype, 40)}" in err
 
 
 def test_dk_per_query_head_falls_back_to_the_reference(rng):

@@ -15,7 +15,8 @@ def info() -> str:
         f"openmp threads: {ga.thread_count()}",
         f"kernels: sdpa_forward_cpu (f32: {ga.forward_isa('f32')}, bf16: {ga.forward_isa('bf16')}, "
         f"f16: {ga.forward_isa('f16')}), "
-        f"sdpa_backward_cpu (f32/f16: {ga.backward_isa('f32')}, bf16: {ga.backward_isa('bf16')}), "
+        f"sdpa_backward_cpu (f32: {ga.backward_isa('f32')}, bf16: {ga.backward_isa('bf16')}, "
+        f"f16: {ga.backward_isa('f16')}), "
         "reference (NumPy, every op)",
         "sycl devices: none (the SYCL plugin is not part of this build)",
     ]

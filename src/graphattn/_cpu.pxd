@@ -64,6 +64,7 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
     const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q)
     const char* sdpa_forward_isa_for(const SdpaForwardArgs& args)
     const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q)
+    DType sdpa_dtype_class(const DType* dtypes, int count)
 
 
 cdef extern from "graphattn/cpu_features.hpp" namespace "graphattn":

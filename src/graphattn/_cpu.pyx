@@ -12,8 +12,8 @@ cimport numpy as cnp
 cnp.import_array()
 
 from graphattn._cpu cimport (DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
-                             cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_forward,
-                             sdpa_forward_isa, sdpa_forward_isa_for)
+                             cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_dtype_class,
+                             sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for)
 
 
 include "_sdpa_args.pxi"
@@ -98,9 +98,17 @@ def forward_isa(dtype="f32", seq_q=1 << 20):
 
 
 def backward_isa(dtype="f32", seq_q=1 << 20):
-    """Name of the kernel build the backward kernel uses for inputs of this dtype and query length,
-    e.g. "amx_bf16" or "avx512"."""
-    return sdpa_backward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q).decode()
+    """Name of the kernel build the backward kernel uses for inputs of this dtype (or of these dtypes,
+    Q, K, V and dO, given as a list) and query length, e.g. "amx_bf16" or "avx512"."""
+    cdef DType codes[4]
+    if isinstance(dtype, str) or not hasattr(dtype, "__iter__"):
+        return sdpa_backward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q).decode()
+    names = [str(d) for d in dtype]
+    if not 1 <= len(names) <= 4:
+        raise ValueError(f"backward_isa: expected 1 to 4 dtypes, got {len(names)}")
+    for i, name in enumerate(names):
+        codes[i] = <DType>(<int>DTYPE_CODES[name])
+    return sdpa_backward_isa(sdpa_dtype_class(codes, len(names)), seq_q).decode()
 
 
 def cpu_features():

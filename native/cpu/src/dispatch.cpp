@@ -83,21 +83,44 @@ ForwardKernel forward_kernel_for(DType input_dtype, int64_t seq_q) {
     return vector_kernel();
 }
 
-// The dtype the kernel choice goes by: bf16 when Q, K and V all are, f16 when
-// all are 16-bit floats with at least one f16, else f32.  The AMX kernels have
-// no fused dropout yet, so dropout counts as f32 (the vector build).
+// Q, K and V's class; the AMX forward has no fused dropout yet, so dropout
+// counts as f32 (the vector build).
 DType forward_dtype_class(const SdpaForwardArgs& args) {
-    const DType dts[3] = {args.query.dtype, args.key.dtype, args.value.dtype};
-    bool all_bf16 = true, all_half = true;
-    for (DType dt : dts) {
-        all_bf16 = all_bf16 && dt == DType::bf16;
-        all_half = all_half && (dt == DType::bf16 || dt == DType::f16);
-    }
-    if (args.dropout_p != 0.0f || !all_half) return DType::f32;
-    return all_bf16 ? DType::bf16 : DType::f16;
+    if (args.dropout_p != 0.0f) return DType::f32;
+    const DType dtypes[] = {args.query.dtype, args.key.dtype, args.value.dtype};
+    return sdpa_dtype_class(dtypes, 3);
+}
+
+// Q, K, V and dO's class (the AMX backward fuses dropout).
+DType backward_dtype_class(const SdpaBackwardArgs& args) {
+    const SdpaForwardArgs& a = args.forward;
+    const DType dtypes[] = {a.query.dtype, a.key.dtype, a.value.dtype, args.grad_output.dtype};
+    return sdpa_dtype_class(dtypes, 4);
+}
+
+// The AMX backward takes bf16 inputs, or f16 ones as pairs of bf16 parts, in
+// blocks of query rows that fill its tiles.
+bool backward_runs_on_amx(DType dtype_class, int64_t seq_q) {
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+    return seq_q >= kAmxMinQueryRows && (dtype_class == DType::bf16 || dtype_class == DType::f16) && amx_allowed();
+#else
+    (void)dtype_class;
+    (void)seq_q;
+    return false;
+#endif
 }
 
 }  // namespace
+
+DType sdpa_dtype_class(const DType* dtypes, int count) {
+    bool all_bf16 = true, all_half = true;
+    for (int i = 0; i < count; ++i) {
+        all_bf16 = all_bf16 && dtypes[i] == DType::bf16;
+        all_half = all_half && (dtypes[i] == DType::bf16 || dtypes[i] == DType::f16);
+    }
+    if (!all_half) return DType::f32;
+    return all_bf16 ? DType::bf16 : DType::f16;
+}
 
 Status sdpa_forward(const SdpaForwardArgs& args) {
     Status status = check_forward_args(args);
@@ -111,18 +134,17 @@ Status sdpa_backward(const SdpaBackwardArgs& args) {
     if (!status.ok) return status;
     const SdpaForwardArgs& a = args.forward;
     if (a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return status;
+    const DType dtype = backward_dtype_class(args);
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
-    if (amx_allowed() && sdpa_backward_amx_applies(args)) return sdpa_backward_amx(args);
+    // The split build declines inputs holding an infinity; the vector build then runs.
+    if (backward_runs_on_amx(dtype, a.seq_q) && sdpa_backward_amx(args, dtype == DType::f16)) return status;
 #endif
+    (void)dtype;
     return vector_kernel().run_backward(args);
 }
 
 const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q) {
-#if defined(GRAPHATTN_HAVE_X86_ISAS)
-    if (input_dtype == DType::bf16 && seq_q >= 16 && amx_allowed()) return "amx_bf16";
-#endif
-    (void)input_dtype;
-    (void)seq_q;
+    if (backward_runs_on_amx(input_dtype, seq_q)) return input_dtype == DType::bf16 ? "amx_bf16" : "amx_bf16x3";
     return vector_kernel().isa;
 }
 

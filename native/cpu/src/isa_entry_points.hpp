@@ -16,8 +16,7 @@ Status sdpa_backward_avx512(const SdpaBackwardArgs& args);
 // bf16 parts.  False, with the outputs unfinished, where split inputs hold an
 // infinity (split products cannot keep IEEE semantics).
 bool sdpa_forward_amx(const SdpaForwardArgs& args, bool split);
-Status sdpa_backward_amx(const SdpaBackwardArgs& args);
-bool sdpa_backward_amx_applies(const SdpaBackwardArgs& args);
+bool sdpa_backward_amx(const SdpaBackwardArgs& args, bool split);  // the same, for Q/K/V/dO
 #endif
 
 }  // namespace graphattn

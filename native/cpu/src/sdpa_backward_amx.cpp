@@ -1,11 +1,14 @@
-// FlashAttention-2 backward for bf16 Q/K/V/dO on AMX tiles (flags set in
-// CMakeLists.txt; chosen by dispatch.cpp where the CPU has AMX-BF16 and there
-// are query rows enough to fill its tiles).
+// FlashAttention-2 backward on AMX tiles for bf16 Q/K/V/dO, and for f16 ones
+// split into bf16 parts (amx_split.hpp) (flags set in CMakeLists.txt; chosen
+// by dispatch.cpp where the CPU has AMX-BF16 and there are query rows enough
+// to fill its tiles).  With split inputs every operand is kept as planes of
+// its parts, P and dS included, and each product sums the kept part
+// products, one tile product per term.
 //
 // First Q and dO are copied once into tile-friendly bf16 layouts (rows padded
 // to whole tiles, and transposed), and D = rowsum(dO * O) is computed.  Each
 // work item then owns one K/V batch index (all query heads of a GQA group)
-// and walks its key blocks; per block of 64 keys and chunk of 32 query rows:
+// and walks its key blocks; per block of 64 keys and chunk of 64 query rows:
 //   S = Q K^T and dP = dO V^T on tiles (K^T, V^T packed once per key block),
 //   P = 2^(S - lse) and dS = P (dP Z - D) in AVX-512 (Z: dropout multipliers),
 //   dV^T += dO^T (P Z), dK^T += Q^T dS and dQ += dS K on tiles.
@@ -19,11 +22,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "amx_packing.hpp"
+#include "amx_split.hpp"
 #include "amx_tiles.hpp"
 #include "block_io.hpp"
 #include "dropout.hpp"
@@ -38,19 +43,29 @@ namespace isa_amx {
 namespace {
 
 constexpr int kKeys = 64;   // keys per block: the columns of S, dP and the dK^T/dV^T accumulators
-constexpr int kRows = 32;   // query rows per chunk: two 16-row tile bands
+constexpr int kRows = 64;   // query rows per chunk: four 16-row tile bands (dK/dV tiles reduce over 64 rows per load)
 constexpr int kKeyVecs = kKeys / kLanes;
 
 // bf16 storage in 64-byte aligned float buffers.
 uint16_t* bf16s(AlignedFloats& a) { return reinterpret_cast<uint16_t*>(a.get()); }
 uint32_t* pairs(AlignedFloats& a) { return reinterpret_cast<uint32_t*>(a.get()); }
 
-void store_bf16_row(const float* src, int count, uint16_t* dst) {
-    for (int c = 0; c < count; c += 32)
-        _mm512_storeu_si512(dst + c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + c + 16), _mm512_loadu_ps(src + c)));
+// The bf16 parts of `count` (a multiple of 32) f32 values: part p to dst + p * plane.
+// Lanes that held an infinity are added to `infinite` (split parts cannot keep one).
+template <int Parts>
+void store_parts_row(const float* src, int count, uint16_t* dst, int64_t plane, __mmask16& infinite) {
+    __m512i parts[Parts];
+    for (int c = 0; c < count; c += 32) {
+        const __m512 lo = _mm512_loadu_ps(src + c), hi = _mm512_loadu_ps(src + c + 16);
+        if (Parts > 1) infinite |= _mm512_fpclass_ps_mask(lo, 0x18) | _mm512_fpclass_ps_mask(hi, 0x18);
+        split_32<Parts>(lo, hi, parts);
+        for (int p = 0; p < Parts; ++p) _mm512_storeu_si512(dst + p * plane + c, parts[p]);
+    }
 }
 
+template <int Parts>
 struct Backward {
+    using Terms = SplitTerms<Parts>;
     const SdpaBackwardArgs& args;
     const SdpaForwardArgs& a;
     int D, Dv, Dp, Dvp;
@@ -61,8 +76,11 @@ struct Backward {
     DropoutPlan dropout;
     KvGrouping kv;            // batch dims K and V ignore (their gradients sum over them)
     int64_t key_blocks = 0, splits = 1;
-    // Per flat batch index: Q and dO as padded bf16 rows and transposed, D, lse in base 2.
+    // Per flat batch index: Q and dO as padded bf16 rows and transposed (one
+    // plane per part, the *_plane words apart), D, lse in base 2.
     AlignedFloats q_rows, q_cols, do_rows, do_cols, delta, lse2, dq_sum;
+    int64_t q_rows_plane = 0, q_cols_plane = 0, do_rows_plane = 0, do_cols_plane = 0;
+    std::atomic<bool> saw_infinity{false};
 
     explicit Backward(const SdpaBackwardArgs& b)
         : args(b),
@@ -91,17 +109,21 @@ struct Backward {
 
     // ---- preparation: tile layouts of Q and dO, D and lse ------------------------------
     void prepare() {
-        const size_t q_size = size_t(batch_total) * Sqp * Dp, do_size = size_t(batch_total) * Sqp * Dvp;
-        q_rows = AlignedFloats::uninitialized(q_size / 2 + 16);
-        q_cols = AlignedFloats::uninitialized(size_t(batch_total) * Dp * cols_ld / 2 + 16);
-        do_rows = AlignedFloats::uninitialized(do_size / 2 + 16);
-        do_cols = AlignedFloats::uninitialized(size_t(batch_total) * Dvp * cols_ld / 2 + 16);
+        q_rows_plane = round_up(batch_total * Sqp * Dp, 32);
+        q_cols_plane = round_up(batch_total * Dp * cols_ld, 32);
+        do_rows_plane = round_up(batch_total * Sqp * Dvp, 32);
+        do_cols_plane = round_up(batch_total * Dvp * cols_ld, 32);
+        q_rows = AlignedFloats::uninitialized(size_t(Parts * q_rows_plane) / 2 + 16);
+        q_cols = AlignedFloats::uninitialized(size_t(Parts * q_cols_plane) / 2 + 16);
+        do_rows = AlignedFloats::uninitialized(size_t(Parts * do_rows_plane) / 2 + 16);
+        do_cols = AlignedFloats::uninitialized(size_t(Parts * do_cols_plane) / 2 + 16);
         delta = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
         lse2 = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
         dq_sum = AlignedFloats::uninitialized(size_t(splits) * batch_total * Sqp * Dp);
 #pragma omp parallel
         {
             AlignedFloats row{size_t(std::max(Dp, Dvp))}, o_row{size_t(Dvp)};
+            __mmask16 infinite = 0;
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < batch_total * Sqp; ++x) {
                 const int64_t fb = x / Sqp, i = x % Sqp;
@@ -115,8 +137,11 @@ struct Backward {
                 // Q row, padded with zeros (rows past Sq are all zero).
                 std::fill(row.get(), row.get() + Dp, 0.0f);
                 if (real) load_row(a.query, b, i, D, row.get());
-                store_bf16_row(row.get(), Dp, bf16s(q_rows) + x * Dp);
-                for (int d = 0; d < Dp; ++d) bf16s(q_cols)[(fb * Dp + d) * cols_ld + i] = bf16s(q_rows)[x * Dp + d];
+                store_parts_row<Parts>(row.get(), Dp, bf16s(q_rows) + x * Dp, q_rows_plane, infinite);
+                for (int p = 0; p < Parts; ++p)
+                    for (int d = 0; d < Dp; ++d)
+                        bf16s(q_cols)[p * q_cols_plane + (fb * Dp + d) * cols_ld + i] =
+                            bf16s(q_rows)[p * q_rows_plane + x * Dp + d];
                 // dO row, and D = dO . O.
                 std::fill(row.get(), row.get() + Dvp, 0.0f);
                 float dot = 0.0f;
@@ -125,8 +150,11 @@ struct Backward {
                     load_row(a.output, b, i, Dv, o_row.get());
                     for (int c = 0; c < Dv; ++c) dot += row.get()[c] * o_row.get()[c];
                 }
-                store_bf16_row(row.get(), Dvp, bf16s(do_rows) + x * Dvp);
-                for (int c = 0; c < Dvp; ++c) bf16s(do_cols)[(fb * Dvp + c) * cols_ld + i] = bf16s(do_rows)[x * Dvp + c];
+                store_parts_row<Parts>(row.get(), Dvp, bf16s(do_rows) + x * Dvp, do_rows_plane, infinite);
+                for (int p = 0; p < Parts; ++p)
+                    for (int c = 0; c < Dvp; ++c)
+                        bf16s(do_cols)[p * do_cols_plane + (fb * Dvp + c) * cols_ld + i] =
+                            bf16s(do_rows)[p * do_rows_plane + x * Dvp + c];
                 delta.get()[x] = dot;
                 // lse in base 2; +inf (P = 0) for a fully masked row and for padding rows.
                 float lse = __builtin_inff();
@@ -136,6 +164,7 @@ struct Backward {
                 }
                 lse2.get()[x] = lse;
             }
+            if (infinite) saw_infinity.store(true, std::memory_order_relaxed);
         }
     }
 
@@ -145,47 +174,67 @@ struct Backward {
     }
 
     // ---- per thread ------------------------------------------------------------------------
+    // Per thread; the packed and bf16 buffers hold one plane per part, each of
+    // the sizes below (in 32-bit words: k_cols_plane, ...).
     struct Scratch {
+        int64_t k_cols_plane, v_cols_plane, k_pairs_plane;
+        static constexpr int64_t kChunkPlane = int64_t(kRows) * kKeys / 2;  // P, dS: bf16 rows or pairs
         AlignedFloats k_cols, v_cols, k_pairs, dk_t, dv_t, s, dp, mask_rows, z, p_bf16, ds_bf16, p_pairs, ds_pairs,
-            out_row;
+            out_row, kv_wide, kv_parts;
         int64_t m_off[kRows], dm_off[kRows], qi[kRows];
         uint8_t keep[kKeys];
+        __mmask16 infinite = 0;
         Scratch(int Dp, int Dvp)
-            : k_cols(size_t(Dp / 2) * kKeys),
-              v_cols(size_t(Dvp / 2) * kKeys),
-              k_pairs(size_t(kKeys / 2) * Dp),
+            : k_cols_plane(int64_t(Dp / 2) * kKeys),
+              v_cols_plane(int64_t(Dvp / 2) * kKeys),
+              k_pairs_plane(int64_t(kKeys / 2) * Dp),
+              k_cols(size_t(Parts * k_cols_plane)),
+              v_cols(size_t(Parts * v_cols_plane)),
+              k_pairs(size_t(Parts * k_pairs_plane)),
               dk_t(size_t(Dp) * kKeys),
               dv_t(size_t(Dvp) * kKeys),
               s(size_t(kRows) * kKeys),
               dp(size_t(kRows) * kKeys),
               mask_rows(size_t(kRows) * kKeys),
               z(size_t(kRows) * kKeys),
-              p_bf16(size_t(kRows) * kKeys / 2),
-              ds_bf16(size_t(kRows) * kKeys / 2),
-              p_pairs(size_t(kRows / 2) * kKeys),
-              ds_pairs(size_t(kRows / 2) * kKeys),
-              out_row(size_t(std::max(Dp, Dvp))) {}
+              p_bf16(size_t(Parts * kChunkPlane)),
+              ds_bf16(size_t(Parts * kChunkPlane)),
+              p_pairs(size_t(Parts * kChunkPlane)),
+              ds_pairs(size_t(Parts * kChunkPlane)),
+              out_row(size_t(std::max(Dp, Dvp))),
+              kv_wide(Parts > 1 ? size_t(kKeys) * std::max(Dp, Dvp) : 0),
+              kv_parts(Parts > 1 ? size_t(Parts) * kKeys * std::max(Dp, Dvp) / 2 : 0) {}
     };
 
-    // C (rows x kKeys, f32) = A (rows padded, bf16, `cols` per row) x packed^T, for one chunk.
-    static void chunk_times_packed(const uint16_t* a_rows, int cols, const uint32_t* packed, float* c) {
-        for (int n = 0; n < kKeys / 16; n += 2) {
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            tiles_2x2_product(a_rows, cols * 2, 16 * cols, packed + n * 16, kKeys * 4, cols / kTileBf16Cols);
-            store_tiles_2x2(c + n * 16, kKeys * 4);
-        }
+    // C (rows x kKeys, f32) = A (rows padded, bf16, `cols` per row) x packed^T, for one chunk;
+    // the parts of A are a_plane words apart, those of packed packed_plane.
+    static void chunk_times_packed(const uint16_t* a_rows, int64_t a_plane, int cols, const uint32_t* packed,
+                                   int64_t packed_plane, float* c) {
+        for (int m = 0; m < kRows / 16; m += 2)
+            for (int n = 0; n < kKeys / 16; n += 2) {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int t = 0; t < Terms::kTerms; ++t)
+                    tiles_2x2_product(a_rows + Terms::a_part(t) * a_plane + (m * 16) * cols, cols * 2, 16 * cols,
+                                      packed + Terms::b_part(t) * packed_plane + n * 16, kKeys * 4,
+                                      cols / kTileBf16Cols);
+                store_tiles_2x2(c + (m * 16) * kKeys + n * 16, kKeys * 4);
+            }
     }
 
-    // acc_t (rows x kKeys, f32) += columns [i0, i0 + 32) of a_cols (rows cols_ld apart, bf16) x row pairs.
-    void accumulate_transposed(const uint16_t* a_cols, int rows, int64_t i0, const uint32_t* row_pairs, float* acc_t) {
+    // acc_t (rows x kKeys, f32) += columns [i0, i0 + kRows) of a_cols (rows cols_ld apart, bf16) x row pairs.
+    void accumulate_transposed(const uint16_t* a_cols, int64_t a_plane, int rows, int64_t i0, const uint32_t* row_pairs,
+                               float* acc_t) {
         for (int m = 0; m < rows / 16; m += 2)
             for (int n = 0; n < kKeys / 16; n += 2) {
                 float* c = acc_t + (m * 16) * kKeys + n * 16;
                 load_tiles_2x2(c, kKeys * 4);
-                tiles_2x2_product(a_cols + (m * 16) * cols_ld + i0, cols_ld * 2, 16 * cols_ld, row_pairs + n * 16, kKeys * 4, 1);
+                for (int t = 0; t < Terms::kTerms; ++t)
+                    tiles_2x2_product(a_cols + Terms::a_part(t) * a_plane + (m * 16) * cols_ld + i0, cols_ld * 2,
+                                      16 * cols_ld, row_pairs + Terms::b_part(t) * Scratch::kChunkPlane + n * 16,
+                                      kKeys * 4, kRows / kTileBf16Cols);
                 store_tiles_2x2(c, kKeys * 4);
             }
     }
@@ -200,8 +249,9 @@ struct Backward {
         }
         float* s = sc.s.get();
         float* dp = sc.dp.get();
-        chunk_times_packed(bf16s(q_rows) + (fb * Sqp + i0) * Dp, Dp, pairs(sc.k_cols), s);
-        chunk_times_packed(bf16s(do_rows) + (fb * Sqp + i0) * Dvp, Dvp, pairs(sc.v_cols), dp);
+        chunk_times_packed(bf16s(q_rows) + (fb * Sqp + i0) * Dp, q_rows_plane, Dp, pairs(sc.k_cols), sc.k_cols_plane, s);
+        chunk_times_packed(bf16s(do_rows) + (fb * Sqp + i0) * Dvp, do_rows_plane, Dvp, pairs(sc.v_cols), sc.v_cols_plane,
+                           dp);
 
         // P = 2^(S scale log2(e) - lse) and dS = P (dP Z - D), row by row.
         for (int x = 0; x < kRows * kKeys; x += kLanes) store(s + x, load(s + x) * scale_log2);
@@ -226,34 +276,71 @@ struct Backward {
                 for (int l = 0; l < kv_rows; ++l) dmask[sc.dm_off[r] + (j0 + l) * args.grad_mask.strides[4]] = dp[r * kKeys + l];
         }
         if (zero_unkept) zero_unkept_key_lanes<kKeyVecs>(a, dp, sc.mask_rows.get(), sc.qi, rows, j0);
+        // P and dS as bf16 (parts), each plane as rows and as row pairs.
+        constexpr int64_t chunk_words = 2 * Scratch::kChunkPlane;  // a plane of bf16 rows, in bf16 words
+        __mmask16 ignored = 0;  // P is finite; an overflowing dS gives NaN, as an overflow would anyway
         for (int r = 0; r < kRows; ++r) {
-            store_bf16_row(s + r * kKeys, kKeys, bf16s(sc.p_bf16) + r * kKeys);
-            store_bf16_row(dp + r * kKeys, kKeys, bf16s(sc.ds_bf16) + r * kKeys);
+            store_parts_row<Parts>(s + r * kKeys, kKeys, bf16s(sc.p_bf16) + r * kKeys, chunk_words, ignored);
+            store_parts_row<Parts>(dp + r * kKeys, kKeys, bf16s(sc.ds_bf16) + r * kKeys, chunk_words, ignored);
         }
-        pack_row_pairs({bf16s(sc.p_bf16), kKeys, 1, kRows, kKeys}, kRows, kKeys, pairs(sc.p_pairs), kKeys);
-        pack_row_pairs({bf16s(sc.ds_bf16), kKeys, 1, kRows, kKeys}, kRows, kKeys, pairs(sc.ds_pairs), kKeys);
+        for (int p = 0; p < Parts; ++p) {
+            pack_row_pairs({bf16s(sc.p_bf16) + p * chunk_words, kKeys, 1, kRows, kKeys}, kRows, kKeys,
+                           pairs(sc.p_pairs) + p * Scratch::kChunkPlane, kKeys);
+            pack_row_pairs({bf16s(sc.ds_bf16) + p * chunk_words, kKeys, 1, kRows, kKeys}, kRows, kKeys,
+                           pairs(sc.ds_pairs) + p * Scratch::kChunkPlane, kKeys);
+        }
 
         // dV^T += dO^T (P Z), dK^T += Q^T dS, dQ += dS K.
-        accumulate_transposed(bf16s(do_cols) + fb * Dvp * cols_ld, Dvp, i0, pairs(sc.p_pairs), sc.dv_t.get());
-        accumulate_transposed(bf16s(q_cols) + fb * Dp * cols_ld, Dp, i0, pairs(sc.ds_pairs), sc.dk_t.get());
+        accumulate_transposed(bf16s(do_cols) + fb * Dvp * cols_ld, do_cols_plane, Dvp, i0, pairs(sc.p_pairs),
+                              sc.dv_t.get());
+        accumulate_transposed(bf16s(q_cols) + fb * Dp * cols_ld, q_cols_plane, Dp, i0, pairs(sc.ds_pairs), sc.dk_t.get());
         float* dq = dq_split + (fb * Sqp + i0) * Dp;
-        for (int n = 0; n < Dp / 16; n += 2) {
-            load_tiles_2x2(dq + n * 16, Dp * 4);
-            tiles_2x2_product(bf16s(sc.ds_bf16), kKeys * 2, 16 * kKeys, pairs(sc.k_pairs) + n * 16, Dp * 4,
-                              kKeys / kTileBf16Cols);
-            store_tiles_2x2(dq + n * 16, Dp * 4);
+        for (int m = 0; m < kRows / 16; m += 2)
+            for (int n = 0; n < Dp / 16; n += 2) {
+                float* acc = dq + (m * 16) * Dp + n * 16;
+                load_tiles_2x2(acc, Dp * 4);
+                for (int t = 0; t < Terms::kTerms; ++t)
+                    tiles_2x2_product(bf16s(sc.ds_bf16) + Terms::a_part(t) * chunk_words + (m * 16) * kKeys, kKeys * 2,
+                                      16 * kKeys, pairs(sc.k_pairs) + Terms::b_part(t) * sc.k_pairs_plane + n * 16,
+                                      Dp * 4, kKeys / kTileBf16Cols);
+                store_tiles_2x2(acc, Dp * 4);
+            }
+    }
+
+    // Rows j0 .. j0 + kv_rows of K or V (cols wide) for the packings: the bf16
+    // rows in place (Parts = 1), or their parts as planes of kKeys x padded
+    // rows in sc.kv_parts (at plane p: + p * kKeys * padded), zeros past cols.
+    Bf16Block kv_block(Scratch& sc, const TensorView& t, const int64_t b[kBatchDims], int64_t j0, int kv_rows, int cols,
+                       int padded, int part) {
+        if constexpr (Parts == 1) {
+            (void)sc, (void)padded, (void)part;
+            return {static_cast<const uint16_t*>(t.data) + view_batch_offset(t, b) + j0 * t.strides[3], t.strides[3],
+                    t.strides[4], kv_rows, cols};
+        } else {
+            uint16_t* planes = bf16s(sc.kv_parts);
+            if (part == 0) {
+                float* wide = sc.kv_wide.get();
+                std::fill(wide, wide + size_t(kv_rows) * padded, 0.0f);
+                load_block(element_ptr(t.data, t.dtype, view_batch_offset(t, b) + j0 * t.strides[3]), t.dtype,
+                           t.strides[3], t.strides[4], kv_rows, cols, wide, padded, 1);
+                for (int r = 0; r < kv_rows; ++r)
+                    store_parts_row<Parts>(wide + r * padded, padded, planes + r * padded, int64_t(kKeys) * padded,
+                                           sc.infinite);
+            }
+            return {planes + int64_t(part) * kKeys * padded, padded, 1, kv_rows, cols};
         }
     }
 
     void key_block(Scratch& sc, const int64_t outer_b[kBatchDims], int64_t j0, float* dq_split) {
         const int kv_rows = int(std::min<int64_t>(kKeys, Skv - j0));
-        const TensorView &k = a.key, &v = a.value;
-        const uint16_t* k_rows = static_cast<const uint16_t*>(k.data) + view_batch_offset(k, outer_b) + j0 * k.strides[3];
-        const uint16_t* v_rows = static_cast<const uint16_t*>(v.data) + view_batch_offset(v, outer_b) + j0 * v.strides[3];
-        const Bf16Block k_block{k_rows, k.strides[3], k.strides[4], kv_rows, D};
-        pack_column_pairs(k_block, kKeys, Dp, pairs(sc.k_cols), kKeys);
-        pack_column_pairs({v_rows, v.strides[3], v.strides[4], kv_rows, Dv}, kKeys, Dvp, pairs(sc.v_cols), kKeys);
-        pack_row_pairs(k_block, kKeys, Dp, pairs(sc.k_pairs), Dp);
+        for (int p = 0; p < Parts; ++p) {
+            const Bf16Block k_block = kv_block(sc, a.key, outer_b, j0, kv_rows, D, Dp, p);
+            pack_column_pairs(k_block, kKeys, Dp, pairs(sc.k_cols) + p * sc.k_cols_plane, kKeys);
+            pack_row_pairs(k_block, kKeys, Dp, pairs(sc.k_pairs) + p * sc.k_pairs_plane, Dp);
+        }
+        for (int p = 0; p < Parts; ++p)
+            pack_column_pairs(kv_block(sc, a.value, outer_b, j0, kv_rows, Dv, Dvp, p), kKeys, Dvp,
+                              pairs(sc.v_cols) + p * sc.v_cols_plane, kKeys);
         std::fill(sc.dk_t.get(), sc.dk_t.get() + size_t(Dp) * kKeys, 0.0f);
         std::fill(sc.dv_t.get(), sc.dv_t.get() + size_t(Dvp) * kKeys, 0.0f);
 
@@ -269,14 +356,17 @@ struct Backward {
         store_transposed_rows(sc.dv_t.get(), kKeys, kv_rows, Dv, 1.0f, args.grad_value, outer_b, j0, sc.out_row.get());
     }
 
-    void run() {
+    // False (gradients unfinished) when split inputs held an infinity.
+    bool run() {
         prepare();
+        if (saw_infinity.load()) return false;
 #pragma omp parallel
         {
             Scratch sc(Dp, Dvp);
             configure_tiles();
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < kv.outer_items * splits; ++w) {
+                if (saw_infinity.load(std::memory_order_relaxed)) continue;
                 int64_t b[kBatchDims];
                 kv.outer_index(w / splits, b);
                 const int64_t split = w % splits;
@@ -284,13 +374,16 @@ struct Backward {
                 // Every splits-th block: under a causal mask a key block's work falls with its
                 // index, and interleaved blocks give the splits equal shares.
                 for (int64_t kb = split; kb < key_blocks; kb += splits) key_block(sc, b, kb * kKeys, dq_split);
+                if (sc.infinite) saw_infinity.store(true, std::memory_order_relaxed);
             }
             _tile_release();
 #pragma omp barrier
             const TensorView& dq = args.grad_query;
             float* out = sc.out_row.get();
+            // After the barrier every thread sees the same flag, so all skip the loop or none.
+            const int64_t dq_rows = saw_infinity.load() ? 0 : batch_total * Sq;
 #pragma omp for schedule(static)
-            for (int64_t x = 0; x < batch_total * Sq; ++x) {
+            for (int64_t x = 0; x < dq_rows; ++x) {
                 int64_t b[kBatchDims];
                 unflatten_batch(a.batch, x / Sq, b);
                 const int64_t i = x % Sq;
@@ -304,22 +397,15 @@ struct Backward {
                 store_view_row(out, D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
             }
         }
+        return !saw_infinity.load();
     }
 };
 
 }  // namespace
 }  // namespace isa_amx
 
-Status sdpa_backward_amx(const SdpaBackwardArgs& args) {
-    isa_amx::Backward(args).run();
-    return Status::success();
-}
-
-// The AMX backward takes bf16 inputs and query blocks that fill its tiles.
-bool sdpa_backward_amx_applies(const SdpaBackwardArgs& b) {
-    const SdpaForwardArgs& a = b.forward;
-    return a.query.dtype == DType::bf16 && a.key.dtype == DType::bf16 && a.value.dtype == DType::bf16 &&
-           b.grad_output.dtype == DType::bf16 && a.seq_q >= 16;
+bool sdpa_backward_amx(const SdpaBackwardArgs& args, bool split) {
+    return split ? isa_amx::Backward<2>(args).run() : isa_amx::Backward<1>(args).run();
 }
 
 }  // namespace graphattn

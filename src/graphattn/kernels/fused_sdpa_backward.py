@@ -122,7 +122,7 @@ class FusedSdpaBackward:
         if self.queue is not None:
             self.isa = "subgroup"
         else:
-            self.isa = _cpu.backward_isa(input_dtypes.pop().value if len(input_dtypes) == 1 else "f32", seq_q)
+            self.isa = _cpu.backward_isa([dt.value for dt in input_dtypes], seq_q)
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match

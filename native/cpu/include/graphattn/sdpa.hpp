@@ -113,9 +113,14 @@ Status sdpa_forward(const SdpaForwardArgs& args);
 // per-thread blocks.
 Status sdpa_backward(const SdpaBackwardArgs& args);
 
-// Name of the kernel build sdpa_backward uses for inputs of this dtype and
-// query length.
+// Name of the kernel build sdpa_backward uses for inputs of this dtype (or
+// dtype class, see sdpa_dtype_class) and query length.
 const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q);
+
+// The dtype class the kernel choice goes by for inputs of these dtypes: bf16
+// when every one is bf16, f16 when all are 16-bit floats with an f16 among
+// them, else f32.
+DType sdpa_dtype_class(const DType* dtypes, int count);
 
 // Name of the kernel build sdpa_forward uses on this machine for inputs of
 // this dtype and query length (for example "amx_bf16", "avx512" or "portable").
