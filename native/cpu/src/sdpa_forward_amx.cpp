@@ -371,16 +371,19 @@ template <int Parts>
 bool run_forward(const SdpaForwardArgs& a) {
     const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
     const int64_t threads = omp_get_max_threads();
-    // Larger items pack each K/V block for more query rows and pipeline more
-    // row tiles; smaller ones keep every thread busy on small N*H.
+    const bool skip_causal_blocks = skips_causal_blocks(a);
+    // Larger items pack each K/V block for more query rows; smaller ones keep
+    // every thread busy on small N*H.  Under a causal mask items differ in
+    // work, so the largest size also needs twice the items, to even out the
+    // threads' last ones.
     int64_t block_q = kItemRows[0];
     for (const int rows : kItemRows) {
         block_q = rows;
-        if (batch * ((a.seq_q + rows - 1) / rows) >= 4 * threads) break;
+        const int64_t count = batch * ((a.seq_q + rows - 1) / rows);
+        if (count >= (rows == kBlockQ && skip_causal_blocks ? 8 : 4) * threads) break;
     }
     const int64_t q_blocks = (a.seq_q + block_q - 1) / block_q;
     const int64_t items = batch * q_blocks;
-    const bool skip_causal_blocks = skips_causal_blocks(a);
     // Where even the smallest items leave threads idle, the keys some row
     // sees are split too (about two pieces of work per thread) and the splits
     // merged by their log-sum-exp.
