@@ -307,40 +307,40 @@ struct Backward {
             }
     }
 
-    // Rows j0 .. j0 + kv_rows of K or V (cols wide) for the packings: the bf16
-    // rows in place (Parts = 1), or their parts as planes of kKeys x padded
-    // rows in sc.kv_parts (at plane p: + p * kKeys * padded), zeros past cols.
-    Bf16Block kv_block(Scratch& sc, const TensorView& t, const int64_t b[kBatchDims], int64_t j0, int kv_rows, int cols,
-                       int padded, int part) {
+    // Rows j0 .. j0 + kv_rows of K or V (cols wide) as the packings' inputs,
+    // one block per part: the bf16 rows in place (Parts = 1), or their parts
+    // as kKeys x padded planes in sc.kv_parts (zeros past cols), which the
+    // next call overwrites.
+    void kv_part_blocks(Scratch& sc, const TensorView& t, const int64_t b[kBatchDims], int64_t j0, int kv_rows,
+                        int cols, int padded, Bf16Block blocks[Parts]) {
         if constexpr (Parts == 1) {
-            (void)sc, (void)padded, (void)part;
-            return {static_cast<const uint16_t*>(t.data) + view_batch_offset(t, b) + j0 * t.strides[3], t.strides[3],
-                    t.strides[4], kv_rows, cols};
+            (void)sc, (void)padded;
+            blocks[0] = {static_cast<const uint16_t*>(t.data) + view_batch_offset(t, b) + j0 * t.strides[3],
+                         t.strides[3], t.strides[4], kv_rows, cols};
         } else {
+            float* wide = sc.kv_wide.get();
             uint16_t* planes = bf16s(sc.kv_parts);
-            if (part == 0) {
-                float* wide = sc.kv_wide.get();
-                std::fill(wide, wide + size_t(kv_rows) * padded, 0.0f);
-                load_block(element_ptr(t.data, t.dtype, view_batch_offset(t, b) + j0 * t.strides[3]), t.dtype,
-                           t.strides[3], t.strides[4], kv_rows, cols, wide, padded, 1);
-                for (int r = 0; r < kv_rows; ++r)
-                    store_parts_row<Parts>(wide + r * padded, padded, planes + r * padded, int64_t(kKeys) * padded,
-                                           sc.infinite);
-            }
-            return {planes + int64_t(part) * kKeys * padded, padded, 1, kv_rows, cols};
+            const int64_t plane = int64_t(kKeys) * padded;
+            std::fill(wide, wide + size_t(kv_rows) * padded, 0.0f);
+            load_block(element_ptr(t.data, t.dtype, view_batch_offset(t, b) + j0 * t.strides[3]), t.dtype, t.strides[3],
+                       t.strides[4], kv_rows, cols, wide, padded, 1);
+            for (int r = 0; r < kv_rows; ++r)
+                store_parts_row<Parts>(wide + r * padded, padded, planes + r * padded, plane, sc.infinite);
+            for (int p = 0; p < Parts; ++p) blocks[p] = {planes + p * plane, padded, 1, kv_rows, cols};
         }
     }
 
     void key_block(Scratch& sc, const int64_t outer_b[kBatchDims], int64_t j0, float* dq_split) {
         const int kv_rows = int(std::min<int64_t>(kKeys, Skv - j0));
+        Bf16Block blocks[Parts];
+        kv_part_blocks(sc, a.key, outer_b, j0, kv_rows, D, Dp, blocks);
         for (int p = 0; p < Parts; ++p) {
-            const Bf16Block k_block = kv_block(sc, a.key, outer_b, j0, kv_rows, D, Dp, p);
-            pack_column_pairs(k_block, kKeys, Dp, pairs(sc.k_cols) + p * sc.k_cols_plane, kKeys);
-            pack_row_pairs(k_block, kKeys, Dp, pairs(sc.k_pairs) + p * sc.k_pairs_plane, Dp);
+            pack_column_pairs(blocks[p], kKeys, Dp, pairs(sc.k_cols) + p * sc.k_cols_plane, kKeys);
+            pack_row_pairs(blocks[p], kKeys, Dp, pairs(sc.k_pairs) + p * sc.k_pairs_plane, Dp);
         }
+        kv_part_blocks(sc, a.value, outer_b, j0, kv_rows, Dv, Dvp, blocks);
         for (int p = 0; p < Parts; ++p)
-            pack_column_pairs(kv_block(sc, a.value, outer_b, j0, kv_rows, Dv, Dvp, p), kKeys, Dvp,
-                              pairs(sc.v_cols) + p * sc.v_cols_plane, kKeys);
+            pack_column_pairs(blocks[p], kKeys, Dvp, pairs(sc.v_cols) + p * sc.v_cols_plane, kKeys);
         std::fill(sc.dk_t.get(), sc.dk_t.get() + size_t(Dp) * kKeys, 0.0f);
         std::fill(sc.dv_t.get(), sc.dv_t.get() + size_t(Dvp) * kKeys, 0.0f);
 

@@ -317,7 +317,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         const bool causal_cut = a.causal && j0 + kv_rows - 1 - i0 > a.causal_offset;
         auto pair_keys = [&](int m) {
             if (!skip_causal_blocks || !causal_cut) return kv_rows;
-            const int64_t last_row = i0 + std::min(rows, m * 16 + 32) - 1;
+            const int64_t last_row = i0 + std::min(rows, m * 16 + kPairRows) - 1;
             return int(std::clamp<int64_t>(causal_key_end(last_row, a.causal_offset, a.seq_kv) - j0, 0, kv_rows));
         };
         // Plain pairs (no mask, every row sees all `keys`, no padding keys within
