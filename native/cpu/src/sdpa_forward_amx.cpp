@@ -327,6 +327,10 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             if (a.mask_kind != MaskKind::none || keys % 32 != 0 || !(scale_log2 > 0.0f)) return false;
             return !a.causal || causal_key_end(i0 + m * 16, a.causal_offset, a.seq_kv) - j0 >= keys;
         };
+        // Without a mask, with a positive scale and a causal fill of -inf (if
+        // any), the other pairs only need -inf past each row's last visible
+        // key, and the scale still goes into the softmax.
+        const bool only_cut = a.mask_kind == MaskKind::none && scale_log2 > 0.0f && (!a.causal || skip_causal_blocks);
         float* s = sc.s_store.get();
         uint16_t* p = sc.p();
         for (int m = 0; m < row_tiles; m += 2) {
@@ -335,8 +339,14 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             const int r0 = m * 16, r1 = std::min(rows, r0 + kPairRows);
             scores_on_tiles(sc, m, cols, s);
             const bool plain = pair_is_plain(m, keys);
-            const float load_scale = plain ? scale_log2 : 1.0f;
-            if (!plain) {
+            const float load_scale = plain || only_cut ? scale_log2 : 1.0f;
+            if (!plain && only_cut) {
+                for (int r = 0; r < r1 - r0; ++r) {
+                    const int64_t end = a.causal ? causal_key_end(i0 + r0 + r, a.causal_offset, a.seq_kv) - j0 : kv_rows;
+                    std::fill(s + r * kScoresLd + std::clamp<int64_t>(end, 0, kv_rows), s + r * kScoresLd + cols,
+                              -__builtin_inff());
+                }
+            } else if (!plain) {
                 for (int r = 0; r < r1 - r0; ++r)
                     for (int x = 0; x < cols; x += kLanes)
                         store(s + r * kScoresLd + x, load(s + r * kScoresLd + x) * scale_log2);
