@@ -14,6 +14,7 @@ on stderr, then a table with ms, GFLOP/s, graphattn's share of the practical
 peak and the ratio to each peer (peer time / graphattn time, so > 1 means
 graphattn is faster), and the machine's measured GEMM rate per dtype as the
 practical peak.
+The training suite times forward and backward unless --direction says otherwise.
 --memory runs the forward at S=32768 (N=1, H=8, D=128) in a child process
 and prints its peak memory beyond inputs and outputs.
 """
@@ -216,7 +217,8 @@ def main() -> None:
     parser.add_argument("--suite", choices=sorted(SUITES), default="standard")
     parser.add_argument("--dtypes", default="f32,bf16,f16")
     parser.add_argument("--only", choices=["causal", "plain"], default=None)
-    parser.add_argument("--direction", choices=["forward", "backward", "both"], default="forward")
+    parser.add_argument("--direction", choices=["forward", "backward", "both"], default=None,
+                        help="default: both for the training suite, else forward")
     parser.add_argument("--seconds", type=float, default=1.0, help="timing budget per contender and case")
     parser.add_argument("--plot", default=None, help="write a PNG bar chart here (needs matplotlib)")
     parser.add_argument("--memory", action="store_true", help="also measure peak extra memory at S=32768")
@@ -228,7 +230,8 @@ def main() -> None:
 
     dtypes = args.dtypes.split(",")
     causal_flags = {"causal": [True], "plain": [False], None: [False, True]}[args.only]
-    directions = {"forward": [False], "backward": [True], "both": [False, True]}[args.direction]
+    direction = args.direction or ("both" if args.suite == "training" else "forward")
+    directions = {"forward": [False], "backward": [True], "both": [False, True]}[direction]
     cases = [(s, dt, c, b) for b in directions for s in SUITES[args.suite] for dt in dtypes for c in causal_flags
              if not (c and s[3] == 1)]
     rng = np.random.default_rng(0)
