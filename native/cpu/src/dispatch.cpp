@@ -71,15 +71,23 @@ Status forward_amx_or_vector(const SdpaForwardArgs& args) {
 // sequences (decode) stay on the vector build's row kernel.
 constexpr int64_t kAmxMinQueryRows = 16;
 
+// Whether a call of this dtype class and query length runs on AMX tiles
+// (forward and backward alike).
+bool runs_on_amx(DType dtype_class, int64_t seq_q) {
+    return seq_q >= kAmxMinQueryRows && (dtype_class == DType::bf16 || dtype_class == DType::f16) && amx_allowed();
+}
+
+// The AMX build's name for a dtype class that runs on it.
+const char* amx_build_name(DType dtype_class) { return dtype_class == DType::bf16 ? "amx_bf16" : "amx_bf16x3"; }
+
 ForwardKernel forward_kernel_for(DType input_dtype, int64_t seq_q) {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
-    if (seq_q >= kAmxMinQueryRows && amx_allowed()) {
-        if (input_dtype == DType::bf16) return {"amx_bf16", forward_amx_or_vector<false>, nullptr};
-        if (input_dtype == DType::f16) return {"amx_bf16x3", forward_amx_or_vector<true>, nullptr};
+    if (runs_on_amx(input_dtype, seq_q)) {
+        const bool split = input_dtype == DType::f16;
+        return {amx_build_name(input_dtype), split ? forward_amx_or_vector<true> : forward_amx_or_vector<false>,
+                nullptr};
     }
 #endif
-    (void)input_dtype;
-    (void)seq_q;
     return vector_kernel();
 }
 
@@ -96,18 +104,6 @@ DType backward_dtype_class(const SdpaBackwardArgs& args) {
     const SdpaForwardArgs& a = args.forward;
     const DType dtypes[] = {a.query.dtype, a.key.dtype, a.value.dtype, args.grad_output.dtype};
     return sdpa_dtype_class(dtypes, 4);
-}
-
-// The AMX backward takes bf16 inputs, or f16 ones as pairs of bf16 parts, in
-// blocks of query rows that fill its tiles.
-bool backward_runs_on_amx(DType dtype_class, int64_t seq_q) {
-#if defined(GRAPHATTN_HAVE_X86_ISAS)
-    return seq_q >= kAmxMinQueryRows && (dtype_class == DType::bf16 || dtype_class == DType::f16) && amx_allowed();
-#else
-    (void)dtype_class;
-    (void)seq_q;
-    return false;
-#endif
 }
 
 }  // namespace
@@ -137,14 +133,14 @@ Status sdpa_backward(const SdpaBackwardArgs& args) {
     const DType dtype = backward_dtype_class(args);
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
     // The split build declines inputs holding an infinity; the vector build then runs.
-    if (backward_runs_on_amx(dtype, a.seq_q) && sdpa_backward_amx(args, dtype == DType::f16)) return status;
+    if (runs_on_amx(dtype, a.seq_q) && sdpa_backward_amx(args, dtype == DType::f16)) return status;
 #endif
     (void)dtype;
     return vector_kernel().run_backward(args);
 }
 
 const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q) {
-    if (backward_runs_on_amx(input_dtype, seq_q)) return input_dtype == DType::bf16 ? "amx_bf16" : "amx_bf16x3";
+    if (runs_on_amx(input_dtype, seq_q)) return amx_build_name(input_dtype);
     return vector_kernel().isa;
 }
 

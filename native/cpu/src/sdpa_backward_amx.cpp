@@ -51,13 +51,14 @@ uint16_t* bf16s(AlignedFloats& a) { return reinterpret_cast<uint16_t*>(a.get());
 uint32_t* pairs(AlignedFloats& a) { return reinterpret_cast<uint32_t*>(a.get()); }
 
 // The bf16 parts of `count` (a multiple of 32) f32 values: part p to dst + p * plane.
-// Lanes that held an infinity are added to `infinite` (split parts cannot keep one).
+// Inputs (not P and dS, which are finite or NaN anyway) pass `infinite`, which
+// gathers the lanes that held an infinity (split parts cannot keep one).
 template <int Parts>
-void store_parts_row(const float* src, int count, uint16_t* dst, int64_t plane, __mmask16& infinite) {
+void store_parts_row(const float* src, int count, uint16_t* dst, int64_t plane, __mmask16* infinite = nullptr) {
     __m512i parts[Parts];
     for (int c = 0; c < count; c += 32) {
         const __m512 lo = _mm512_loadu_ps(src + c), hi = _mm512_loadu_ps(src + c + 16);
-        if (Parts > 1) infinite |= _mm512_fpclass_ps_mask(lo, 0x18) | _mm512_fpclass_ps_mask(hi, 0x18);
+        if (Parts > 1 && infinite) *infinite |= _mm512_fpclass_ps_mask(lo, 0x18) | _mm512_fpclass_ps_mask(hi, 0x18);
         split_32<Parts>(lo, hi, parts);
         for (int p = 0; p < Parts; ++p) _mm512_storeu_si512(dst + p * plane + c, parts[p]);
     }
@@ -137,7 +138,7 @@ struct Backward {
                 // Q row, padded with zeros (rows past Sq are all zero).
                 std::fill(row.get(), row.get() + Dp, 0.0f);
                 if (real) load_row(a.query, b, i, D, row.get());
-                store_parts_row<Parts>(row.get(), Dp, bf16s(q_rows) + x * Dp, q_rows_plane, infinite);
+                store_parts_row<Parts>(row.get(), Dp, bf16s(q_rows) + x * Dp, q_rows_plane, &infinite);
                 for (int p = 0; p < Parts; ++p)
                     for (int d = 0; d < Dp; ++d)
                         bf16s(q_cols)[p * q_cols_plane + (fb * Dp + d) * cols_ld + i] =
@@ -150,7 +151,7 @@ struct Backward {
                     load_row(a.output, b, i, Dv, o_row.get());
                     for (int c = 0; c < Dv; ++c) dot += row.get()[c] * o_row.get()[c];
                 }
-                store_parts_row<Parts>(row.get(), Dvp, bf16s(do_rows) + x * Dvp, do_rows_plane, infinite);
+                store_parts_row<Parts>(row.get(), Dvp, bf16s(do_rows) + x * Dvp, do_rows_plane, &infinite);
                 for (int p = 0; p < Parts; ++p)
                     for (int c = 0; c < Dvp; ++c)
                         bf16s(do_cols)[p * do_cols_plane + (fb * Dvp + c) * cols_ld + i] =
@@ -278,10 +279,9 @@ struct Backward {
         if (zero_unkept) zero_unkept_key_lanes<kKeyVecs>(a, dp, sc.mask_rows.get(), sc.qi, rows, j0);
         // P and dS as bf16 (parts), each plane as rows and as row pairs.
         constexpr int64_t chunk_words = 2 * Scratch::kChunkPlane;  // a plane of bf16 rows, in bf16 words
-        __mmask16 ignored = 0;  // P is finite; an overflowing dS gives NaN, as an overflow would anyway
         for (int r = 0; r < kRows; ++r) {
-            store_parts_row<Parts>(s + r * kKeys, kKeys, bf16s(sc.p_bf16) + r * kKeys, chunk_words, ignored);
-            store_parts_row<Parts>(dp + r * kKeys, kKeys, bf16s(sc.ds_bf16) + r * kKeys, chunk_words, ignored);
+            store_parts_row<Parts>(s + r * kKeys, kKeys, bf16s(sc.p_bf16) + r * kKeys, chunk_words);
+            store_parts_row<Parts>(dp + r * kKeys, kKeys, bf16s(sc.ds_bf16) + r * kKeys, chunk_words);
         }
         for (int p = 0; p < Parts; ++p) {
             pack_row_pairs({bf16s(sc.p_bf16) + p * chunk_words, kKeys, 1, kRows, kKeys}, kRows, kKeys,
@@ -325,7 +325,7 @@ struct Backward {
             load_block(element_ptr(t.data, t.dtype, view_batch_offset(t, b) + j0 * t.strides[3]), t.dtype, t.strides[3],
                        t.strides[4], kv_rows, cols, wide, padded, 1);
             for (int r = 0; r < kv_rows; ++r)
-                store_parts_row<Parts>(wide + r * padded, padded, planes + r * padded, plane, sc.infinite);
+                store_parts_row<Parts>(wide + r * padded, padded, planes + r * padded, plane, &sc.infinite);
             for (int p = 0; p < Parts; ++p) blocks[p] = {planes + p * plane, padded, 1, kv_rows, cols};
         }
     }

@@ -51,8 +51,8 @@ constexpr int kPairRows = 32;  // a pair of row tiles
 // 512 keys per block: each O accumulator tile pair is loaded and stored once
 // per 16 reduction steps of P V (tile loads and stores cost about as much as
 // a product on these cores), and each row's softmax bookkeeping covers more
-// keys.  Scores are computed only up to
-// the keys a pair of row tiles can see (causal cut, partial blocks).
+// keys.  Scores are computed only up to the keys a pair of row tiles can see
+// (causal cut, partial blocks).
 constexpr int kBlockKV = 512;
 // Row strides of the tile operands and results, padded by one cache line: at
 // 2^n bytes, the 16 rows of a tile would share a few L1 sets.
@@ -320,17 +320,12 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             const int64_t last_row = i0 + std::min(rows, m * 16 + kPairRows) - 1;
             return int(std::clamp<int64_t>(causal_key_end(last_row, a.causal_offset, a.seq_kv) - j0, 0, kv_rows));
         };
-        // Plain pairs (no mask, every row sees all `keys`, no padding keys within
-        // whole tiles, a positive scale) take the scale in the softmax; the others
-        // are scaled and masked first.
-        auto pair_is_plain = [&](int m, int keys) {
-            if (a.mask_kind != MaskKind::none || keys % 32 != 0 || !(scale_log2 > 0.0f)) return false;
-            return !a.causal || causal_key_end(i0 + m * 16, a.causal_offset, a.seq_kv) - j0 >= keys;
-        };
         // Without a mask, with a positive scale and a causal fill of -inf (if
-        // any), the other pairs only need -inf past each row's last visible
-        // key, and the scale still goes into the softmax.
+        // any), scores only need -inf past each row's last visible key (causal
+        // cut, padding) and keep the scale for the softmax; the other calls'
+        // scores are scaled and masked first.
         const bool only_cut = a.mask_kind == MaskKind::none && scale_log2 > 0.0f && (!a.causal || skip_causal_blocks);
+        const float load_scale = only_cut ? scale_log2 : 1.0f;
         float* s = sc.s_store.get();
         uint16_t* p = sc.p();
         for (int m = 0; m < row_tiles; m += 2) {
@@ -338,15 +333,13 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             if (keys == 0) continue;  // no key of this block is visible to these rows
             const int r0 = m * 16, r1 = std::min(rows, r0 + kPairRows);
             scores_on_tiles(sc, m, cols, s);
-            const bool plain = pair_is_plain(m, keys);
-            const float load_scale = plain || only_cut ? scale_log2 : 1.0f;
-            if (!plain && only_cut) {
+            if (only_cut) {
                 for (int r = 0; r < r1 - r0; ++r) {
                     const int64_t end = a.causal ? causal_key_end(i0 + r0 + r, a.causal_offset, a.seq_kv) - j0 : kv_rows;
                     std::fill(s + r * kScoresLd + std::clamp<int64_t>(end, 0, kv_rows), s + r * kScoresLd + cols,
                               -__builtin_inff());
                 }
-            } else if (!plain) {
+            } else {
                 for (int r = 0; r < r1 - r0; ++r)
                     for (int x = 0; x < cols; x += kLanes)
                         store(s + r * kScoresLd + x, load(s + r * kScoresLd + x) * scale_log2);
