@@ -29,6 +29,12 @@ CASES = {
     "gqa": dict(q=(1, 8, 33, 32), k=(1, 2, 40, 32), v=(1, 2, 40, 32), enable_gqa=True),
     "mqa": dict(q=(2, 4, 6, 64), k=(2, 1, 70, 64), v=(2, 1, 70, 64), enable_gqa=True),
     "gqa_causal": dict(q=(1, 4, 65, 32), k=(1, 2, 65, 32), v=(1, 2, 65, 32), enable_gqa=True, is_causal=True),
+    # Ten or more blocks of keys, some of them wholly hidden by the causal mask.
+    "many_key_blocks": dict(q=(1, 4, 90, 48), k=(1, 4, 650, 48), v=(1, 4, 650, 40)),
+    "many_key_blocks_causal": dict(q=(1, 4, 300, 32), k=(1, 4, 600, 32), v=(1, 4, 600, 32), is_causal=True,
+                                   causal_alignment="bottom_right"),
+    "many_key_blocks_gqa_causal": dict(q=(1, 8, 130, 32), k=(1, 2, 700, 32), v=(1, 2, 700, 32), enable_gqa=True,
+                                       is_causal=True),
 }
 
 MASKS = {"float_2d": ("float", (17, 29)), "float_rows": ("float", (1, 29)), "float_full": ("float", (2, 2, 17, 29)),

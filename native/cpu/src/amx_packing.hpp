@@ -14,6 +14,7 @@
 #include "amx_tiles.hpp"
 #include "block_io.hpp"
 #include "isa_namespace.hpp"
+#include "transpose_block.hpp"
 
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {

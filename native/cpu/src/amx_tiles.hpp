@@ -75,32 +75,5 @@ inline void load_tiles_2x2(const float* c, int64_t c_row_bytes) {
     _tile_loadd(3, c + band + 16, c_row_bytes);
 }
 
-// 16 x 16 transpose of 32-bit words: dst row i, word j = src row j, word i.
-inline void transpose_16x16_words(const __m512i in[16], __m512i out[16]) {
-    __m512i a[16], b[16];
-    for (int i = 0; i < 16; i += 2) {  // interleave words of row pairs
-        a[i] = _mm512_unpacklo_epi32(in[i], in[i + 1]);
-        a[i + 1] = _mm512_unpackhi_epi32(in[i], in[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {  // then 64-bit pairs of row quads
-        b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
-        b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
-        b[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
-        b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
-    }
-    // Lane L (128 bits) of b[4q + r] now holds word 4L + r of rows 4q..4q+3;
-    // output row 4L + r gathers lane L of b[r], b[4 + r], b[8 + r], b[12 + r].
-    for (int r = 0; r < 4; ++r) {
-        const __m512i x0 = _mm512_shuffle_i32x4(b[r], b[4 + r], 0x88);       // lanes 0,2 of each
-        const __m512i x1 = _mm512_shuffle_i32x4(b[r], b[4 + r], 0xdd);       // lanes 1,3
-        const __m512i y0 = _mm512_shuffle_i32x4(b[8 + r], b[12 + r], 0x88);
-        const __m512i y1 = _mm512_shuffle_i32x4(b[8 + r], b[12 + r], 0xdd);
-        out[r] = _mm512_shuffle_i32x4(x0, y0, 0x88);
-        out[8 + r] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
-        out[4 + r] = _mm512_shuffle_i32x4(x1, y1, 0x88);
-        out[12 + r] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
-    }
-}
-
 }  // namespace GRAPHATTN_ISA_NS
 }  // namespace graphattn

@@ -8,6 +8,7 @@
 
 #include "graphattn/sdpa.hpp"
 #include "half_types.hpp"
+#include "transpose_block.hpp"
 
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
@@ -112,6 +113,12 @@ inline void load_block(const void* src, DType dt, int64_t row_stride, int64_t co
 // `rows` are zero.
 inline void load_rows_transposed(const TensorView& t, int64_t base, int64_t row0, int rows, int cols, float* dst,
                                  int lanes) {
+    if (t.dtype == DType::f32 && t.strides[4] == 1) {
+        transpose_f32(static_cast<const float*>(t.data) + base + row0 * t.strides[3], t.strides[3], rows, cols, dst,
+                      lanes);
+        for (int c = 0; c < cols; ++c) std::fill(dst + c * lanes + rows, dst + (c + 1) * lanes, 0.0f);
+        return;
+    }
     std::fill(dst, dst + size_t(cols) * lanes, 0.0f);
     load_block(element_ptr(t.data, t.dtype, base + row0 * t.strides[3]), t.dtype, t.strides[3], t.strides[4], rows, cols,
                dst, 1, lanes);
@@ -159,14 +166,19 @@ inline void unflatten_batch(const int64_t sizes[kBatchDims], int64_t flat, int64
     }
 }
 
+// Rows written per transpose by store_transposed_rows: its scratch holds
+// this many rows of `cols` floats.
+constexpr int kTransposedRowsAtOnce = 16;
+
 // Rows row0 .. row0 + count of view t at batch index b from a transposed f32
-// accumulator: row l is factor * acc_t[c * ld + l] for c < cols (`scratch`
-// holds one row).
+// accumulator: row l is factor * acc_t[c * ld + l] for c < cols.
 inline void store_transposed_rows(const float* acc_t, int64_t ld, int count, int cols, float factor,
                                   const TensorView& t, const int64_t b[kBatchDims], int64_t row0, float* scratch) {
-    for (int l = 0; l < count; ++l) {
-        for (int c = 0; c < cols; ++c) scratch[c] = acc_t[c * ld + l] * factor;
-        store_view_row(scratch, cols, t, view_batch_offset(t, b) + (row0 + l) * t.strides[3]);
+    for (int l0 = 0; l0 < count; l0 += kTransposedRowsAtOnce) {
+        const int n = std::min(kTransposedRowsAtOnce, count - l0);
+        transpose_f32(acc_t + l0, ld, cols, n, scratch, cols, factor);
+        for (int l = 0; l < n; ++l)
+            store_view_row(scratch + l * cols, cols, t, view_batch_offset(t, b) + (row0 + l0 + l) * t.strides[3]);
     }
 }
 

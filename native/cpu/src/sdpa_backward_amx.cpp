@@ -145,18 +145,18 @@ struct Backward {
                             bf16s(q_rows)[p * q_rows_plane + x * Dp + d];
                 // dO row, and D = dO . O.
                 std::fill(row.get(), row.get() + Dvp, 0.0f);
-                float dot = 0.0f;
+                float row_dot = 0.0f;
                 if (real) {
                     load_row(args.grad_output, b, i, Dv, row.get());
                     load_row(a.output, b, i, Dv, o_row.get());
-                    for (int c = 0; c < Dv; ++c) dot += row.get()[c] * o_row.get()[c];
+                    row_dot = dot(row.get(), o_row.get(), Dv);
                 }
                 store_parts_row<Parts>(row.get(), Dvp, bf16s(do_rows) + x * Dvp, do_rows_plane, &infinite);
                 for (int p = 0; p < Parts; ++p)
                     for (int c = 0; c < Dvp; ++c)
                         bf16s(do_cols)[p * do_cols_plane + (fb * Dvp + c) * cols_ld + i] =
                             bf16s(do_rows)[p * do_rows_plane + x * Dvp + c];
-                delta.get()[x] = dot;
+                delta.get()[x] = row_dot;
                 // lse in base 2; +inf (P = 0) for a fully masked row and for padding rows.
                 float lse = __builtin_inff();
                 if (real) {
@@ -181,7 +181,7 @@ struct Backward {
         int64_t k_cols_plane, v_cols_plane, k_pairs_plane;
         static constexpr int64_t kChunkPlane = int64_t(kRows) * kKeys / 2;  // P, dS: bf16 rows or pairs
         AlignedFloats k_cols, v_cols, k_pairs, dk_t, dv_t, s, dp, mask_rows, z, p_bf16, ds_bf16, p_pairs, ds_pairs,
-            out_row, kv_wide, kv_parts;
+            out_rows, kv_wide, kv_parts;
         int64_t m_off[kRows], dm_off[kRows], qi[kRows];
         uint8_t keep[kKeys];
         __mmask16 infinite = 0;
@@ -202,7 +202,7 @@ struct Backward {
               ds_bf16(size_t(Parts * kChunkPlane)),
               p_pairs(size_t(Parts * kChunkPlane)),
               ds_pairs(size_t(Parts * kChunkPlane)),
-              out_row(size_t(std::max(Dp, Dvp))),
+              out_rows(size_t(kTransposedRowsAtOnce) * std::max(Dp, Dvp)),
               kv_wide(Parts > 1 ? size_t(kKeys) * std::max(Dp, Dvp) : 0),
               kv_parts(Parts > 1 ? size_t(Parts) * kKeys * std::max(Dp, Dvp) / 2 : 0) {}
     };
@@ -352,8 +352,8 @@ struct Backward {
             for (int64_t i0 = first_row; i0 < Sq; i0 += kRows) chunk(sc, b, i0, j0, kv_rows, dq_split);
         }
 
-        store_transposed_rows(sc.dk_t.get(), kKeys, kv_rows, D, scale, args.grad_key, outer_b, j0, sc.out_row.get());
-        store_transposed_rows(sc.dv_t.get(), kKeys, kv_rows, Dv, 1.0f, args.grad_value, outer_b, j0, sc.out_row.get());
+        store_transposed_rows(sc.dk_t.get(), kKeys, kv_rows, D, scale, args.grad_key, outer_b, j0, sc.out_rows.get());
+        store_transposed_rows(sc.dv_t.get(), kKeys, kv_rows, Dv, 1.0f, args.grad_value, outer_b, j0, sc.out_rows.get());
     }
 
     // False (gradients unfinished) when split inputs held an infinity.
@@ -379,7 +379,7 @@ struct Backward {
             _tile_release();
 #pragma omp barrier
             const TensorView& dq = args.grad_query;
-            float* out = sc.out_row.get();
+            float* out = sc.out_rows.get();
             // After the barrier every thread sees the same flag, so all skip the loop or none.
             const int64_t dq_rows = saw_infinity.load() ? 0 : batch_total * Sq;
 #pragma omp for schedule(static)

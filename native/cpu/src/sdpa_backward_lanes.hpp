@@ -144,16 +144,14 @@ struct LaneBackward {
                            o.strides[4], 1, Dv, o_row.get(), Dv, 1);
                 load_block(element_ptr(g.data, g.dtype, view_batch_offset(g, b) + i * g.strides[3]), g.dtype, 0,
                            g.strides[4], 1, Dv, do_row.get(), Dv, 1);
-                float sum = 0.0f;
-                for (int c = 0; c < Dv; ++c) sum += o_row.get()[c] * do_row.get()[c];
-                row_delta.get()[x] = sum;
+                row_delta.get()[x] = dot(o_row.get(), do_row.get(), Dv);
             }
         }
     }
 
     // ---- pass 2: dK, dV with keys as lanes -------------------------------------------------
     struct KeyScratch {
-        AlignedFloats k_t, v_t, dk_t, dv_t, s, dp, mask_rows, out_row, z, k_rows;
+        AlignedFloats k_t, v_t, dk_t, dv_t, s, dp, mask_rows, out_rows, z, k_rows;
         float lse[kRowChunk], delta[kRowChunk];
         uint64_t drop_base[kRowChunk];
         uint8_t keep[kLaneBlock];
@@ -166,7 +164,7 @@ struct LaneBackward {
               s(size_t(kRowChunk) * kLaneBlock),
               dp(size_t(kRowChunk) * kLaneBlock),
               mask_rows(size_t(kRowChunk) * kLaneBlock),
-              out_row(size_t(std::max(D, Dv))),
+              out_rows(size_t(kTransposedRowsAtOnce) * std::max(D, Dv)),
               z(size_t(kRowChunk) * kLaneBlock),
               k_rows(size_t(kLaneBlock) * d_padded) {}
     };
@@ -252,8 +250,8 @@ struct LaneBackward {
         }
 
         // dK = scale * dK^T, dV = dV^T, transposed back into their rows.
-        store_transposed_rows(sc.dk_t.get(), kLaneBlock, kv_rows, D, scale, args.grad_key, outer_b, j0, sc.out_row.get());
-        store_transposed_rows(sc.dv_t.get(), kLaneBlock, kv_rows, Dv, 1.0f, args.grad_value, outer_b, j0, sc.out_row.get());
+        store_transposed_rows(sc.dk_t.get(), kLaneBlock, kv_rows, D, scale, args.grad_key, outer_b, j0, sc.out_rows.get());
+        store_transposed_rows(sc.dv_t.get(), kLaneBlock, kv_rows, Dv, 1.0f, args.grad_value, outer_b, j0, sc.out_rows.get());
     }
 
     void key_pass() {
@@ -296,7 +294,7 @@ struct LaneBackward {
 
     // ---- pass 3: dQ with query rows as lanes ---------------------------------------------
     struct QueryScratch {
-        AlignedFloats q_t, do_t, dq_t, s_t, dp_t, mask_t, query_index, lse, delta, out_row, z_t;
+        AlignedFloats q_t, do_t, dq_t, s_t, dp_t, mask_t, query_index, lse, delta, out_rows, z_t;
         int64_t m_off[kLaneBlock];
         uint64_t drop_base[kLaneBlock];
         uint8_t keep[kKeyBlock];
@@ -310,7 +308,7 @@ struct LaneBackward {
               query_index(kLaneBlock),
               lse(kLaneBlock),
               delta(kLaneBlock),
-              out_row(size_t(D)),
+              out_rows(size_t(kTransposedRowsAtOnce) * D),
               z_t(size_t(kKeyBlock) * kLaneBlock) {}
     };
 
@@ -360,12 +358,7 @@ struct LaneBackward {
             lane_gemm<RV, NT, true>(dp_t, kv_rows, k_rows, 1, k_stride, D, sc.dq_t.get());
         }
 
-        const TensorView& dq = args.grad_query;
-        float* out = sc.out_row.get();
-        for (int r = 0; r < rows; ++r) {
-            for (int d = 0; d < D; ++d) out[d] = sc.dq_t.get()[d * kLaneBlock + r] * scale;
-            store_view_row(out, D, dq, view_batch_offset(dq, b) + (i0 + r) * dq.strides[3]);
-        }
+        store_transposed_rows(sc.dq_t.get(), kLaneBlock, rows, D, scale, args.grad_query, b, i0, sc.out_rows.get());
     }
 
     void query_pass() {

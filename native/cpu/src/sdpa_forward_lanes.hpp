@@ -73,7 +73,7 @@ struct LaneForward {
 
     // Scratch of one thread, allocated once per parallel region.
     struct Scratch {
-        AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_row, drop_t;
+        AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_rows, drop_t;
         // Decode (RV == 1, attend_decode): rows of Q and O padded to whole vectors, K/V rows likewise.
         AlignedFloats q_pad, o_pad, k_pad, v_pad, p_rows, mask_row, partials;
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
@@ -89,7 +89,7 @@ struct LaneForward {
               row_max(kBlockQ),
               row_sum(kBlockQ),
               query_index(kBlockQ),
-              out_row(size_t(Dv)),
+              out_rows(size_t(kTransposedRowsAtOnce) * Dv),
               drop_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 1),
               q_pad(RV == 1 ? size_t(kBlockQ) * padded(D) : 1),
               o_pad(RV == 1 ? size_t(kBlockQ) * padded(Dv) : 1),
@@ -185,8 +185,11 @@ struct LaneForward {
             const float sum = row_sum[r];
             // sum > 0: normal row; sum == 0: every score was masked; NaN: a NaN score.
             const float factor = sum > 0.0f ? 1.0f / sum : (sum == 0.0f ? fully_masked : std::nanf(""));
-            float* out = sc.out_row.get();
-            for (int c = 0; c < Dv; ++c) out[c] = o_t[c * kBlockQ + r] * factor;
+            // O^T to rows, 16 at a time.
+            float* out = sc.out_rows.get() + (r % kTransposedRowsAtOnce) * Dv;
+            if (r % kTransposedRowsAtOnce == 0)
+                transpose_f32(o_t + r, kBlockQ, Dv, std::min(kTransposedRowsAtOnce, rows - r), sc.out_rows.get(), Dv);
+            for (int c = 0; c < Dv; ++c) out[c] *= factor;
             store_view_row(out, Dv, o, sc.o_off[r]);
             if (a.stats.data) {
                 const float lse = sum > 0.0f ? row_max[r] * kLn2 + std::log(sum)
@@ -216,12 +219,18 @@ struct LaneForward {
 
         // Q^T with the scale and log2(e) folded in; lanes past the last row stay 0.
         float* q_t = sc.q_t.get();
-        for (int r = 0; r < rows; ++r)
-            load_block(element_ptr(q.data, q.dtype, sc.q_off[r]), q.dtype, 0, q.strides[4], 1, D, q_t + r, 1, kBlockQ);
+        const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
+        if (q.dtype == DType::f32 && q.strides[4] == 1) {
+            const float* q_data = static_cast<const float*>(q.data);
+            transpose_rows_f32([&](int r) { return q_data + sc.q_off[r]; }, rows, D, q_t, kBlockQ, scale * kLog2e);
+        } else {
+            for (int r = 0; r < rows; ++r)
+                load_block(element_ptr(q.data, q.dtype, sc.q_off[r]), q.dtype, 0, q.strides[4], 1, D, q_t + r, 1,
+                           kBlockQ);
+            for (int x = 0; x < D * kBlockQ; x += kLanes) store(q_t + x, load(q_t + x) * (scale * kLog2e));
+        }
         if (rows < kBlockQ)
             for (int d = 0; d < D; ++d) std::fill(q_t + d * kBlockQ + rows, q_t + (d + 1) * kBlockQ, 0.0f);
-        const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
-        for (int x = 0; x < D * kBlockQ; x += kLanes) store(q_t + x, load(q_t + x) * (scale * kLog2e));
         std::fill(sc.o_t.get(), sc.o_t.get() + size_t(Dv) * kBlockQ, 0.0f);
         std::fill(sc.row_max.get(), sc.row_max.get() + kBlockQ, -__builtin_inff());
         std::fill(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, 0.0f);

@@ -77,6 +77,16 @@ inline void multiply_in_place(float* x, const float* m, size_t n) {
     for (size_t i = 0; i < n; i += kLanes) store(x + i, load(x + i) * load(m + i));
 }
 
+// sum of x[i] * y[i] for i < n, in vector partial sums.
+inline float dot(const float* x, const float* y, int n) {
+    VecF acc{};
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) acc += load(x + i) * load(y + i);
+    float sum = horizontal_sum(acc);
+    for (; i < n; ++i) sum += x[i] * y[i];
+    return sum;
+}
+
 // Largest lane of v, which must hold no NaN (callers reduce max_ignoring_nan results).
 inline float horizontal_max(VecF v) {
 #if defined(__AVX512F__)
