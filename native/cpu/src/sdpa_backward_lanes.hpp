@@ -32,6 +32,7 @@
 #include "lane_masks.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
+#include "work_order.hpp"
 
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
@@ -264,10 +265,11 @@ struct LaneBackward {
             KeyScratch sc(D, Dv, d_padded);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < items; ++w) {
+                // Causal: the first key blocks are seen by the most query rows.
+                const WorkItem x = work_item(w, kv.outer_items, key_blocks / blocks_per_item, skip_causal);
                 int64_t b[kBatchDims];
-                const int64_t outer = fused_dq ? w : w / key_blocks;
-                kv.outer_index(outer, b);
-                const int64_t first_block = fused_dq ? 0 : w % key_blocks;
+                kv.outer_index(x.batch, b);
+                const int64_t first_block = x.rank * blocks_per_item;
                 for (int64_t kb = first_block; kb < first_block + blocks_per_item; ++kb) key_item(sc, b, kb * kLaneBlock);
             }
         }
@@ -369,11 +371,10 @@ struct LaneBackward {
             QueryScratch sc(D, Dv);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < items; ++w) {
+                const WorkItem x = work_item(w, batch_total, query_blocks, skip_causal);
                 int64_t b[kBatchDims];
-                unflatten_batch(a.batch, w / query_blocks, b);
-                int64_t qb = w % query_blocks;
-                if (skip_causal) qb = query_blocks - 1 - qb;  // the longest items first
-                query_item(sc, b, qb * kLaneBlock);
+                unflatten_batch(a.batch, x.batch, b);
+                query_item(sc, b, (skip_causal ? query_blocks - 1 - x.rank : x.rank) * kLaneBlock);
             }
         }
     }

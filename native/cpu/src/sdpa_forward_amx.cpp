@@ -38,6 +38,7 @@
 #include "lane_masks.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
+#include "work_order.hpp"
 
 namespace graphattn {
 namespace isa_amx {
@@ -399,12 +400,11 @@ bool run_forward(const SdpaForwardArgs& a) {
     AlignedFloats partials =
         splits > 1 ? AlignedFloats::uninitialized(size_t(items * splits) * layout.floats()) : AlignedFloats();
     std::atomic<bool> saw_infinity{false};
-    // An item's batch index and first query row (the longest causal items first).
+    // An item's batch index and first query row (see work_order.hpp).
     auto item_origin = [&](int64_t item, int64_t b[kBatchDims]) {
-        int64_t qb = item % q_blocks;
-        if (skip_causal_blocks) qb = q_blocks - 1 - qb;
-        unflatten_batch(a.batch, item / q_blocks, b);
-        return qb * block_q;
+        const WorkItem x = work_item(item, batch, q_blocks, skip_causal_blocks);
+        unflatten_batch(a.batch, x.batch, b);
+        return (skip_causal_blocks ? q_blocks - 1 - x.rank : x.rank) * block_q;
     };
     // No more threads than work items: each thread sets up its own scratch, so
     // idle ones would only add to a small call's cost.

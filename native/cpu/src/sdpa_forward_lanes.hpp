@@ -36,6 +36,7 @@
 #include "lane_masks.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
+#include "work_order.hpp"
 
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
@@ -400,10 +401,9 @@ struct LaneForward {
             Scratch sc(D, Dv);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < work_items; ++w) {
-                int64_t outer = w / p.splits;
+                const WorkItem x = work_item(w / p.splits, p.outer_items / p.row_blocks, p.row_blocks, skip_causal_blocks);
+                const int64_t outer = x.batch * p.row_blocks + (skip_causal_blocks ? p.row_blocks - 1 - x.rank : x.rank);
                 const int64_t split = w % p.splits;
-                if (skip_causal_blocks)  // the longest items (last row blocks) first
-                    outer = (outer / p.row_blocks) * p.row_blocks + (p.row_blocks - 1 - outer % p.row_blocks);
                 int64_t b[kBatchDims], row0;
                 item_origin(a, p, outer, b, row0);
                 const int rows = map_lanes(a, p, sc, b, row0);
