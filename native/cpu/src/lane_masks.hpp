@@ -98,12 +98,13 @@ void zero_unkept_query_lanes(const SdpaForwardArgs& a, float* g_t, const float* 
     }
 }
 
-// Key lanes.  s[r][lanes] for keys j0 + lane; row r reads its mask at
-// m_off[r] and has query index qi[r].  Lanes past kv_rows become -inf.  Only
-// the first `vecs` vectors of each row are touched (rows stay RV vectors apart).
+// Key lanes.  s[r][lanes] for keys j0 + lane, first multiplied by
+// score_scale; row r reads its mask at m_off[r] and has query index qi[r].
+// Lanes past kv_rows become -inf.  Only the first `vecs` vectors of each row
+// are touched (rows stay RV vectors apart).
 template <int RV>
 void mask_key_lanes(const SdpaForwardArgs& a, float* s, float* mask_rows, const int64_t* m_off, const int64_t* qi,
-                    int rows, int kv_rows, int64_t j0, int vecs = RV) {
+                    int rows, int kv_rows, int64_t j0, int vecs = RV, float score_scale = 1.0f) {
     constexpr int kRow = RV * kLanes;
     const TensorView& m = a.mask;
     const VecF lanes = lane_index(), keep = splat(a.select_keep_value ? 1.0f : 0.0f);
@@ -120,7 +121,7 @@ void mask_key_lanes(const SdpaForwardArgs& a, float* s, float* mask_rows, const 
                                             : float(kRow);
         for (int v = 0; v < vecs; ++v) {
             const VecF l = lanes + float(v * kLanes);
-            VecF x = load(row + v * kLanes);
+            VecF x = load(row + v * kLanes) * score_scale;
             if (a.mask_kind == MaskKind::additive) x += to_log2_units(load(mask_row + v * kLanes));
             if (a.mask_kind == MaskKind::select) x = load(mask_row + v * kLanes) == keep ? x : select_fill;
             if (a.causal) x = l < first_masked ? x : causal_fill;

@@ -341,11 +341,8 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
                               -__builtin_inff());
                 }
             } else {
-                for (int r = 0; r < r1 - r0; ++r)
-                    for (int x = 0; x < cols; x += kLanes)
-                        store(s + r * kScoresLd + x, load(s + r * kScoresLd + x) * scale_log2);
                 mask_key_lanes<kScoresLd / kLanes>(a, s, sc.mask_store.get(), sc.mask_offset + r0, sc.query_index + r0,
-                                                   r1 - r0, keys, j0, cols / kLanes);
+                                                   r1 - r0, keys, j0, cols / kLanes, scale_log2);
             }
             auto softmax_at = [&](auto rows, int r) {
                 softmax_rows<Parts, rows.value>(sc, s + (r - r0) * kScoresLd, cols / kLanes, r, load_scale,
