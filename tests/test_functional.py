@@ -27,6 +27,10 @@ CASES = {
     "decode_causal_rows": dict(q=(1, 6, 2, 64), k=(1, 2, 77, 64), v=(1, 2, 77, 64), enable_gqa=True,
                                is_causal=True, causal_alignment="bottom_right"),
     "d80_d256": dict(q=(1, 1, 20, 80), k=(1, 1, 20, 80), v=(1, 1, 20, 256)),
+    # 17 to 32 query rows per K/V head: the lane kernel's two-vector blocks; three query heads in one block.
+    "short_rows_gqa_causal": dict(q=(2, 6, 9, 48), k=(2, 2, 25, 48), v=(2, 2, 25, 40), enable_gqa=True,
+                                  is_causal=True, causal_alignment="bottom_right"),
+    "short_rows_long_keys": dict(q=(1, 2, 30, 64), k=(1, 2, 1400, 64), v=(1, 2, 1400, 64)),
     # Several full key and query blocks: the packed fast paths of the AMX and lane kernels.
     "long": dict(q=(1, 2, 130, 64), k=(1, 2, 200, 64), v=(1, 2, 200, 64)),
     "long_causal": dict(q=(1, 2, 150, 128), k=(1, 2, 150, 128), v=(1, 2, 150, 128), is_causal=True),

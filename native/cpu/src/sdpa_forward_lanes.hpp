@@ -132,15 +132,31 @@ struct LaneForward {
                          int64_t row0) {
         const int rows = int(std::min<int64_t>(kBlockQ, p.rows_total - row0));
         int64_t b[kBatchDims] = {outer_b[0], outer_b[1], outer_b[2]};
-        for (int r = 0; r < kBlockQ; ++r) {
-            const int64_t g = (row0 + std::min(r, rows - 1)) / a.seq_q, i = (row0 + std::min(r, rows - 1)) % a.seq_q;
+        // Row i of group member g; the padding lanes repeat the last row.  The
+        // batch offsets only change where a lane starts the next member.
+        int64_t g = row0 / a.seq_q, i = row0 % a.seq_q;
+        int64_t q_base = 0, o_base = 0, m_base = 0, st_base = 0, flat = 0;
+        auto enter_member = [&] {
             if (p.shared_dim >= 0) b[p.shared_dim] = g;
-            sc.q_off[r] = view_batch_offset(a.query, b) + i * a.query.strides[3];
-            sc.o_off[r] = view_batch_offset(a.output, b) + i * a.output.strides[3];
-            sc.m_off[r] = view_batch_offset(a.mask, b) + i * a.mask.strides[3];
-            sc.st_off[r] = view_batch_offset(a.stats, b) + i * a.stats.strides[3];
+            q_base = view_batch_offset(a.query, b);
+            o_base = view_batch_offset(a.output, b);
+            m_base = view_batch_offset(a.mask, b);
+            st_base = view_batch_offset(a.stats, b);
+            flat = (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2];
+        };
+        enter_member();
+        for (int r = 0; r < kBlockQ; ++r) {
+            if (r > 0 && r < rows && ++i == a.seq_q) {
+                i = 0;
+                ++g;
+                enter_member();
+            }
+            sc.q_off[r] = q_base + i * a.query.strides[3];
+            sc.o_off[r] = o_base + i * a.output.strides[3];
+            sc.m_off[r] = m_base + i * a.mask.strides[3];
+            sc.st_off[r] = st_base + i * a.stats.strides[3];
             sc.query_index.get()[r] = float(i);
-            sc.drop_base[r] = uint64_t(((b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]) * a.seq_q + i) * uint64_t(a.seq_kv);
+            sc.drop_base[r] = uint64_t(flat * a.seq_q + i) * uint64_t(a.seq_kv);
         }
         return rows;
     }
