@@ -29,6 +29,10 @@ CASES = {
     "gqa": dict(q=(1, 8, 33, 32), k=(1, 2, 40, 32), v=(1, 2, 40, 32), enable_gqa=True),
     "mqa": dict(q=(2, 4, 6, 64), k=(2, 1, 70, 64), v=(2, 1, 70, 64), enable_gqa=True),
     "gqa_causal": dict(q=(1, 4, 65, 32), k=(1, 2, 65, 32), v=(1, 2, 65, 32), enable_gqa=True, is_causal=True),
+    # The odd head sizes and GQA again at lengths that run on AMX tiles where the CPU has them.
+    "tiles_d80_dv48": dict(q=(1, 2, 66, 80), k=(1, 2, 75, 80), v=(1, 2, 75, 48)),
+    "tiles_d256": dict(q=(1, 1, 64, 256), k=(1, 1, 70, 256), v=(1, 1, 70, 256)),
+    "tiles_gqa": dict(q=(1, 8, 70, 32), k=(1, 2, 80, 32), v=(1, 2, 80, 32), enable_gqa=True),
     # Ten or more blocks of keys, some of them wholly hidden by the causal mask.
     "many_key_blocks": dict(q=(1, 4, 90, 48), k=(1, 4, 650, 48), v=(1, 4, 650, 40)),
     "many_key_blocks_causal": dict(q=(1, 4, 300, 32), k=(1, 4, 600, 32), v=(1, 4, 600, 32), is_causal=True,
@@ -37,8 +41,12 @@ CASES = {
                                        is_causal=True),
 }
 
-MASKS = {"float_2d": ("float", (17, 29)), "float_rows": ("float", (1, 29)), "float_full": ("float", (2, 2, 17, 29)),
-         "float_heads": ("float", (2, 1, 17, 29)), "bool": ("bool", (2, 1, 17, 29)), "bool_2d": ("bool", (17, 29))}
+# Mask shapes for seq_q x seq_kv.
+MASKS = {"float_2d": ("float", lambda sq, skv: (sq, skv)), "float_rows": ("float", lambda sq, skv: (1, skv)),
+         "float_full": ("float", lambda sq, skv: (2, 2, sq, skv)), "float_heads": ("float", lambda sq, skv: (2, 1, sq, skv)),
+         "bool": ("bool", lambda sq, skv: (2, 1, sq, skv)), "bool_2d": ("bool", lambda sq, skv: (sq, skv))}
+# Short sequences run on the vector build; AMX-sized ones (where the CPU has AMX) on the tiles.
+MASK_LENGTHS = {"short": (17, 29), "tiles": (70, 90)}
 
 
 def check(case, dtype, rng, mask=None, scale=None):
@@ -66,11 +74,14 @@ def test_matches_reference(case, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lengths", sorted(MASK_LENGTHS))
 @pytest.mark.parametrize("mask", sorted(MASKS))
-def test_masks_and_mask_gradient(mask, dtype, rng):
-    kind, shape = MASKS[mask]
+def test_masks_and_mask_gradient(mask, lengths, dtype, rng):
+    kind, shape_for = MASKS[mask]
+    sq, skv = MASK_LENGTHS[lengths]
+    shape = shape_for(sq, skv)
     m = rng.standard_normal(shape).astype(np.float32) if kind == "float" else rng.random(shape) < 0.7
-    check(dict(q=(2, 2, 17, 32), k=(2, 2, 29, 32), v=(2, 2, 29, 32)), dtype, rng, mask=m, scale=0.3)
+    check(dict(q=(2, 2, sq, 32), k=(2, 2, skv, 32), v=(2, 2, skv, 32)), dtype, rng, mask=m, scale=0.3)
 
 
 def test_fully_masked_rows_get_zero_gradient(rng):

@@ -48,12 +48,12 @@ def test_verbose_names_the_backward_kernel(dtype, capsys, rng):
     the CPU has AMX)."""
     ga.set_verbose(1)
     try:
-        check(dtype, rng, mask="causal_top_left", seq_q=40, seq_kv=70)
+        check(dtype, rng, mask="causal_top_left", seq_q=70, seq_kv=90)
     finally:
         ga.set_verbose(0)
     err = capsys.readouterr().err
     assert "sdpa_backward" in err and "sdpa_backward_cpu" in err
-    assert f"isa={ga.backward_isa(dtype, 40)}" in err
+    assert f"isa={ga.backward_isa(dtype, 70, 90)}" in err
 
 
 def test_dk_per_query_head_falls_back_to_the_reference(rng):

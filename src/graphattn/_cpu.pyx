@@ -97,18 +97,21 @@ def forward_isa(dtype="f32", seq_q=1 << 20):
     return sdpa_forward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q).decode()
 
 
-def backward_isa(dtype="f32", seq_q=1 << 20):
+def backward_isa(dtype="f32", seq_q=1 << 20, seq_kv=None):
     """Name of the kernel build the backward kernel uses for inputs of this dtype (or of these dtypes,
-    Q, K, V and dO, given as a list) and query length, e.g. "amx_bf16" or "avx512"."""
+    Q, K, V and dO, given as a list), query length and key length (default: the query length), e.g.
+    "amx_bf16" or "avx512"."""
     cdef DType codes[4]
+    if seq_kv is None:
+        seq_kv = seq_q
     if isinstance(dtype, str) or not hasattr(dtype, "__iter__"):
-        return sdpa_backward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q).decode()
+        return sdpa_backward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q, seq_kv).decode()
     names = [str(d) for d in dtype]
     if not 1 <= len(names) <= 4:
         raise ValueError(f"backward_isa: expected 1 to 4 dtypes, got {len(names)}")
     for i, name in enumerate(names):
         codes[i] = <DType>(<int>DTYPE_CODES[name])
-    return sdpa_backward_isa(sdpa_dtype_class(codes, len(names)), seq_q).decode()
+    return sdpa_backward_isa(sdpa_dtype_class(codes, len(names)), seq_q, seq_kv).decode()
 
 
 def cpu_features():

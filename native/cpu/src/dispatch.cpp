@@ -1,5 +1,6 @@
 // Entry point of the C++ API: validates the arguments, then runs the best
 // kernel build for this CPU.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -77,6 +78,16 @@ bool runs_on_amx(DType dtype_class, int64_t seq_q) {
     return seq_q >= kAmxMinQueryRows && (dtype_class == DType::bf16 || dtype_class == DType::f16) && amx_allowed();
 }
 
+// The AMX backward computes whole 64-row chunks against 64-key blocks.
+// Below these query rows or keys most of that work is padding and the vector
+// build is faster (this machine, bf16 (64,16,17,64): 3.7x; f16 needs more,
+// each of its products taking three tile passes).
+int64_t amx_backward_min_length(DType dtype_class) { return dtype_class == DType::f16 ? 64 : 48; }
+
+bool backward_runs_on_amx(DType dtype_class, int64_t seq_q, int64_t seq_kv) {
+    return runs_on_amx(dtype_class, seq_q) && std::min(seq_q, seq_kv) >= amx_backward_min_length(dtype_class);
+}
+
 // The AMX build's name for a dtype class that runs on it.
 const char* amx_build_name(DType dtype_class) { return dtype_class == DType::bf16 ? "amx_bf16" : "amx_bf16x3"; }
 
@@ -133,14 +144,14 @@ Status sdpa_backward(const SdpaBackwardArgs& args) {
     const DType dtype = backward_dtype_class(args);
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
     // The split build declines inputs holding an infinity; the vector build then runs.
-    if (runs_on_amx(dtype, a.seq_q) && sdpa_backward_amx(args, dtype == DType::f16)) return status;
+    if (backward_runs_on_amx(dtype, a.seq_q, a.seq_kv) && sdpa_backward_amx(args, dtype == DType::f16)) return status;
 #endif
     (void)dtype;
     return vector_kernel().run_backward(args);
 }
 
-const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q) {
-    if (runs_on_amx(input_dtype, seq_q)) return amx_build_name(input_dtype);
+const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv) {
+    if (backward_runs_on_amx(input_dtype, seq_q, seq_kv)) return amx_build_name(input_dtype);
     return vector_kernel().isa;
 }
 

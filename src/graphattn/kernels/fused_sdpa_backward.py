@@ -122,7 +122,7 @@ class FusedSdpaBackward:
         if self.queue is not None:
             self.isa = "subgroup"
         else:
-            self.isa = _cpu.backward_isa([dt.value for dt in input_dtypes], seq_q)
+            self.isa = _cpu.backward_isa([dt.value for dt in input_dtypes], seq_q, seq_kv)
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match

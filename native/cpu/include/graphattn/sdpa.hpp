@@ -114,8 +114,8 @@ Status sdpa_forward(const SdpaForwardArgs& args);
 Status sdpa_backward(const SdpaBackwardArgs& args);
 
 // Name of the kernel build sdpa_backward uses for inputs of this dtype (or
-// dtype class, see sdpa_dtype_class) and query length.
-const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q);
+// dtype class, see sdpa_dtype_class), query length and key length.
+const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv);
 
 // The dtype class the kernel choice goes by for inputs of these dtypes: bf16
 // when every one is bf16, f16 when all are 16-bit floats with an f16 among
