@@ -252,11 +252,17 @@ struct LaneForward {
         std::fill(sc.row_max.get(), sc.row_max.get() + kBlockQ, -__builtin_inff());
         std::fill(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, 0.0f);
 
+        const float* qi = sc.query_index.get();
         if (skip_causal_blocks) {
-            const float* qi = sc.query_index.get();
             const int64_t last_query = int64_t(*std::max_element(qi, qi + rows));
             key_end = std::min(key_end, causal_key_end(last_query, a.causal_offset, a.seq_kv));
         }
+        // Key blocks that end before every row's first causally masked key
+        // need no mask pass when there is no explicit mask.
+        const int64_t unmasked_end = a.mask_kind != MaskKind::none ? 0
+                                     : a.causal ? causal_key_end(int64_t(*std::min_element(qi, qi + rows)),
+                                                                 a.causal_offset, a.seq_kv)
+                                                : a.seq_kv;
         const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockKV) {
             const int kv_rows = int(std::min<int64_t>(kBlockKV, key_end - j0));
@@ -264,7 +270,8 @@ struct LaneForward {
             const float* k_rows = rows_as_f32(k, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
             const float* v_rows = rows_as_f32(v, v_base, j0, kv_rows, Dv, sc.v_rows.get(), v_stride);
             lane_gemm<RV, NT, false>(q_t, D, k_rows, k_stride, 1, kv_rows, sc.s_t.get());
-            mask_query_lanes<RV>(a, sc.s_t.get(), sc.mask_t.get(), sc.m_off, sc.query_index.get(), rows, kv_rows, j0);
+            if (j0 + kv_rows > unmasked_end)
+                mask_query_lanes<RV>(a, sc.s_t.get(), sc.mask_t.get(), sc.m_off, qi, rows, kv_rows, j0);
             online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), sc.o_t.get(), Dv);
             if (dropout.active) apply_dropout(dropout, sc, rows, kv_rows, j0);
             lane_gemm<RV, NT, true>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, sc.o_t.get());
