@@ -13,7 +13,12 @@
 // When pass 2 has at least one item per thread without splitting the keys,
 // its items take whole K/V batch indices instead and also accumulate dQ
 // (dS K, in an f32 buffer of dQ's size that each item owns rows of), which
-// saves pass 3's recomputation of S and dP.
+// saves pass 3's recomputation of S and dP.  With fewer than
+// kItemsPerThread such items per thread, each K/V batch index is split
+// further into up to kMaxDqSplits items by key block (interleaved), each
+// with a dQ buffer of its own, summed at the end: single items per thread
+// left the threads' finishing times to chance.  Calls that skip causal
+// blocks do half the work for the same buffers, and keep whole indices.
 // Causal blocks that the mask removes entirely are skipped in passes 2 and 3.
 #pragma once
 
@@ -42,6 +47,8 @@ struct LaneBackward {
     static constexpr int kLaneBlock = RV * kLanes;  // keys (pass 2) or query rows (pass 3) per item
     static constexpr int kRowChunk = 64;           // query rows per step of pass 2
     static constexpr int kKeyBlock = 64;           // keys per step of pass 3
+    static constexpr int64_t kItemsPerThread = 4;   // pass 2 items wanted per thread, fused dQ
+    static constexpr int64_t kMaxDqSplits = 4;      // dQ buffers at most
 
     SdpaBackwardArgs args;  // the caller's, with Q, K, V and dO possibly redirected to f32 copies
     const SdpaForwardArgs& a;
@@ -55,8 +62,10 @@ struct LaneBackward {
     KvGrouping kv;            // batch dims K and V ignore (their gradients sum over them)
     AlignedFloats row_delta;  // D[i] of pass 1, indexed by flat batch * Sq + i
     bool fused_dq = false;    // dQ accumulated by pass 2 (see above)
+    int64_t dq_splits = 1;    // items (and dQ buffers) per K/V batch index when fused_dq
     int d_padded = 0;         // D rounded up to whole vectors: the row length of dq_sum
-    AlignedFloats dq_sum;     // f32 dQ / scale, rows (flat batch * Sq + i), when fused_dq
+    int64_t dq_plane = 0;     // floats per dQ buffer
+    AlignedFloats dq_sum;     // dq_splits buffers of f32 dQ / scale, rows (flat batch * Sq + i), when fused_dq
 
     explicit LaneBackward(const SdpaBackwardArgs& backward)
         : args(backward),
@@ -70,12 +79,18 @@ struct LaneBackward {
           batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
           kv(a),
           row_delta(AlignedFloats::uninitialized(size_t(batch_total * a.seq_q))) {
-        fused_dq = kv.outer_items >= omp_get_max_threads();
+        const int64_t threads = omp_get_max_threads();
+        fused_dq = kv.outer_items >= threads;
         d_padded = int(round_up(D, kLanes));
         if (fused_dq) {
-            dq_sum = AlignedFloats::uninitialized(size_t(batch_total * a.seq_q) * d_padded);
+            const int64_t key_blocks = (a.seq_kv + kLaneBlock - 1) / kLaneBlock;
+            const int64_t wanted =
+                skip_causal ? 1 : (kItemsPerThread * threads + kv.outer_items - 1) / kv.outer_items;
+            dq_splits = std::max<int64_t>(1, std::min({wanted, kMaxDqSplits, key_blocks}));
+            dq_plane = batch_total * a.seq_q * d_padded;
+            dq_sum = AlignedFloats::uninitialized(size_t(dq_splits * dq_plane));
             float* sum = dq_sum.get();
-            const int64_t rows = batch_total * a.seq_q, width = d_padded;
+            const int64_t rows = dq_splits * batch_total * a.seq_q, width = d_padded;
 #pragma omp parallel for schedule(static)
             for (int64_t x = 0; x < rows; ++x) std::fill(sum + x * width, sum + (x + 1) * width, 0.0f);
         }
@@ -171,7 +186,8 @@ struct LaneBackward {
     };
 
     // Rows i0 .. i0 + rows of batch index b against the item's keys.
-    void key_item_rows(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows, int64_t j0, int kv_rows) {
+    void key_item_rows(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows, int64_t j0, int kv_rows,
+                       float* dq_buffer) {
         const int64_t fb = flat_batch(b);
         const float* q_rows = f32_rows(a.query, b, i0);
         const float* do_rows = f32_rows(args.grad_output, b, i0);
@@ -221,12 +237,13 @@ struct LaneBackward {
         lane_gemm<RV, NT, true>(s, rows, do_rows, 1, do_stride, Dv, sc.dv_t.get());
         lane_gemm<RV, NT, true>(dp, rows, q_rows, 1, q_stride, D, sc.dk_t.get());
         // dQ rows += dS K (K rows padded with zeros to d_padded).
-        if (fused_dq)
+        if (dq_buffer)
             lane_gemm_wide<RV, NT, true>(sc.k_rows.get(), d_padded, kv_rows, dp, kLaneBlock, 1, rows,
-                                         dq_sum.get() + (fb * a.seq_q + i0) * d_padded, d_padded, d_padded);
+                                         dq_buffer + (fb * a.seq_q + i0) * d_padded, d_padded, d_padded);
     }
 
-    void key_item(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t j0) {
+    // Key block j0 of K/V batch index outer_b; dq_buffer (fused dQ) receives dS K.
+    void key_item(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t j0, float* dq_buffer) {
         const int kv_rows = int(std::min<int64_t>(kLaneBlock, a.seq_kv - j0));
         const TensorView &k = a.key, &v = a.value;
         // K^T and V^T, lanes past kv_rows zero; K^T carries scale * log2(e).
@@ -247,7 +264,7 @@ struct LaneBackward {
             int64_t b[kBatchDims];
             kv.member(outer_b, gi, b);
             for (int64_t i0 = first_row; i0 < a.seq_q; i0 += kRowChunk)
-                key_item_rows(sc, b, i0, int(std::min<int64_t>(kRowChunk, a.seq_q - i0)), j0, kv_rows);
+                key_item_rows(sc, b, i0, int(std::min<int64_t>(kRowChunk, a.seq_q - i0)), j0, kv_rows, dq_buffer);
         }
 
         // dK = scale * dK^T, dV = dV^T, transposed back into their rows.
@@ -257,26 +274,32 @@ struct LaneBackward {
 
     void key_pass() {
         const int64_t key_blocks = (a.seq_kv + kLaneBlock - 1) / kLaneBlock;
-        // Whole K/V batch indices per item when dQ is fused, else (index, key block).
-        const int64_t blocks_per_item = fused_dq ? key_blocks : 1;
-        const int64_t items = kv.outer_items * (key_blocks / blocks_per_item);
+        // Fused dQ: (K/V batch index, split) items, split s taking key blocks
+        // s, s + dq_splits, ...; else (index, key block) items.
+        const int64_t items = kv.outer_items * (fused_dq ? dq_splits : key_blocks);
 #pragma omp parallel
         {
             KeyScratch sc(D, Dv, d_padded);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < items; ++w) {
-                // Causal: the first key blocks are seen by the most query rows.
-                const WorkItem x = work_item(w, kv.outer_items, key_blocks / blocks_per_item, skip_causal);
                 int64_t b[kBatchDims];
+                if (fused_dq) {
+                    const int64_t split = w % dq_splits;
+                    kv.outer_index(w / dq_splits, b);
+                    for (int64_t kb = split; kb < key_blocks; kb += dq_splits)
+                        key_item(sc, b, kb * kLaneBlock, dq_sum.get() + split * dq_plane);
+                    continue;
+                }
+                // Causal: the first key blocks are seen by the most query rows.
+                const WorkItem x = work_item(w, kv.outer_items, key_blocks, skip_causal);
                 kv.outer_index(x.batch, b);
-                const int64_t first_block = x.rank * blocks_per_item;
-                for (int64_t kb = first_block; kb < first_block + blocks_per_item; ++kb) key_item(sc, b, kb * kLaneBlock);
+                key_item(sc, b, x.rank * kLaneBlock, nullptr);
             }
         }
         if (fused_dq) write_fused_dq();
     }
 
-    // dQ = scale * dq_sum, into the gradient's layout and dtype.
+    // dQ = scale * (the sum of the dQ buffers), into the gradient's layout and dtype.
     void write_fused_dq() {
         const TensorView& dq = args.grad_query;
 #pragma omp parallel
@@ -287,8 +310,13 @@ struct LaneBackward {
                 int64_t b[kBatchDims];
                 unflatten_batch(a.batch, x / a.seq_q, b);
                 const int64_t i = x % a.seq_q;
-                const float* row = dq_sum.get() + x * d_padded;
-                for (int d = 0; d < D; ++d) out.get()[d] = row[d] * scale;
+                float* o = out.get();
+                std::fill(o, o + D, 0.0f);
+                for (int64_t split = 0; split < dq_splits; ++split) {
+                    const float* row = dq_sum.get() + split * dq_plane + x * d_padded;
+                    for (int d = 0; d < D; ++d) o[d] += row[d];
+                }
+                for (int d = 0; d < D; ++d) o[d] *= scale;
                 store_view_row(out.get(), D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
             }
         }
