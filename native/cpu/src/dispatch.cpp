@@ -80,8 +80,8 @@ bool runs_on_amx(DType dtype_class, int64_t seq_q) {
 
 // The AMX backward computes whole 64-row chunks against 64-key blocks.
 // Below these query rows or keys most of that work is padding and the vector
-// build is faster (this machine, bf16 (64,16,17,64): 3.7x; f16 needs more,
-// each of its products taking three tile passes).
+// build is faster (2-core Xeon with AMX, bf16 (64,16,17,64): 3.7x; f16 needs
+// more, each of its products taking three tile passes).
 int64_t amx_backward_min_length(DType dtype_class) { return dtype_class == DType::f16 ? 64 : 48; }
 
 bool backward_runs_on_amx(DType dtype_class, int64_t seq_q, int64_t seq_kv) {
