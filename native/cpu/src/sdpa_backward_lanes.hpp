@@ -277,6 +277,7 @@ struct LaneBackward {
         // Fused dQ: (K/V batch index, split) items, split s taking key blocks
         // s, s + dq_splits, ...; else (index, key block) items.
         const int64_t items = kv.outer_items * (fused_dq ? dq_splits : key_blocks);
+        const bool by_rank = longest_first(skip_causal, items, omp_get_max_threads());
 #pragma omp parallel
         {
             KeyScratch sc(D, Dv, d_padded);
@@ -291,7 +292,7 @@ struct LaneBackward {
                     continue;
                 }
                 // Causal: the first key blocks are seen by the most query rows.
-                const WorkItem x = work_item(w, kv.outer_items, key_blocks, skip_causal);
+                const WorkItem x = work_item(w, kv.outer_items, key_blocks, by_rank);
                 kv.outer_index(x.batch, b);
                 key_item(sc, b, x.rank * kLaneBlock, nullptr);
             }
@@ -394,12 +395,13 @@ struct LaneBackward {
     void query_pass() {
         const int64_t query_blocks = (a.seq_q + kLaneBlock - 1) / kLaneBlock;
         const int64_t items = batch_total * query_blocks;
+        const bool by_rank = longest_first(skip_causal, items, omp_get_max_threads());
 #pragma omp parallel
         {
             QueryScratch sc(D, Dv);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < items; ++w) {
-                const WorkItem x = work_item(w, batch_total, query_blocks, skip_causal);
+                const WorkItem x = work_item(w, batch_total, query_blocks, by_rank);
                 int64_t b[kBatchDims];
                 unflatten_batch(a.batch, x.batch, b);
                 query_item(sc, b, (skip_causal ? query_blocks - 1 - x.rank : x.rank) * kLaneBlock);

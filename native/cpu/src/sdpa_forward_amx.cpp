@@ -397,9 +397,10 @@ bool run_forward(const SdpaForwardArgs& a) {
     AlignedFloats partials =
         splits > 1 ? AlignedFloats::uninitialized(size_t(items * splits) * layout.floats()) : AlignedFloats();
     std::atomic<bool> saw_infinity{false};
+    const bool by_rank = longest_first(skip_causal_blocks, items, threads);
     // An item's batch index and first query row (see work_order.hpp).
     auto item_origin = [&](int64_t item, int64_t b[kBatchDims]) {
-        const WorkItem x = work_item(item, batch, q_blocks, skip_causal_blocks);
+        const WorkItem x = work_item(item, batch, q_blocks, by_rank);
         unflatten_batch(a.batch, x.batch, b);
         return (skip_causal_blocks ? q_blocks - 1 - x.rank : x.rank) * block_q;
     };

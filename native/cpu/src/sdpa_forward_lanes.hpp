@@ -414,6 +414,7 @@ struct LaneForward {
         const LanePlan p = plan(a);
         const bool skip_causal_blocks = skips_causal_blocks(a);
         const int64_t work_items = p.outer_items * p.splits;
+        const bool by_rank = longest_first(skip_causal_blocks, p.outer_items, omp_get_max_threads());
         // Every (item, split) writes its whole partial before the merge reads it.
         AlignedFloats partials = AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 1);
 
@@ -424,7 +425,7 @@ struct LaneForward {
             Scratch sc(D, Dv);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < work_items; ++w) {
-                const WorkItem x = work_item(w / p.splits, p.outer_items / p.row_blocks, p.row_blocks, skip_causal_blocks);
+                const WorkItem x = work_item(w / p.splits, p.outer_items / p.row_blocks, p.row_blocks, by_rank);
                 const int64_t outer = x.batch * p.row_blocks + (skip_causal_blocks ? p.row_blocks - 1 - x.rank : x.rank);
                 const int64_t split = w % p.splits;
                 int64_t b[kBatchDims], row0;
