@@ -6,6 +6,7 @@
 // members without races.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "block_io.hpp"
@@ -39,6 +40,16 @@ struct KvGrouping {
         unflatten_batch(shared_sizes, g, b);
         for (int d = 0; d < kBatchDims; ++d)
             if (!shared[d]) b[d] = outer_b[d];
+    }
+
+    // Items per outer index for a backward pass whose items own whole outer
+    // indices: enough for `per_thread` items per thread, at most 4 and one per
+    // key block.  Split s takes key blocks s, s + splits, ... (under a causal
+    // mask a key block's work falls with its index, and interleaving gives
+    // the splits equal shares) and sums its dQ into a buffer of its own.
+    int64_t key_splits(int64_t threads, int64_t per_thread, int64_t key_blocks) const {
+        const int64_t wanted = (per_thread * threads + outer_items - 1) / outer_items;
+        return std::max<int64_t>(1, std::min<int64_t>({wanted, 4, key_blocks}));
     }
 };
 

@@ -103,7 +103,7 @@ struct Backward {
           kv(a) {
         key_blocks = (Skv + kKeys - 1) / kKeys;
         const int64_t threads = omp_get_max_threads();
-        if (kv.outer_items < threads) splits = std::min<int64_t>({(threads + kv.outer_items - 1) / kv.outer_items, 4, key_blocks});
+        splits = kv.key_splits(threads, 1, key_blocks);
     }
 
     int64_t flat(const int64_t b[kBatchDims]) const { return (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]; }
@@ -371,8 +371,6 @@ struct Backward {
                 kv.outer_index(w / splits, b);
                 const int64_t split = w % splits;
                 float* dq_split = dq_sum.get() + split * batch_total * Sqp * Dp;
-                // Every splits-th block: under a causal mask a key block's work falls with its
-                // index, and interleaved blocks give the splits equal shares.
                 for (int64_t kb = split; kb < key_blocks; kb += splits) key_block(sc, b, kb * kKeys, dq_split);
                 if (sc.infinite) saw_infinity.store(true, std::memory_order_relaxed);
             }

@@ -15,8 +15,8 @@
 // (dS K, in an f32 buffer of dQ's size that each item owns rows of), which
 // saves pass 3's recomputation of S and dP.  With fewer than
 // kItemsPerThread such items per thread, each K/V batch index is split
-// further into up to kMaxDqSplits items by key block (interleaved), each
-// with a dQ buffer of its own, summed at the end: single items per thread
+// further by key block (KvGrouping::key_splits), each item with a dQ
+// buffer of its own, summed at the end: single items per thread
 // left the threads' finishing times to chance.  Calls that skip causal
 // blocks do half the work for the same buffers, and keep whole indices.
 // Causal blocks that the mask removes entirely are skipped in passes 2 and 3.
@@ -48,7 +48,6 @@ struct LaneBackward {
     static constexpr int kRowChunk = 64;           // query rows per step of pass 2
     static constexpr int kKeyBlock = 64;           // keys per step of pass 3
     static constexpr int64_t kItemsPerThread = 4;   // pass 2 items wanted per thread, fused dQ
-    static constexpr int64_t kMaxDqSplits = 4;      // dQ buffers at most
 
     SdpaBackwardArgs args;  // the caller's, with Q, K, V and dO possibly redirected to f32 copies
     const SdpaForwardArgs& a;
@@ -84,9 +83,7 @@ struct LaneBackward {
         d_padded = int(round_up(D, kLanes));
         if (fused_dq) {
             const int64_t key_blocks = (a.seq_kv + kLaneBlock - 1) / kLaneBlock;
-            const int64_t wanted =
-                skip_causal ? 1 : (kItemsPerThread * threads + kv.outer_items - 1) / kv.outer_items;
-            dq_splits = std::max<int64_t>(1, std::min({wanted, kMaxDqSplits, key_blocks}));
+            dq_splits = kv.key_splits(threads, skip_causal ? 1 : kItemsPerThread, key_blocks);
             dq_plane = batch_total * a.seq_q * d_padded;
             dq_sum = AlignedFloats::uninitialized(size_t(dq_splits * dq_plane));
             float* sum = dq_sum.get();
