@@ -1,6 +1,7 @@
 // Splitting the keys among work items where the items alone would leave
-// threads idle, and merging the splits' partial results by their
-// log-sum-exp: the plan and the merge the lane and AMX forwards share.
+// threads idle, merging the splits' partial results by their log-sum-exp,
+// and finishing a row from its max and sum: what the lane and AMX forwards
+// share.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 
 #include "block_io.hpp"
 #include "isa_namespace.hpp"
+#include "simd.hpp"
 
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
@@ -59,6 +61,20 @@ inline void merge_split_row(const float* o, int64_t o_step, const float* max_at,
     }
     row_max = m;
     row_sum = sum;
+}
+
+// A forward row's output factor and log-sum-exp from its running max (base
+// 2) and sum.  sum > 0: a normal row.  sum == 0: every score was masked,
+// giving 0 and -inf in SoftMax mode inf_as_zero, NaN otherwise.  NaN: a NaN
+// score.
+struct RowEnd {
+    float factor, lse;
+};
+
+inline RowEnd end_of_row(const SdpaForwardArgs& a, float row_max, float sum) {
+    if (sum > 0.0f) return {1.0f / sum, row_max * kLn2 + std::log(sum)};
+    if (sum == 0.0f && a.inf_as_zero) return {0.0f, -__builtin_inff()};
+    return {std::nanf(""), std::nanf("")};
 }
 
 }  // namespace GRAPHATTN_ISA_NS

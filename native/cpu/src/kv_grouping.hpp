@@ -53,5 +53,14 @@ struct KvGrouping {
     }
 };
 
+// out[d] = factor * (sum over splits s of first[s * plane + d]) for d < cols:
+// one dQ row from the split buffers of KvGrouping::key_splits.
+inline void sum_split_row(const float* first, int64_t plane, int64_t splits, int cols, float factor, float* out) {
+    for (int d = 0; d < cols; ++d) out[d] = 0.0f;
+    for (int64_t s = 0; s < splits; ++s)
+        for (int d = 0; d < cols; ++d) out[d] += first[s * plane + d];
+    for (int d = 0; d < cols; ++d) out[d] *= factor;
+}
+
 }  // namespace GRAPHATTN_ISA_NS
 }  // namespace graphattn

@@ -1,7 +1,7 @@
 // FlashAttention-2 backward on AMX tiles for bf16 Q/K/V/dO, and for f16 ones
 // split into bf16 parts (amx_split.hpp) (flags set in CMakeLists.txt; chosen
-// by dispatch.cpp where the CPU has AMX-BF16 and there are query rows enough
-// to fill its tiles).  With split inputs every operand is kept as planes of
+// by dispatch.cpp where the CPU has AMX-BF16 and both sequences are long
+// enough for its blocks).  With split inputs every operand is kept as planes of
 // its parts, P and dS included, and each product sums the kept part
 // products, one tile product per term.
 //
@@ -386,12 +386,7 @@ struct Backward {
                 unflatten_batch(a.batch, x / Sq, b);
                 const int64_t i = x % Sq;
                 const int64_t row = (x / Sq) * Sqp + i;
-                for (int d = 0; d < D; ++d) out[d] = 0.0f;
-                for (int64_t split = 0; split < splits; ++split) {
-                    const float* sum = dq_sum.get() + (split * batch_total * Sqp + row) * Dp;
-                    for (int d = 0; d < D; ++d) out[d] += sum[d];
-                }
-                for (int d = 0; d < D; ++d) out[d] *= scale;
+                sum_split_row(dq_sum.get() + row * Dp, batch_total * Sqp * Dp, splits, D, scale, out);
                 store_view_row(out, D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
             }
         }

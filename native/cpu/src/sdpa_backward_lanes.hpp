@@ -308,13 +308,7 @@ struct LaneBackward {
                 int64_t b[kBatchDims];
                 unflatten_batch(a.batch, x / a.seq_q, b);
                 const int64_t i = x % a.seq_q;
-                float* o = out.get();
-                std::fill(o, o + D, 0.0f);
-                for (int64_t split = 0; split < dq_splits; ++split) {
-                    const float* row = dq_sum.get() + split * dq_plane + x * d_padded;
-                    for (int d = 0; d < D; ++d) o[d] += row[d];
-                }
-                for (int d = 0; d < D; ++d) o[d] *= scale;
+                sum_split_row(dq_sum.get() + x * d_padded, dq_plane, dq_splits, D, scale, out.get());
                 store_view_row(out.get(), D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
             }
         }

@@ -248,16 +248,13 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
 // o_row, the row's running max (base 2) and its sum; `out` holds one row.
 void write_output_row(const SdpaForwardArgs& a, const int64_t b[kBatchDims], int64_t i, const float* o_row,
                       float row_max, float sum, int Dv, float* out) {
-    const float fully_masked = a.inf_as_zero ? 0.0f : std::nanf("");
-    const float factor = sum > 0.0f ? 1.0f / sum : (sum == 0.0f ? fully_masked : std::nanf(""));
-    for (int c = 0; c < Dv; ++c) out[c] = o_row[c] * factor;
+    const RowEnd end = end_of_row(a, row_max, sum);
+    for (int c = 0; c < Dv; ++c) out[c] = o_row[c] * end.factor;
     const TensorView& o = a.output;
     store_view_row(out, Dv, o, view_batch_offset(o, b) + i * o.strides[3]);
     if (a.stats.data) {
-        const float lse = sum > 0.0f ? row_max * kLn2 + std::log(sum)
-                                     : (sum == 0.0f && a.inf_as_zero ? -__builtin_inff() : std::nanf(""));
         float* stats = static_cast<float*>(const_cast<void*>(a.stats.data));
-        stats[view_batch_offset(a.stats, b) + i * a.stats.strides[3]] = lse;
+        stats[view_batch_offset(a.stats, b) + i * a.stats.strides[3]] = end.lse;
     }
 }
 

@@ -197,22 +197,15 @@ struct LaneForward {
     static void write_rows(const SdpaForwardArgs& a, Scratch& sc, const float* o_t, const float* row_max,
                            const float* row_sum, int rows, int Dv) {
         const TensorView& o = a.output;
-        const float fully_masked = a.inf_as_zero ? 0.0f : std::nanf("");
         for (int r = 0; r < rows; ++r) {
-            const float sum = row_sum[r];
-            // sum > 0: normal row; sum == 0: every score was masked; NaN: a NaN score.
-            const float factor = sum > 0.0f ? 1.0f / sum : (sum == 0.0f ? fully_masked : std::nanf(""));
+            const RowEnd end = end_of_row(a, row_max[r], row_sum[r]);
             // O^T to rows, 16 at a time.
             float* out = sc.out_rows.get() + (r % kTransposedRowsAtOnce) * Dv;
             if (r % kTransposedRowsAtOnce == 0)
                 transpose_f32(o_t + r, kBlockQ, Dv, std::min(kTransposedRowsAtOnce, rows - r), sc.out_rows.get(), Dv);
-            for (int c = 0; c < Dv; ++c) out[c] *= factor;
+            for (int c = 0; c < Dv; ++c) out[c] *= end.factor;
             store_view_row(out, Dv, o, sc.o_off[r]);
-            if (a.stats.data) {
-                const float lse = sum > 0.0f ? row_max[r] * kLn2 + std::log(sum)
-                                             : (sum == 0.0f && a.inf_as_zero ? -__builtin_inff() : std::nanf(""));
-                static_cast<float*>(const_cast<void*>(a.stats.data))[sc.st_off[r]] = lse;
-            }
+            if (a.stats.data) static_cast<float*>(const_cast<void*>(a.stats.data))[sc.st_off[r]] = end.lse;
         }
     }
 
