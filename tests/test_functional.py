@@ -1,4 +1,8 @@
 """ga.scaled_dot_product_attention against a float64 reference, and its argument checks."""
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -41,13 +45,16 @@ CASES = {
     "long_gqa": dict(q=(1, 8, 300, 64), k=(1, 2, 290, 64), v=(1, 2, 290, 64), enable_gqa=True),
     "long_many_heads_causal": dict(q=(2, 4, 200, 64), k=(2, 4, 200, 64), v=(2, 4, 200, 64), is_causal=True),
     # Two key blocks of the AMX kernel, the second partial; the causal cut (offset 400) falls inside row-tile pairs.
-    "long_causal_bottom_right": dict(q=(1, 2, 200, 64), k=(1, 2, 600, 64), v=(1, 2, 600, 64), is_causal=True,
+    # Eight heads: enough items for f32 to take the AMX kernel on two threads.
+    "long_causal_bottom_right": dict(q=(1, 8, 200, 64), k=(1, 8, 600, 64), v=(1, 8, 600, 64), is_causal=True,
                                      causal_alignment="bottom_right"),
     # The AMX kernel's largest items (512 rows, on up to 2 threads), each followed by a partial one; causal.
     "long_causal_large_items": dict(q=(1, 8, 520, 64), k=(1, 8, 520, 64), v=(1, 8, 520, 64), is_causal=True),
     # Offset -30: the first rows see no key (output 0); D=80 and Dv=48 pack with masked edge loads.
-    "long_causal_sq_gt_skv_d80": dict(q=(1, 2, 300, 80), k=(1, 2, 270, 80), v=(1, 2, 270, 48), is_causal=True,
+    "long_causal_sq_gt_skv_d80": dict(q=(1, 16, 300, 80), k=(1, 16, 270, 80), v=(1, 16, 270, 48), is_causal=True,
                                       causal_alignment="bottom_right"),
+    # One work item of the AMX kernel (f32 too): its keys split across threads and merged; D=256.
+    "long_keys_one_item_d256": dict(q=(1, 1, 64, 256), k=(1, 1, 1500, 256), v=(1, 1, 1500, 256)),
 }
 
 MASK_SHAPES = [(17, 29), (1, 29), (17, 1), (2, 1, 17, 29), (1, 3, 1, 29), (2, 3, 17, 29), (3, 17, 29)]
@@ -91,6 +98,21 @@ def test_mask_broadcast_shapes(kind, mask_shape, dtype, rng):
     run_case(CASES["4d"], dtype, rng, mask=mask)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_masks_at_tile_lengths(kind, dtype, rng):
+    """Masks on calls long enough for the AMX kernels (f32 included, with eight heads on two threads), with
+    rows 3 and 70 fully masked."""
+    shape = (1, 8, 100, 400)
+    mask = rng.random(shape) < 0.7 if kind == "bool" else random_array(shape, dtype, rng)
+    if kind == "bool":
+        mask[:, :, [3, 70]] = False
+    else:
+        mask[:, :, [3, 70]] = -np.inf
+    case = dict(q=(1, 8, 100, 64), k=(1, 8, 400, 64), v=(1, 8, 400, 64))
+    run_case(case, dtype, rng, mask=mask)
+
+
 def test_gqa_with_per_head_mask(rng):
     mask = rng.random((8, 11, 19)) < 0.5
     run_case(CASES["gqa"], "f32", rng, mask=mask)
@@ -118,13 +140,43 @@ def test_strided_long_views(dtype, rng):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("where", ["query", "key", "value"])
 def test_infinite_inputs_match_reference(where, dtype, rng):
-    """An infinity in Q, K or V gives the reference's infinities and NaNs: the f16 split products on AMX
-    cannot (part * inf is NaN), so such calls run on the vector build."""
+    """An infinity in Q, K or V gives the reference's infinities and NaNs: the f16 and f32 split products on
+    AMX cannot (part * inf is NaN), so such calls run on the vector build."""
     q, k, v = (random_array((1, 2, 140, 64), dtype, rng) for _ in range(3))
     arrays = {"query": q, "key": k, "value": v}
     arrays[where][0, 1, 7, 3] = np.inf
     arrays[where][0, 0, 130, 5] = -np.inf
     assert_close(ga.scaled_dot_product_attention(q, k, v), sdpa_reference(q, k, v), dtype)
+
+
+F32_ERROR_SCRIPT = """
+import sys, numpy as np, graphattn as ga
+from graphattn.testing import random_array, sdpa_reference
+rng = np.random.default_rng(5)
+for sq, skv, d, scale in ((64, 600, 64, 1.0), (300, 700, 80, 3.0), (130, 1100, 128, 2.0), (200, 200, 256, 1.0)):
+    q, k = (random_array((1, 8, s, d), "f32", rng, scale) for s in (sq, skv))
+    v = random_array((1, 8, skv, d), "f32", rng)
+    err = np.abs(ga.scaled_dot_product_attention(q, k, v) - sdpa_reference(q, k, v)).max()
+    print(ga.forward_isa("f32", sq, skv, batch=8), err)
+"""
+
+
+def test_f32_on_split_tiles_is_as_accurate_as_f32_arithmetic():
+    """f32 calls on AMX run as six bf16 tile products per product (three bf16 parts per value): their
+    error against the float64 reference stays within twice the vector build's f32 error, shape by shape
+    (two parts would be about a hundred times it)."""
+    if ga.forward_isa("f32") != "amx_bf16x6":
+        pytest.skip("f32 runs on the vector build here")
+    runs = {}
+    for isa in ("amx", "avx512"):
+        env = dict(os.environ, GRAPHATTN_ISA=isa, OMP_NUM_THREADS="2")  # 8 heads fill 2 threads' items
+        result = subprocess.run([sys.executable, "-c", F32_ERROR_SCRIPT], env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        runs[isa] = [line.split() for line in result.stdout.splitlines()]
+    assert {name for name, _ in runs["amx"]} == {"amx_bf16x6"}
+    assert {name for name, _ in runs["avx512"]} == {"avx512"}
+    for (_, split_error), (_, vector_error) in zip(runs["amx"], runs["avx512"]):
+        assert float(split_error) <= 2 * float(vector_error) + 1e-7
 
 
 def test_scalar_zero_mask_means_none(rng):

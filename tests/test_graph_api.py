@@ -182,21 +182,26 @@ def test_verbose_names_decisions(capsys):
         ga.set_verbose(0)
     err = capsys.readouterr().err
     assert "graphattn_verbose,partition,id=0,sdpa_forward" in err
-    assert f"sdpa_forward_cpu,isa={ga.forward_isa()}" in err
+    assert f"sdpa_forward_cpu,isa={ga.forward_isa('f32', spec.seq_q)}" in err
     assert "graphattn_verbose,exec,partition=0,sdpa_forward_cpu" in err
 
 
-@pytest.mark.parametrize("dtype,dropout", [("bf16", 0.0), ("f16", 0.0), ("bf16", 0.3), ("f32", 0.0)])
-def test_verbose_names_the_kernel_of_each_call(dtype, dropout, capsys):
-    """The logged kernel build is the one the call runs: AMX takes bf16 and f16 (as split products) without
-    dropout, and dropout or f32 stay on the vector build."""
+@pytest.mark.parametrize("dtype,dropout,seq,heads", [("bf16", 0.0, 32, 2), ("f16", 0.0, 32, 2), ("bf16", 0.3, 32, 2),
+                                                     ("f32", 0.0, 32, 2), ("f32", 0.0, 200, 64)])
+def test_verbose_names_the_kernel_of_each_call(dtype, dropout, seq, heads, capsys):
+    """The logged kernel build is the one the call runs: AMX takes bf16, and f16 and f32 as split products
+    (f32 on long enough calls with enough heads), without dropout; dropout stays on the vector build (the
+    one short query rows get)."""
     ga.set_verbose(1)
     try:
-        spec = SdpaGraphSpec(dtype=dtype, seq_q=32, dropout=dropout)
+        spec = SdpaGraphSpec(dtype=dtype, seq_q=seq, heads_q=heads, dropout=dropout)
         ga.run_graph(spec.build(), spec.random_inputs(np.random.default_rng(0)))
     finally:
         ga.set_verbose(0)
     err = capsys.readouterr().err
-    amx = {"bf16": "amx_bf16", "f16": "amx_bf16x3"}.get(dtype)
-    expected = amx if amx and dropout == 0.0 and ga.forward_isa(dtype) == amx else ga.forward_isa("f32")
+    amx = {"bf16": "amx_bf16", "f16": "amx_bf16x3", "f32": "amx_bf16x6"}[dtype]
+    vector_build = ga.forward_isa(dtype, seq_q=1)
+    chosen = ga.forward_isa(dtype, seq, seq, batch=heads)
+    assert chosen in (amx, vector_build)
+    expected = chosen if dropout == 0.0 else vector_build
     assert f"sdpa_forward_cpu,isa={expected}" in err

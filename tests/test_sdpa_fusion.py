@@ -174,7 +174,7 @@ def test_every_isa_build_matches(rng):
         "        got = ga.scaled_dot_product_attention_backward(do, q, k, v, out, st, **kw)\n"
         "        for g, w in zip(got, sdpa_reference_backward(do, q, k, v, **kw)):\n"
         "            assert_grad_close(g, w, dt)\n"
-        "print(ga.forward_isa('bf16'), ga.forward_isa('f16'))\n")
+        "print(ga.forward_isa('bf16'), ga.forward_isa('f16'), ga.forward_isa('f32'))\n")
     features = set(ga.cpu_features())
     builds = (("portable", set()), ("avx2", {"avx2", "fma", "f16c"}), ("avx512", {"avx512f", "avx512bw"}),
               ("amx", {"amx_tile", "amx_bf16", "avx512_bf16"}))
@@ -184,7 +184,7 @@ def test_every_isa_build_matches(rng):
         env = dict(os.environ, GRAPHATTN_ISA=isa)
         result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == ("amx_bf16 amx_bf16x3" if isa == "amx" else f"{isa} {isa}")
+        assert result.stdout.strip() == ("amx_bf16 amx_bf16x3 amx_bf16x6" if isa == "amx" else f"{isa} {isa} {isa}")
 
 
 def test_split_keys_merge_matches():

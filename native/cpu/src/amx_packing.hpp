@@ -93,15 +93,13 @@ inline void pack_row_pairs(const Bf16Block& x, int height, int cols_padded, uint
 
 // Split packings: a block of f32, bf16 or f16 values (unit column stride,
 // full: `width` or `height` rows, columns a multiple of 32) goes into bf16
-// parts (amx_split.hpp), each term's segment holding the part that term
-// multiplies.  They convert, split and pack in registers, in one pass, and
+// parts (amx_split.hpp), one segment per part.  They convert, split and pack in registers, in one pass, and
 // add the lanes that held an infinity to `infinite`.
 
-// As pack_column_pairs: term t's cols / 2 pair rows, from dst + t * (cols / 2) * ld, hold part b_part(t).
+// As pack_column_pairs: part p's cols / 2 pair rows, from dst + p * (cols / 2) * ld.
 template <int Parts>
 inline void pack_column_pairs_split(const void* data, DType dt, int64_t row_stride, int width, int cols,
                                     uint32_t* dst, int64_t ld, __mmask16& infinite) {
-    using Terms = SplitTerms<Parts>;
     __m512i in[Parts][16], out[16], parts[Parts];
     for (int j0 = 0; j0 < width; j0 += 16)
         for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
@@ -111,46 +109,39 @@ inline void pack_column_pairs_split(const void* data, DType dt, int64_t row_stri
             }
             for (int p = 0; p < Parts; ++p) {
                 transpose_16x16_words(in[p], out);
-                for (int t = 0; t < Terms::kTerms; ++t) {
-                    if (Terms::b_part(t) != p) continue;
-                    uint32_t* seg = dst + (int64_t(t) * (cols / 2) + c0 / 2) * ld + j0;
-                    for (int r = 0; r < 16; ++r) _mm512_storeu_si512(seg + r * ld, out[r]);
-                }
+                uint32_t* seg = dst + (int64_t(p) * (cols / 2) + c0 / 2) * ld + j0;
+                for (int r = 0; r < 16; ++r) _mm512_storeu_si512(seg + r * ld, out[r]);
             }
         }
 }
 
-// As pack_row_pairs: term t's height / 2 pair rows, from dst + t * term_rows * ld, hold part b_part(t).
+// As pack_row_pairs: part p's height / 2 pair rows, from dst + p * part_rows * ld.
 template <int Parts>
 inline void pack_row_pairs_split(const void* data, DType dt, int64_t row_stride, int height, int cols,
-                                 uint32_t* dst, int64_t ld, int64_t term_rows, __mmask16& infinite) {
-    using Terms = SplitTerms<Parts>;
+                                 uint32_t* dst, int64_t ld, int64_t part_rows, __mmask16& infinite) {
     const WordInterleave interleave;
     __m512i even[Parts], odd[Parts];
     for (int jp = 0; jp < height / 2; ++jp)
         for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
             load_split_32<Parts>(element_ptr(data, dt, (2 * jp) * row_stride + c0), dt, even, infinite);
             load_split_32<Parts>(element_ptr(data, dt, (2 * jp + 1) * row_stride + c0), dt, odd, infinite);
-            for (int t = 0; t < Terms::kTerms; ++t) {
-                const int p = Terms::b_part(t);
-                uint32_t* out = dst + (int64_t(t) * term_rows + jp) * ld + c0;
+            for (int p = 0; p < Parts; ++p) {
+                uint32_t* out = dst + (int64_t(p) * part_rows + jp) * ld + c0;
                 _mm512_storeu_si512(out, _mm512_permutex2var_epi16(even[p], interleave.low, odd[p]));
                 _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(even[p], interleave.high, odd[p]));
             }
         }
 }
 
-// A operand rows: dst[r * ld + t * cols + c] = part a_part(t) of X[r][c] for r < rows.
+// A operand rows: dst[r * ld + p * cols + c] = part p of X[r][c] for r < rows.
 template <int Parts>
 inline void pack_rows_split(const void* data, DType dt, int64_t row_stride, int rows, int cols, uint16_t* dst,
                             int64_t ld, __mmask16& infinite) {
-    using Terms = SplitTerms<Parts>;
     __m512i parts[Parts];
     for (int r = 0; r < rows; ++r)
         for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
             load_split_32<Parts>(element_ptr(data, dt, r * row_stride + c0), dt, parts, infinite);
-            for (int t = 0; t < Terms::kTerms; ++t)
-                _mm512_storeu_si512(dst + r * ld + t * cols + c0, parts[Terms::a_part(t)]);
+            for (int p = 0; p < Parts; ++p) _mm512_storeu_si512(dst + r * ld + p * cols + c0, parts[p]);
         }
 }
 

@@ -1,20 +1,24 @@
-// Products of f16 data on bf16 tiles, by splitting each value into bf16
-// parts.
+// Products of f16 and f32 data on bf16 tiles, by splitting each value into
+// bf16 parts.
 //
-// x = x0 + x1: x0 is the bf16 rounding of x and x1 that of the rest, so two
-// parts hold an f16 value (11 significant bits) exactly.  A dot product
-// sum_k a_k b_k becomes the sum of the part products a_i b_j with i + j < 2;
-// the one left out, a1 b1, is at most 2^-18 of |a_k b_k|, and every kept
-// product is exact in the tiles' f32 accumulation.  Laid side by side along
-// the reduction dimension, A as [a_i(0) a_i(1) ...] and B as [b_j(0); b_j(1);
-// ...], the terms are one tile product over a reduction `kTerms` times as long.
-// Parts = 1 is the plain bf16 product.
+// x = x0 + x1 (+ x2): x0 is the bf16 rounding of x, x1 that of the rest and
+// x2 that of what is left.  Two parts hold an f16 value (11 significant bits)
+// exactly; three hold an f32 value to within 2^-26 of it.  A dot product
+// sum_k a_k b_k becomes the sum of the part products a_i b_j with
+// i + j < Parts; those left out, with the rounding of the last parts, come to
+// at most 2^-18 (two parts) or 2^-25 (three) of |a_k b_k|.  Each kept product
+// is exact in f32 and the tiles accumulate in f32, so three parts give a dot
+// product within f32's own rounding of each product (2^-24).  (Tiles read subnormal bf16
+// as zero: the last parts of values below about 2^-110 are lost.)  Each
+// operand keeps its parts in planes of their own; a tile product runs over
+// every term.  Parts = 1 is the plain bf16 product.
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "amx_tiles.hpp"
 #include "graphattn/sdpa.hpp"
 #include "half_types.hpp"
 #include "isa_namespace.hpp"
@@ -24,12 +28,51 @@ namespace GRAPHATTN_ISA_NS {
 
 template <int Parts>
 struct SplitTerms {
-    static_assert(Parts == 1 || Parts == 2, "one or two bf16 parts");
-    static constexpr int kTerms = Parts == 1 ? 1 : 3;
-    // Term t multiplies A's part a_part(t) by B's part b_part(t): a0 b0, a0 b1, a1 b0.
-    static constexpr int a_part(int t) { return t == 2 ? 1 : 0; }
-    static constexpr int b_part(int t) { return t == 1 ? 1 : 0; }
+    static_assert(Parts >= 1 && Parts <= 3, "one to three bf16 parts");
+    static constexpr int kTerms = Parts == 1 ? 1 : (Parts == 2 ? 3 : 6);
+    // Term t multiplies A's part a_part(t) by B's part b_part(t), in an order
+    // where each term shares its A or its B part with the one before (see
+    // tiles_2x2_split_product): two parts a0 b1, a0 b0, a1 b0; three parts
+    // a0 b0, a0 b1, a0 b2, a1 b1, a1 b0, a2 b0.
+    static constexpr int a_part(int t) {
+        if (Parts == 2) return t == 2 ? 1 : 0;
+        return t < 3 ? 0 : (t < 5 ? 1 : 2);
+    }
+    static constexpr int b_part(int t) {
+        if (Parts == 2) return t == 0 ? 1 : 0;
+        return t < 3 ? t : (t == 3 ? 1 : 0);
+    }
 };
+
+// As tiles_2x2_product (amx_tiles.hpp), over every term of split operands:
+// A's part p lies a_part_step elements after its part 0, B's part p
+// b_part_step words after.  A part's tiles are loaded only where the term
+// before used another part, so a step loads 2 + 2 * kTerms tiles at most
+// instead of 4 * kTerms (three parts: 16 loads for 24 products).
+template <int Parts>
+inline void tiles_2x2_split_product(const uint16_t* a, int64_t a_row_bytes, int64_t a_band, int64_t a_part_step,
+                                    const uint32_t* b, int64_t b_row_bytes, int64_t b_part_step, int steps) {
+    using Terms = SplitTerms<Parts>;
+    const int64_t b_row_words = b_row_bytes / 4;
+    for (int step = 0; step < steps; ++step) {
+        for (int t = 0; t < Terms::kTerms; ++t) {
+            if (t == 0 || Terms::a_part(t) != Terms::a_part(t - 1)) {
+                const uint16_t* a_tiles = a + Terms::a_part(t) * a_part_step + step * kTileBf16Cols;
+                _tile_loadd(4, a_tiles, a_row_bytes);
+                _tile_loadd(5, a_tiles + a_band, a_row_bytes);
+            }
+            if (t == 0 || Terms::b_part(t) != Terms::b_part(t - 1)) {
+                const uint32_t* b_tiles = b + Terms::b_part(t) * b_part_step + step * kTileRows * b_row_words;
+                _tile_loadd(6, b_tiles, b_row_bytes);
+                _tile_loadd(7, b_tiles + 16, b_row_bytes);
+            }
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+}
 
 // 32 consecutive values of dtype dt (f32, bf16 or f16) at p, as f32: the first 16 in lo.
 inline void load_32_as_f32(const void* p, DType dt, __m512& lo, __m512& hi) {

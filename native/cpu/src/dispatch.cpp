@@ -59,53 +59,89 @@ bool amx_allowed() {
 }
 
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
-// The AMX forward, plain (bf16 inputs) or split (f16 among them), or the vector
-// build where it declines (infinities in split inputs).
-template <bool Split>
+// The AMX forward on inputs split into `Parts` bf16 parts (1: bf16 inputs),
+// or the vector build where it declines (infinities in split inputs).
+template <int Parts>
 Status forward_amx_or_vector(const SdpaForwardArgs& args) {
-    return sdpa_forward_amx(args, Split) ? Status::success() : vector_kernel().run(args);
+    return sdpa_forward_amx(args, Parts) ? Status::success() : vector_kernel().run(args);
 }
 #endif
 
-// AMX tiles take bf16 Q, K and V, or f16 ones as pairs of bf16 parts (three
-// bf16 products in place of one), in blocks of query rows; short query
-// sequences (decode) stay on the vector build's row kernel.
+// AMX tiles take bf16 Q, K and V, or f16 and f32 ones split into two or three
+// bf16 parts (three or six bf16 products in place of one; amx_split.hpp), in
+// blocks of query rows; short query sequences (decode) stay on the vector
+// build's row kernel.
 constexpr int64_t kAmxMinQueryRows = 16;
 
-// Whether a call of this dtype class and query length runs on AMX tiles
-// (forward and backward alike).
-bool runs_on_amx(DType dtype_class, int64_t seq_q) {
-    return seq_q >= kAmxMinQueryRows && (dtype_class == DType::bf16 || dtype_class == DType::f16) && amx_allowed();
+// bf16 parts per value of a dtype class on AMX tiles.
+int amx_parts(DType dtype_class) { return dtype_class == DType::bf16 ? 1 : (dtype_class == DType::f16 ? 2 : 3); }
+
+// f32 on tiles takes six products per product, and each work item splits
+// the K/V blocks it reads into parts.  On short sequences the vector build's
+// FMAs are faster (2-core Xeon with AMX, f32 (8,16,128,128,64): 0.83x on
+// tiles; (16,16,64,64,64): 0.87x; (1,16,32,4096,128): 0.83x; from 64 query
+// rows and 192 x 192 scores on, tiles win: 1.05-1.7x), and so they are where
+// the items are small, each packing its K/V for few rows (16-core Xeon,
+// 256-row items (1,16,1024,64): 1.0x; 64-row items (1,2,2048,64): 0.81x,
+// (1,8,1000,80): 0.72x; 512-row items (1,16,2048,128): 1.22x).
+constexpr int64_t kAmxF32MinQueryRows = 64;
+constexpr int64_t kAmxF32MinScores = 192 * 192;
+
+// Whether a forward call runs on AMX tiles; `args` gives its lengths, batch
+// and mask (data is not read).
+bool forward_runs_on_amx(DType dtype_class, const SdpaForwardArgs& args) {
+    if (args.seq_q < kAmxMinQueryRows || !amx_allowed()) return false;
+    if (dtype_class != DType::f32) return true;
+    return args.seq_q >= kAmxF32MinQueryRows && args.seq_q * args.seq_kv >= kAmxF32MinScores &&
+           sdpa_forward_amx_items_are_largest(args);
 }
 
-// The AMX backward computes whole 64-row chunks against 64-key blocks.
-// Below these query rows or keys most of that work is padding and the vector
-// build is faster (2-core Xeon with AMX, bf16 (64,16,17,64): 3.7x; f16 needs
-// more, each of its products taking three tile passes).
+// A call's shape for the kernel choice alone: `batch` batch indices, no mask
+// but the implicit causal one if asked.
+SdpaForwardArgs shape_only_args(int64_t batch, int64_t seq_q, int64_t seq_kv, bool causal) {
+    SdpaForwardArgs args;
+    args.batch[0] = batch;
+    args.batch[1] = args.batch[2] = 1;
+    args.seq_q = seq_q;
+    args.seq_kv = seq_kv;
+    args.causal = causal;
+    return args;
+}
+
+// The AMX backward computes whole 64-row chunks against 64-key blocks, from
+// bf16 or f16 inputs (f32 stays on the vector build).  Below these query rows
+// or keys most of that work is padding and the vector build is faster (2-core
+// Xeon with AMX, bf16 (64,16,17,64): 3.7x; f16 needs more, each of its
+// products taking three tile passes).
 int64_t amx_backward_min_length(DType dtype_class) { return dtype_class == DType::f16 ? 64 : 48; }
 
 bool backward_runs_on_amx(DType dtype_class, int64_t seq_q, int64_t seq_kv) {
-    return runs_on_amx(dtype_class, seq_q) && std::min(seq_q, seq_kv) >= amx_backward_min_length(dtype_class);
+    return dtype_class != DType::f32 && seq_q >= kAmxMinQueryRows && amx_allowed() &&
+           std::min(seq_q, seq_kv) >= amx_backward_min_length(dtype_class);
 }
 
-// The AMX build's name for a dtype class that runs on it.
-const char* amx_build_name(DType dtype_class) { return dtype_class == DType::bf16 ? "amx_bf16" : "amx_bf16x3"; }
+// The AMX build's name for a dtype class: its bf16 products per product.
+const char* amx_build_name(DType dtype_class) {
+    const int parts = amx_parts(dtype_class);
+    return parts == 1 ? "amx_bf16" : (parts == 2 ? "amx_bf16x3" : "amx_bf16x6");
+}
 
-ForwardKernel forward_kernel_for(DType input_dtype, int64_t seq_q) {
+// The AMX forward has no fused dropout yet: calls with dropout run on the vector build.
+ForwardKernel forward_kernel_for(DType input_dtype, const SdpaForwardArgs& args) {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
-    if (runs_on_amx(input_dtype, seq_q)) {
-        const bool split = input_dtype == DType::f16;
-        return {amx_build_name(input_dtype), split ? forward_amx_or_vector<true> : forward_amx_or_vector<false>,
+    if (args.dropout_p == 0.0f && forward_runs_on_amx(input_dtype, args)) {
+        const int parts = amx_parts(input_dtype);
+        return {amx_build_name(input_dtype),
+                parts == 1 ? forward_amx_or_vector<1> : (parts == 2 ? forward_amx_or_vector<2> : forward_amx_or_vector<3>),
                 nullptr};
     }
 #endif
+    (void)args;
     return vector_kernel();
 }
 
-// Q, K and V's class; the AMX forward has no fused dropout yet, so dropout
-// counts as f32 (the vector build).
+// Q, K and V's class.
 DType forward_dtype_class(const SdpaForwardArgs& args) {
-    if (args.dropout_p != 0.0f) return DType::f32;
     const DType dtypes[] = {args.query.dtype, args.key.dtype, args.value.dtype};
     return sdpa_dtype_class(dtypes, 3);
 }
@@ -133,7 +169,7 @@ Status sdpa_forward(const SdpaForwardArgs& args) {
     Status status = check_forward_args(args);
     if (!status.ok) return status;
     if (args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0) return status;
-    return forward_kernel_for(forward_dtype_class(args), args.seq_q).run(args);
+    return forward_kernel_for(forward_dtype_class(args), args).run(args);
 }
 
 Status sdpa_backward(const SdpaBackwardArgs& args) {
@@ -155,10 +191,12 @@ const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv) 
     return vector_kernel().isa;
 }
 
-const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q) { return forward_kernel_for(input_dtype, seq_q).isa; }
+const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, int64_t batch, bool causal) {
+    return forward_kernel_for(input_dtype, shape_only_args(batch, seq_q, seq_kv, causal)).isa;
+}
 
 const char* sdpa_forward_isa_for(const SdpaForwardArgs& args) {
-    return forward_kernel_for(forward_dtype_class(args), args.seq_q).isa;
+    return forward_kernel_for(forward_dtype_class(args), args).isa;
 }
 
 }  // namespace graphattn

@@ -12,11 +12,16 @@ Status sdpa_forward_avx2(const SdpaForwardArgs& args);
 Status sdpa_backward_avx2(const SdpaBackwardArgs& args);
 Status sdpa_forward_avx512(const SdpaForwardArgs& args);
 Status sdpa_backward_avx512(const SdpaBackwardArgs& args);
-// bf16 Q/K/V, or (split) 16-bit floats with f16 among them, each value as two
-// bf16 parts.  False, with the outputs unfinished, where split inputs hold an
+// Q/K/V with each value as `parts` bf16 parts (amx_split.hpp): 1 for bf16
+// inputs, 2 for 16-bit floats with f16 among them, 3 for inputs with f32
+// among them.  False, with the outputs unfinished, where split inputs hold an
 // infinity (split products cannot keep IEEE semantics).
-bool sdpa_forward_amx(const SdpaForwardArgs& args, bool split);
-bool sdpa_backward_amx(const SdpaBackwardArgs& args, bool split);  // the same, for Q/K/V/dO
+bool sdpa_forward_amx(const SdpaForwardArgs& args, int parts);
+// Whether sdpa_forward_amx's work items for these arguments (on this many
+// threads) are its largest, or whole query sequences; data is not read.
+bool sdpa_forward_amx_items_are_largest(const SdpaForwardArgs& args);
+// Q/K/V/dO as bf16 or (split) as two parts; f32 stays on the vector build.
+bool sdpa_backward_amx(const SdpaBackwardArgs& args, bool split);
 #endif
 
 }  // namespace graphattn

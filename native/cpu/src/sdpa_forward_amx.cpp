@@ -1,5 +1,5 @@
-// FlashAttention-2 forward on AMX tiles for bf16 inputs, and for f16 inputs
-// split into bf16 parts (amx_split.hpp); flags set in CMakeLists.txt, chosen
+// FlashAttention-2 forward on AMX tiles for bf16 inputs, and for f16 and f32
+// inputs split into two or three bf16 parts (amx_split.hpp); flags set in CMakeLists.txt, chosen
 // by dispatch.cpp only where the CPU has AMX-BF16 and the OS granted the tile
 // state.
 //
@@ -13,8 +13,8 @@
 // units did not overlap on these cores (a pipeline across pairs measured no
 // faster), and one pair's buffers stay small.  Scale and masks are applied to
 // S in f32, as in the reference.  With split inputs each packed operand holds
-// its parts side by side along the reduction, so the same tile products
-// compute every kept part product.  Where the items are fewer than the
+// its parts in planes of their own, and each tile product runs over every
+// kept part product.  Where the items are fewer than the
 // threads, each also takes only a range of the keys, and a second pass merges
 // the ranges by their log-sum-exp.
 #define GRAPHATTN_ISA_NS isa_amx
@@ -61,23 +61,23 @@ constexpr int kKeyPairsLd = kBlockKV + 16;  // packed K rows, in pair words
 constexpr int kScoresLd = kBlockKV + 16;    // S rows, in floats
 
 // Per-thread buffers; bf16 data is kept as uint16_t and pairs as uint32_t.
-// `terms` part products lie side by side along each reduction (1 for bf16).
+// Split operands keep `parts` planes (1 for bf16).
 struct Scratch {
     int dp, dvp;  // head sizes padded to whole tiles
-    int terms;
+    int parts;
     int p_ld, v_ld, o_ld;  // row strides of P (words), packed V (pair words) and O (floats)
     AlignedFloats q_store, k_store, v_store, s_store, p_store, mask_store, o_store, out_store;
     AlignedFloats wide_store;  // split inputs only: a block as f32 (load_wide)
     Scratch(int D, int Dv, int parts)
         : dp(int(round_up(D, kTileBf16Cols))),
           dvp(int(round_up(Dv, kTileBf16Cols))),
-          terms(parts == 1 ? SplitTerms<1>::kTerms : SplitTerms<2>::kTerms),
-          p_ld(terms * kBlockKV + 32),
+          parts(parts),
+          p_ld(parts * kBlockKV + 32),
           v_ld(dvp + 16),
           o_ld(dvp + 16),
-          q_store(AlignedFloats::uninitialized(size_t(kBlockQ) * terms * dp / 2)),
-          k_store(AlignedFloats::uninitialized(size_t(terms) * dp / 2 * kKeyPairsLd)),
-          v_store(AlignedFloats::uninitialized(size_t(terms) * kBlockKV / 2 * v_ld)),
+          q_store(AlignedFloats::uninitialized(size_t(kBlockQ) * parts * dp / 2)),
+          k_store(AlignedFloats::uninitialized(size_t(parts) * dp / 2 * kKeyPairsLd)),
+          v_store(AlignedFloats::uninitialized(size_t(parts) * kBlockKV / 2 * v_ld)),
           s_store(AlignedFloats::uninitialized(size_t(kPairRows) * kScoresLd)),
           p_store(AlignedFloats::uninitialized(size_t(kPairRows) * p_ld / 2)),
           mask_store(AlignedFloats::uninitialized(size_t(kPairRows) * kScoresLd)),
@@ -117,7 +117,7 @@ bool splits_in_place(const TensorView& t, int cols, int padded_cols, bool full) 
 template <int Parts>
 void pack_q(const TensorView& q, int64_t base, int rows, int D, Scratch& sc) {
     uint16_t* dst = sc.q();
-    const int ld = sc.terms * sc.dp, height = int(round_up(rows, 32));
+    const int ld = sc.parts * sc.dp, height = int(round_up(rows, 32));
     if constexpr (Parts == 1) {
         std::memset(dst, 0, size_t(height) * ld * 2);
         for (int r = 0; r < rows; ++r) {
@@ -168,30 +168,33 @@ void pack_v(const TensorView& v, int64_t base, int kv_rows, int Dv, Scratch& sc)
 }
 
 // s[r - 16 m][j] = sum_d q[r][d] k[j][d] for the 32 rows r of row tiles m, m + 1
-// and the first `cols` keys (a multiple of 32), on tiles 0-7.
+// and the first `cols` keys (a multiple of 32), over every term, on tiles 0-7.
+template <int Parts>
 void scores_on_tiles(const Scratch& sc, int m, int cols, float* s) {
-    const int ld = sc.terms * sc.dp;
+    const int ld = Parts * sc.dp;
+    const int64_t k_plane = int64_t(sc.dp / 2) * kKeyPairsLd;
     for (int n = 0; n < cols / 16; n += 2) {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
-        tiles_2x2_product(sc.q() + (m * 16) * ld, ld * 2, 16 * ld, sc.k() + n * 16, kKeyPairsLd * 4, ld / kTileBf16Cols);
+        tiles_2x2_split_product<Parts>(sc.q() + (m * 16) * ld, ld * 2, 16 * ld, sc.dp, sc.k() + n * 16,
+                                       kKeyPairsLd * 4, k_plane, sc.dp / kTileBf16Cols);
         store_tiles_2x2(s + n * 16, kScoresLd * 4);
     }
 }
 
 // o[r][c] += sum_j p[r - 16 m][j] v[j][c] for the 32 rows r of row tiles m, m + 1
 // and keys < kv_rows, over every term.
+template <int Parts>
 void accumulate_on_tiles(const Scratch& sc, int m, const uint16_t* p, int kv_rows, float* o) {
     const int ld = sc.p_ld;
     const int key_chunks = (kv_rows + kTileBf16Cols - 1) / kTileBf16Cols;
     for (int c = 0; c < sc.dvp / 16; c += 2) {
         float* acc = o + (m * 16) * sc.o_ld + c * 16;
         load_tiles_2x2(acc, sc.o_ld * 4);
-        for (int t = 0; t < sc.terms; ++t)
-            tiles_2x2_product(p + t * kBlockKV, ld * 2, 16 * ld,
-                              sc.v() + size_t(t) * (kBlockKV / 2) * sc.v_ld + c * 16, sc.v_ld * 4, key_chunks);
+        tiles_2x2_split_product<Parts>(p, ld * 2, 16 * ld, kBlockKV, sc.v() + c * 16, sc.v_ld * 4,
+                                       int64_t(kBlockKV / 2) * sc.v_ld, key_chunks);
         store_tiles_2x2(acc, sc.o_ld * 4);
     }
 }
@@ -203,8 +206,9 @@ void accumulate_on_tiles(const Scratch& sc, int m, const uint16_t* p, int kv_row
 // the max grew; only the first `vecs` vectors (an even count) of each row are
 // read.  R rows at once: each row's max is a chain of dependent
 // reductions, and R of them side by side keep the vector units busy.  The
-// probabilities are rounded to bf16, or split into parts good to 2^-17, so
-// the coarse exp2 serves.  Scores are rows kScoresLd apart, P rows p_ld
+// probabilities are rounded to bf16, or split into two parts good to 2^-17,
+// so the coarse exp2 serves; three parts (f32) take the full-precision one.
+// Scores are rows kScoresLd apart, P rows p_ld
 // and accumulator rows o_ld.
 template <int Parts, int R>
 void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load_scale, uint16_t* p_rows,
@@ -225,13 +229,13 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
         uint16_t* p_row = p_rows + size_t(i) * sc.p_ld;
         VecF sum{};
         for (int v = 0; v < vecs; v += 2) {
-            const VecF p0 = vexp2<true>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + v * kLanes), scale, shift));
-            const VecF p1 = vexp2<true>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + (v + 1) * kLanes), scale, shift));
+            const VecF p0 = vexp2<(Parts < 3)>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + v * kLanes), scale, shift));
+            const VecF p1 = vexp2<(Parts < 3)>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + (v + 1) * kLanes), scale, shift));
             sum += p0 + p1;
             __m512i parts[Parts];
             split_32<Parts>((__m512)p0, (__m512)p1, parts);
-            for (int t = 0; t < SplitTerms<Parts>::kTerms; ++t)
-                _mm512_storeu_si512(p_row + t * kBlockKV + v * kLanes, parts[SplitTerms<Parts>::a_part(t)]);
+            for (int part = 0; part < Parts; ++part)
+                _mm512_storeu_si512(p_row + part * kBlockKV + v * kLanes, parts[part]);
         }
         const int r = r0 + i;
         const float correction = new_max[i] == old_max[i] ? 1.0f : std::exp2(old_max[i] - base[i]);
@@ -330,7 +334,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             const int keys = pair_keys(m), cols = int(round_up(keys, 32));
             if (keys == 0) continue;  // no key of this block is visible to these rows
             const int r0 = m * 16, r1 = std::min(rows, r0 + kPairRows);
-            scores_on_tiles(sc, m, cols, s);
+            scores_on_tiles<Parts>(sc, m, cols, s);
             if (only_cut) {
                 for (int r = 0; r < r1 - r0; ++r) {
                     const int64_t end = a.causal ? causal_key_end(i0 + r0 + r, a.causal_offset, a.seq_kv) - j0 : kv_rows;
@@ -348,7 +352,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             int r = r0;
             for (; r + 4 <= r1; r += 4) softmax_at(std::integral_constant<int, 4>{}, r);
             for (; r < r1; ++r) softmax_at(std::integral_constant<int, 1>{}, r);
-            accumulate_on_tiles(sc, m, p, keys, sc.o_store.get());
+            accumulate_on_tiles<Parts>(sc, m, p, keys, sc.o_store.get());
         }
     }
     for (int r = 0; r < rows; ++r) {
@@ -364,22 +368,27 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     }
 }
 
+// Query rows per work item.  Larger items pack each K/V block for more
+// query rows; smaller ones keep every thread busy on small N*H.  Under a
+// causal mask items differ in work, so the largest size also needs twice
+// the items, to even out the threads' last ones.
+int64_t item_rows(int64_t batch, int64_t seq_q, int64_t threads, bool skip_causal_blocks) {
+    int64_t rows = kItemRows[0];
+    for (const int size : kItemRows) {
+        rows = size;
+        const int64_t count = batch * ((seq_q + size - 1) / size);
+        if (count >= (size == kBlockQ && skip_causal_blocks ? 8 : 4) * threads) break;
+    }
+    return rows;
+}
+
 // False (output unfinished) when split inputs held an infinity.
 template <int Parts>
 bool run_forward(const SdpaForwardArgs& a) {
     const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
     const int64_t threads = omp_get_max_threads();
     const bool skip_causal_blocks = skips_causal_blocks(a);
-    // Larger items pack each K/V block for more query rows; smaller ones keep
-    // every thread busy on small N*H.  Under a causal mask items differ in
-    // work, so the largest size also needs twice the items, to even out the
-    // threads' last ones.
-    int64_t block_q = kItemRows[0];
-    for (const int rows : kItemRows) {
-        block_q = rows;
-        const int64_t count = batch * ((a.seq_q + rows - 1) / rows);
-        if (count >= (rows == kBlockQ && skip_causal_blocks ? 8 : 4) * threads) break;
-    }
+    const int64_t block_q = item_rows(batch, a.seq_q, threads, skip_causal_blocks);
     const int64_t q_blocks = (a.seq_q + block_q - 1) / block_q;
     const int64_t items = batch * q_blocks;
     // Where even the smallest items leave threads idle, the keys some row
@@ -437,8 +446,14 @@ bool run_forward(const SdpaForwardArgs& a) {
 }  // namespace
 }  // namespace isa_amx
 
-bool sdpa_forward_amx(const SdpaForwardArgs& a, bool split) {
-    return split ? isa_amx::run_forward<2>(a) : isa_amx::run_forward<1>(a);
+bool sdpa_forward_amx_items_are_largest(const SdpaForwardArgs& a) {
+    const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
+    const int64_t rows = isa_amx::item_rows(batch, a.seq_q, omp_get_max_threads(), isa_amx::skips_causal_blocks(a));
+    return rows >= std::min<int64_t>(a.seq_q, isa_amx::kBlockQ);
+}
+
+bool sdpa_forward_amx(const SdpaForwardArgs& a, int parts) {
+    return parts == 3 ? isa_amx::run_forward<3>(a) : (parts == 2 ? isa_amx::run_forward<2>(a) : isa_amx::run_forward<1>(a));
 }
 
 }  // namespace graphattn
