@@ -180,7 +180,7 @@ Status sdpa_backward(const SdpaBackwardArgs& args) {
     const DType dtype = backward_dtype_class(args);
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
     // The split build declines inputs holding an infinity; the vector build then runs.
-    if (backward_runs_on_amx(dtype, a.seq_q, a.seq_kv) && sdpa_backward_amx(args, dtype == DType::f16)) return status;
+    if (backward_runs_on_amx(dtype, a.seq_q, a.seq_kv) && sdpa_backward_amx(args, amx_parts(dtype))) return status;
 #endif
     (void)dtype;
     return vector_kernel().run_backward(args);

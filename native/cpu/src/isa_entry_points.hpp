@@ -20,8 +20,9 @@ bool sdpa_forward_amx(const SdpaForwardArgs& args, int parts);
 // Whether sdpa_forward_amx's work items for these arguments (on this many
 // threads) are its largest, or whole query sequences; data is not read.
 bool sdpa_forward_amx_items_are_largest(const SdpaForwardArgs& args);
-// Q/K/V/dO as bf16 or (split) as two parts; f32 stays on the vector build.
-bool sdpa_backward_amx(const SdpaBackwardArgs& args, bool split);
+// The same for Q/K/V/dO, with 1 or 2 parts (f32 stays on the vector build:
+// its five products at six tile products each came out 0.4-0.8x the FMAs).
+bool sdpa_backward_amx(const SdpaBackwardArgs& args, int parts);
 #endif
 
 }  // namespace graphattn

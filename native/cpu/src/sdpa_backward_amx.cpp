@@ -2,8 +2,8 @@
 // split into bf16 parts (amx_split.hpp) (flags set in CMakeLists.txt; chosen
 // by dispatch.cpp where the CPU has AMX-BF16 and both sequences are long
 // enough for its blocks).  With split inputs every operand is kept as planes of
-// its parts, P and dS included, and each product sums the kept part
-// products, one tile product per term.
+// its parts, P and dS included, and each product runs over every kept part
+// product (tiles_2x2_split_product).
 //
 // First Q and dO are copied once into tile-friendly bf16 layouts (rows padded
 // to whole tiles, and transposed), and D = rowsum(dO * O) is computed.  Each
@@ -66,7 +66,6 @@ void store_parts_row(const float* src, int count, uint16_t* dst, int64_t plane, 
 
 template <int Parts>
 struct Backward {
-    using Terms = SplitTerms<Parts>;
     const SdpaBackwardArgs& args;
     const SdpaForwardArgs& a;
     int D, Dv, Dp, Dvp;
@@ -217,10 +216,8 @@ struct Backward {
                 _tile_zero(1);
                 _tile_zero(2);
                 _tile_zero(3);
-                for (int t = 0; t < Terms::kTerms; ++t)
-                    tiles_2x2_product(a_rows + Terms::a_part(t) * a_plane + (m * 16) * cols, cols * 2, 16 * cols,
-                                      packed + Terms::b_part(t) * packed_plane + n * 16, kKeys * 4,
-                                      cols / kTileBf16Cols);
+                tiles_2x2_split_product<Parts>(a_rows + (m * 16) * cols, cols * 2, 16 * cols, a_plane, packed + n * 16,
+                                               kKeys * 4, packed_plane, cols / kTileBf16Cols);
                 store_tiles_2x2(c + (m * 16) * kKeys + n * 16, kKeys * 4);
             }
     }
@@ -232,10 +229,9 @@ struct Backward {
             for (int n = 0; n < kKeys / 16; n += 2) {
                 float* c = acc_t + (m * 16) * kKeys + n * 16;
                 load_tiles_2x2(c, kKeys * 4);
-                for (int t = 0; t < Terms::kTerms; ++t)
-                    tiles_2x2_product(a_cols + Terms::a_part(t) * a_plane + (m * 16) * cols_ld + i0, cols_ld * 2,
-                                      16 * cols_ld, row_pairs + Terms::b_part(t) * Scratch::kChunkPlane + n * 16,
-                                      kKeys * 4, kRows / kTileBf16Cols);
+                tiles_2x2_split_product<Parts>(a_cols + (m * 16) * cols_ld + i0, cols_ld * 2, 16 * cols_ld, a_plane,
+                                               row_pairs + n * 16, kKeys * 4, Scratch::kChunkPlane,
+                                               kRows / kTileBf16Cols);
                 store_tiles_2x2(c, kKeys * 4);
             }
     }
@@ -299,10 +295,9 @@ struct Backward {
             for (int n = 0; n < Dp / 16; n += 2) {
                 float* acc = dq + (m * 16) * Dp + n * 16;
                 load_tiles_2x2(acc, Dp * 4);
-                for (int t = 0; t < Terms::kTerms; ++t)
-                    tiles_2x2_product(bf16s(sc.ds_bf16) + Terms::a_part(t) * chunk_words + (m * 16) * kKeys, kKeys * 2,
-                                      16 * kKeys, pairs(sc.k_pairs) + Terms::b_part(t) * sc.k_pairs_plane + n * 16,
-                                      Dp * 4, kKeys / kTileBf16Cols);
+                tiles_2x2_split_product<Parts>(bf16s(sc.ds_bf16) + (m * 16) * kKeys, kKeys * 2, 16 * kKeys, chunk_words,
+                                               pairs(sc.k_pairs) + n * 16, Dp * 4, sc.k_pairs_plane,
+                                               kKeys / kTileBf16Cols);
                 store_tiles_2x2(acc, Dp * 4);
             }
     }
@@ -397,8 +392,8 @@ struct Backward {
 }  // namespace
 }  // namespace isa_amx
 
-bool sdpa_backward_amx(const SdpaBackwardArgs& args, bool split) {
-    return split ? isa_amx::Backward<2>(args).run() : isa_amx::Backward<1>(args).run();
+bool sdpa_backward_amx(const SdpaBackwardArgs& args, int parts) {
+    return parts == 2 ? isa_amx::Backward<2>(args).run() : isa_amx::Backward<1>(args).run();
 }
 
 }  // namespace graphattn
