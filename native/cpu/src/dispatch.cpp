@@ -82,10 +82,12 @@ int amx_parts(DType dtype_class) { return dtype_class == DType::bf16 ? 1 : (dtyp
 // tiles; (16,16,64,64,64): 0.87x; (1,16,32,4096,128): 0.83x; from 64 query
 // rows and 192 x 192 scores on, tiles win: 1.05-1.7x), and so they are where
 // the items are small, each packing its K/V for few rows (16-core Xeon,
-// 256-row items (1,16,1024,64): 1.0x; 64-row items (1,2,2048,64): 0.81x,
-// (1,8,1000,80): 0.72x; 512-row items (1,16,2048,128): 1.22x).
+// 64-row items (1,2,2048,64): 0.81x, (1,8,1000,80): 0.72x; 256-row items
+// (1,16,1024,64): 1.0x, causal (1,16,2048,128): 1.2x; 512-row items
+// (1,16,2048,128): 1.22x).  Items of a whole query sequence count as long.
 constexpr int64_t kAmxF32MinQueryRows = 64;
 constexpr int64_t kAmxF32MinScores = 192 * 192;
+constexpr int64_t kAmxF32MinItemRows = 256;
 
 // Whether a forward call runs on AMX tiles; `args` gives its lengths, batch
 // and mask (data is not read).
@@ -93,7 +95,7 @@ bool forward_runs_on_amx(DType dtype_class, const SdpaForwardArgs& args) {
     if (args.seq_q < kAmxMinQueryRows || !amx_allowed()) return false;
     if (dtype_class != DType::f32) return true;
     return args.seq_q >= kAmxF32MinQueryRows && args.seq_q * args.seq_kv >= kAmxF32MinScores &&
-           sdpa_forward_amx_items_are_largest(args);
+           sdpa_forward_amx_item_rows(args) >= std::min(args.seq_q, kAmxF32MinItemRows);
 }
 
 // A call's shape for the kernel choice alone: `batch` batch indices, no mask

@@ -446,10 +446,10 @@ bool run_forward(const SdpaForwardArgs& a) {
 }  // namespace
 }  // namespace isa_amx
 
-bool sdpa_forward_amx_items_are_largest(const SdpaForwardArgs& a) {
+int64_t sdpa_forward_amx_item_rows(const SdpaForwardArgs& a) {
     const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
     const int64_t rows = isa_amx::item_rows(batch, a.seq_q, omp_get_max_threads(), isa_amx::skips_causal_blocks(a));
-    return rows >= std::min<int64_t>(a.seq_q, isa_amx::kBlockQ);
+    return std::min(rows, a.seq_q);
 }
 
 bool sdpa_forward_amx(const SdpaForwardArgs& a, int parts) {
