@@ -128,10 +128,11 @@ def test_strided_views_and_scale(rng):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_strided_long_views(dtype, rng):
     """Long sequences through views with a row stride (BSHD storage) and a column stride of 2: the
-    packed fast paths' row strides and the kernels' general path for other layouts."""
-    base = random_array((1, 150, 2, 2, 64), dtype, rng)  # (N, S, H, 2, D) storage
+    packed fast paths' row strides and the kernels' general path for other layouts (eight heads of 200:
+    long enough for f32 to take the AMX kernel too, on two threads)."""
+    base = random_array((1, 200, 8, 2, 64), dtype, rng)  # (N, S, H, 2, D) storage
     bshd = base[:, :, :, 0].transpose(0, 2, 1, 3)
-    every_other = base.transpose(0, 2, 1, 3, 4).reshape(1, 2, 150, 128)[..., ::2]
+    every_other = base.transpose(0, 2, 1, 3, 4).reshape(1, 8, 200, 128)[..., ::2]
     for k, v in ((bshd, bshd), (every_other, bshd), (bshd, every_other)):
         out = ga.scaled_dot_product_attention(bshd, k, v)
         assert_close(out, sdpa_reference(bshd, k, v), dtype)
