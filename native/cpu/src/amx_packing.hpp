@@ -93,8 +93,9 @@ inline void pack_row_pairs(const Bf16Block& x, int height, int cols_padded, uint
 
 // Split packings: a block of f32, bf16 or f16 values (unit column stride,
 // full: `width` or `height` rows, columns a multiple of 32) goes into bf16
-// parts (amx_split.hpp), one segment per part.  They convert, split and pack in registers, in one pass, and
-// add the lanes that held an infinity to `infinite`.
+// parts (amx_split.hpp), one segment per part.  They convert, split and pack
+// in registers, in one pass, and add the lanes that held an infinity to
+// `infinite`.
 
 // As pack_column_pairs: part p's cols / 2 pair rows, from dst + p * (cols / 2) * ld.
 template <int Parts>

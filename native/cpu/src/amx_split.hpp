@@ -8,10 +8,10 @@
 // i + j < Parts; those left out, with the rounding of the last parts, come to
 // at most 2^-18 (two parts) or 2^-25 (three) of |a_k b_k|.  Each kept product
 // is exact in f32 and the tiles accumulate in f32, so three parts give a dot
-// product within f32's own rounding of each product (2^-24).  (Tiles read subnormal bf16
-// as zero: the last parts of values below about 2^-110 are lost.)  Each
-// operand keeps its parts in planes of their own; a tile product runs over
-// every term.  Parts = 1 is the plain bf16 product.
+// product within f32's own rounding of each product (2^-24).  (Tiles read
+// subnormal bf16 as zero: the last parts of values below about 2^-110 are
+// lost.)  Each operand keeps its parts in planes of their own; a tile product
+// runs over every term.  Parts = 1 is the plain bf16 product.
 #pragma once
 
 #include <immintrin.h>

@@ -73,6 +73,9 @@ Status forward_amx_or_vector(const SdpaForwardArgs& args) {
 // build's row kernel.
 constexpr int64_t kAmxMinQueryRows = 16;
 
+// Whether AMX tiles may take a call of this query length at all.
+bool tiles_take(int64_t seq_q) { return seq_q >= kAmxMinQueryRows && amx_allowed(); }
+
 // bf16 parts per value of a dtype class on AMX tiles.
 int amx_parts(DType dtype_class) { return dtype_class == DType::bf16 ? 1 : (dtype_class == DType::f16 ? 2 : 3); }
 
@@ -92,7 +95,7 @@ constexpr int64_t kAmxF32MinItemRows = 256;
 // Whether a forward call runs on AMX tiles; `args` gives its lengths, batch
 // and mask (data is not read).
 bool forward_runs_on_amx(DType dtype_class, const SdpaForwardArgs& args) {
-    if (args.seq_q < kAmxMinQueryRows || !amx_allowed()) return false;
+    if (!tiles_take(args.seq_q)) return false;
     if (dtype_class != DType::f32) return true;
     return args.seq_q >= kAmxF32MinQueryRows && args.seq_q * args.seq_kv >= kAmxF32MinScores &&
            sdpa_forward_amx_item_rows(args) >= std::min(args.seq_q, kAmxF32MinItemRows);
@@ -118,7 +121,7 @@ SdpaForwardArgs shape_only_args(int64_t batch, int64_t seq_q, int64_t seq_kv, bo
 int64_t amx_backward_min_length(DType dtype_class) { return dtype_class == DType::f16 ? 64 : 48; }
 
 bool backward_runs_on_amx(DType dtype_class, int64_t seq_q, int64_t seq_kv) {
-    return dtype_class != DType::f32 && seq_q >= kAmxMinQueryRows && amx_allowed() &&
+    return dtype_class != DType::f32 && tiles_take(seq_q) &&
            std::min(seq_q, seq_kv) >= amx_backward_min_length(dtype_class);
 }
 
@@ -132,10 +135,9 @@ const char* amx_build_name(DType dtype_class) {
 ForwardKernel forward_kernel_for(DType input_dtype, const SdpaForwardArgs& args) {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
     if (args.dropout_p == 0.0f && forward_runs_on_amx(input_dtype, args)) {
-        const int parts = amx_parts(input_dtype);
-        return {amx_build_name(input_dtype),
-                parts == 1 ? forward_amx_or_vector<1> : (parts == 2 ? forward_amx_or_vector<2> : forward_amx_or_vector<3>),
-                nullptr};
+        static constexpr ForwardFn kByParts[] = {forward_amx_or_vector<1>, forward_amx_or_vector<2>,
+                                                 forward_amx_or_vector<3>};
+        return {amx_build_name(input_dtype), kByParts[amx_parts(input_dtype) - 1], nullptr};
     }
 #endif
     (void)args;

@@ -1,7 +1,7 @@
 // FlashAttention-2 forward on AMX tiles for bf16 inputs, and for f16 and f32
-// inputs split into two or three bf16 parts (amx_split.hpp); flags set in CMakeLists.txt, chosen
-// by dispatch.cpp only where the CPU has AMX-BF16 and the OS granted the tile
-// state.
+// inputs split into two or three bf16 parts (amx_split.hpp); flags set in
+// CMakeLists.txt, chosen by dispatch.cpp only where the CPU has AMX-BF16 and
+// the OS granted the tile state.
 //
 // Per work item (one batch index, up to kBlockQ query rows): Q is packed once as
 // bf16 rows; per key block, K is packed into VNNI pairs (a 16 x 16 word
@@ -14,9 +14,9 @@
 // faster), and one pair's buffers stay small.  Scale and masks are applied to
 // S in f32, as in the reference.  With split inputs each packed operand holds
 // its parts in planes of their own, and each tile product runs over every
-// kept part product.  Where the items are fewer than the
-// threads, each also takes only a range of the keys, and a second pass merges
-// the ranges by their log-sum-exp.
+// kept part product.  Where the items are fewer than the threads, each also
+// takes only a range of the keys, and a second pass merges the ranges by
+// their log-sum-exp.
 #define GRAPHATTN_ISA_NS isa_amx
 #define GRAPHATTN_LANES 16
 
@@ -208,11 +208,11 @@ void accumulate_on_tiles(const Scratch& sc, int m, const uint16_t* p, int kv_row
 // reductions, and R of them side by side keep the vector units busy.  The
 // probabilities are rounded to bf16, or split into two parts good to 2^-17,
 // so the coarse exp2 serves; three parts (f32) take the full-precision one.
-// Scores are rows kScoresLd apart, P rows p_ld
-// and accumulator rows o_ld.
+// Scores are rows kScoresLd apart, P rows p_ld and accumulator rows o_ld.
 template <int Parts, int R>
 void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load_scale, uint16_t* p_rows,
                   float* o_rows) {
+    constexpr bool kCoarseExp = Parts < 3;
     float new_max[R], base[R], old_max[R];
     for (int i = 0; i < R; ++i) {
         VecF m = splat(-__builtin_inff());
@@ -229,8 +229,9 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
         uint16_t* p_row = p_rows + size_t(i) * sc.p_ld;
         VecF sum{};
         for (int v = 0; v < vecs; v += 2) {
-            const VecF p0 = vexp2<(Parts < 3)>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + v * kLanes), scale, shift));
-            const VecF p1 = vexp2<(Parts < 3)>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + (v + 1) * kLanes), scale, shift));
+            const VecF p0 = vexp2<kCoarseExp>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + v * kLanes), scale, shift));
+            const VecF p1 =
+                vexp2<kCoarseExp>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + (v + 1) * kLanes), scale, shift));
             sum += p0 + p1;
             __m512i parts[Parts];
             split_32<Parts>((__m512)p0, (__m512)p1, parts);
