@@ -151,7 +151,7 @@ def test_infinite_inputs_match_reference(where, dtype, rng):
 
 
 F32_ERROR_SCRIPT = """
-import sys, numpy as np, graphattn as ga
+import numpy as np, graphattn as ga
 from graphattn.testing import random_array, sdpa_reference
 rng = np.random.default_rng(5)
 for sq, skv, d, scale in ((64, 600, 64, 1.0), (300, 700, 80, 3.0), (130, 1100, 128, 2.0), (200, 200, 256, 1.0)):
@@ -165,7 +165,7 @@ for sq, skv, d, scale in ((64, 600, 64, 1.0), (300, 700, 80, 3.0), (130, 1100, 1
 def test_f32_on_split_tiles_is_as_accurate_as_f32_arithmetic():
     """f32 calls on AMX run as six bf16 tile products per product (three bf16 parts per value): their
     error against the float64 reference stays within twice the vector build's f32 error, shape by shape
-    (two parts would be about a hundred times it)."""
+    (two parts measured ten to forty times it)."""
     if ga.forward_isa("f32") != "amx_bf16x6":
         pytest.skip("f32 runs on the vector build here")
     runs = {}
