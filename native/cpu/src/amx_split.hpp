@@ -44,9 +44,12 @@ struct SplitTerms {
     }
 };
 
-// As tiles_2x2_product (amx_tiles.hpp), over every term of split operands:
-// A's part p lies a_part_step elements after its part 0, B's part p
-// b_part_step words after.  A part's tiles are loaded only where the term
+// Adds A B to the 2 x 2 accumulator tiles (amx_tiles.hpp) over `steps`
+// reduction steps of 32 bf16, summing every term of split operands (one term
+// for Parts = 1).  A's rows are a_row_bytes apart and its 16-row bands a_band
+// apart (in elements), its part p a_part_step elements after part 0; B (VNNI
+// pairs) has rows b_row_bytes apart, 16 per step, its part p b_part_step
+// words after part 0.  A part's tiles are loaded only where the term
 // before used another part, so a step loads 2 + 2 * kTerms tiles at most
 // instead of 4 * kTerms (three parts: 16 loads for 24 products).
 template <int Parts>

@@ -38,25 +38,9 @@ inline void configure_tiles() {
     _tile_loadconfig(&config);
 }
 
-// Tiles 0-3 hold a 2 x 2 block of 16 x 16 f32 accumulators C; tiles 4-5 the
-// two 16-row bands of A, tiles 6-7 the two 16-column halves of B.  Adds
-// A B over `steps` reduction steps of 32 bf16: A's rows are a_row_bytes
-// apart and its 16-row bands a_band apart (in elements); B (VNNI pairs) has
-// rows b_row_bytes apart, 16 of them per step.
-inline void tiles_2x2_product(const uint16_t* a, int64_t a_row_bytes, int64_t a_band, const uint32_t* b,
-                              int64_t b_row_bytes, int steps) {
-    const int64_t b_row_words = b_row_bytes / 4;
-    for (int step = 0; step < steps; ++step) {
-        _tile_loadd(4, a + step * kTileBf16Cols, a_row_bytes);
-        _tile_loadd(5, a + a_band + step * kTileBf16Cols, a_row_bytes);
-        _tile_loadd(6, b + step * kTileRows * b_row_words, b_row_bytes);
-        _tile_loadd(7, b + step * kTileRows * b_row_words + 16, b_row_bytes);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-    }
-}
+// Tiles 0-3 hold a 2 x 2 block of 16 x 16 f32 accumulators C, tiles 4-5 the
+// two 16-row bands of an A operand and tiles 6-7 the two 16-column halves of
+// a B operand (the products themselves: tiles_2x2_split_product, amx_split.hpp).
 
 // Stores (or loads) the 2 x 2 block of accumulator tiles 0-3 at c, rows c_row_bytes apart.
 inline void store_tiles_2x2(float* c, int64_t c_row_bytes) {

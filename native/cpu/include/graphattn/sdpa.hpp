@@ -130,7 +130,8 @@ const char* sdpa_forward_isa(DType input_dtype = DType::f32, int64_t seq_q = 1 <
                              int64_t batch = 1, bool causal = false);
 
 // Name of the kernel build sdpa_forward uses for these arguments (their
-// dtypes, query length and dropout; data addresses are not read).
+// dtypes, lengths, batch, causal mask and dropout, and the thread count;
+// data addresses are not read).
 const char* sdpa_forward_isa_for(const SdpaForwardArgs& args);
 
 }  // namespace graphattn
