@@ -33,14 +33,17 @@ struct SplitTerms {
     // Term t multiplies A's part a_part(t) by B's part b_part(t), in an order
     // where each term shares its A or its B part with the one before (see
     // tiles_2x2_split_product): two parts a0 b1, a0 b0, a1 b0; three parts
-    // a0 b0, a0 b1, a0 b2, a1 b1, a1 b0, a2 b0.
+    // a2 b0, a1 b0, a1 b1, a0 b1, a0 b2, a0 b0 (one part changes at a time,
+    // so a step loads seven operand pairs, not eight).
     static constexpr int a_part(int t) {
+        if (Parts == 1) return 0;
         if (Parts == 2) return t == 2 ? 1 : 0;
-        return t < 3 ? 0 : (t < 5 ? 1 : 2);
+        return t == 0 ? 2 : (t < 3 ? 1 : 0);
     }
     static constexpr int b_part(int t) {
+        if (Parts == 1) return 0;
         if (Parts == 2) return t == 0 ? 1 : 0;
-        return t < 3 ? t : (t == 3 ? 1 : 0);
+        return t < 2 ? 0 : (t < 4 ? 1 : (t == 4 ? 2 : 0));
     }
 };
 
@@ -51,7 +54,7 @@ struct SplitTerms {
 // pairs) has rows b_row_bytes apart, 16 per step, its part p b_part_step
 // words after part 0.  A part's tiles are loaded only where the term
 // before used another part, so a step loads 2 + 2 * kTerms tiles at most
-// instead of 4 * kTerms (three parts: 16 loads for 24 products).
+// instead of 4 * kTerms (three parts: 14 loads for 24 products).
 template <int Parts>
 inline void tiles_2x2_split_product(const uint16_t* a, int64_t a_row_bytes, int64_t a_band, int64_t a_part_step,
                                     const uint32_t* b, int64_t b_row_bytes, int64_t b_part_step, int steps) {
