@@ -55,6 +55,9 @@ CASES = {
                                       causal_alignment="bottom_right"),
     # One work item of the AMX kernel (f32 too): its keys split across threads and merged; D=256.
     "long_keys_one_item_d256": dict(q=(1, 1, 64, 256), k=(1, 1, 1500, 256), v=(1, 1, 1500, 256)),
+    # f16 on two threads: two 256-row AMX items (the second partial) with their keys split in three
+    # (plan_items' split_keys_first); the last key block partial.
+    "large_items_split_keys": dict(q=(1, 1, 300, 64), k=(1, 1, 2100, 64), v=(1, 1, 2100, 64)),
 }
 
 MASK_SHAPES = [(17, 29), (1, 29), (17, 1), (2, 1, 17, 29), (1, 3, 1, 29), (2, 3, 17, 29), (3, 17, 29)]

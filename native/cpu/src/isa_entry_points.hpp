@@ -20,8 +20,8 @@ bool sdpa_forward_amx(const SdpaForwardArgs& args, int parts);
 // The same for Q/K/V/dO, with 1 or 2 parts (f32 stays on the vector build:
 // its five products at six tile products each came out 0.4-0.8x the FMAs).
 bool sdpa_backward_amx(const SdpaBackwardArgs& args, int parts);
-// Query rows per work item of sdpa_forward_amx for these arguments on this
-// many threads (data is not read).
+// Query rows per work item of sdpa_forward_amx for f32 inputs with these
+// arguments on omp_get_max_threads() threads (data is not read).
 int64_t sdpa_forward_amx_item_rows(const SdpaForwardArgs& args);
 #endif
 

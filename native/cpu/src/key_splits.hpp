@@ -24,19 +24,25 @@ struct KeySplits {
     int64_t keys = 1;   // keys per split: a multiple of the key block, or all of them in one split
 };
 
+// The first `keys` keys in about `count` splits of whole key blocks.
+inline KeySplits even_key_splits(int64_t count, int64_t keys, int64_t block) {
+    KeySplits s;
+    if (count <= 1) {
+        s.keys = std::max<int64_t>(keys, 1);
+        return s;
+    }
+    s.keys = round_up((keys + count - 1) / count, block);
+    s.count = (keys + s.keys - 1) / s.keys;
+    return s;
+}
+
 // Splits of the first `keys` keys (those some query row sees) for `items`
 // work items on `threads` threads: about `per_thread` pieces of work per
 // thread, each split at least kMinKeysPerSplit long and a whole number of key blocks.
 inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t block) {
-    KeySplits s;
-    if (items < threads) s.count = std::max<int64_t>(1, std::min((per_thread * threads + items - 1) / items, keys / kMinKeysPerSplit));
-    if (s.count == 1) {
-        s.keys = std::max<int64_t>(keys, 1);
-        return s;
-    }
-    s.keys = round_up((keys + s.count - 1) / s.count, block);
-    s.count = (keys + s.keys - 1) / s.keys;
-    return s;
+    int64_t count = 1;
+    if (items < threads) count = std::max<int64_t>(1, std::min((per_thread * threads + items - 1) / items, keys / kMinKeysPerSplit));
+    return even_key_splits(count, keys, block);
 }
 
 // One row's results merged from `splits` key splits by their log-sum-exp.

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <type_traits>
 
 #include "amx_packing.hpp"
@@ -48,6 +49,7 @@ constexpr int kBlockQ = 512;  // query rows per item at most (the scratch's size
 // Item sizes tried in turn: the largest that still gives every thread a few
 // items (each item packs every K/V block it reads, so larger items pack less).
 constexpr int kItemRows[] = {kBlockQ, 256, 128, 64};
+constexpr int kLargeItemRows = 256;  // see plan_items
 constexpr int kPairRows = 32;  // a pair of row tiles
 // 512 keys per block: each O accumulator tile pair is loaded and stored once
 // per 16 reduction steps of P V (tile loads and stores cost about as much as
@@ -369,18 +371,45 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     }
 }
 
-// Query rows per work item.  Larger items pack each K/V block for more
-// query rows; smaller ones keep every thread busy on small N*H.  Under a
-// causal mask items differ in work, so the largest size also needs twice
-// the items, to even out the threads' last ones.
-int64_t item_rows(int64_t batch, int64_t seq_q, int64_t threads, bool skip_causal_blocks) {
-    int64_t rows = kItemRows[0];
-    for (const int size : kItemRows) {
-        rows = size;
-        const int64_t count = batch * ((seq_q + size - 1) / size);
-        if (count >= (size == kBlockQ && skip_causal_blocks ? 8 : 4) * threads) break;
+// Query rows per work item and key splits per item.  Larger items pack each
+// K/V block for more query rows; smaller ones keep every thread busy on
+// small N*H.  Under a causal mask items differ in work, so the largest size
+// also needs twice the items, to even out the threads' last ones.  Where
+// even the smallest items leave threads idle, their keys are split too
+// (about two pieces of work per thread) and merged by their log-sum-exp.
+// split_keys_first: where no item of kLargeItemRows rows or more gives the
+// threads enough work alone, such items with their keys split are taken
+// before smaller ones (f16, whose per-item packing splits each K/V value in
+// two: 16-core Xeon, (1,2,2048,64) 1.14-1.24x, (1,2,4096,64) 1.08-1.14x;
+// bf16 gained nothing there, 0.97-1.03x).
+struct ItemPlan {
+    int64_t rows;
+    KeySplits splits;
+};
+
+ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t threads, bool skip_causal_blocks,
+                    bool split_keys_first) {
+    const int64_t wanted = 4 * threads;  // pieces of work
+    auto items_of = [&](int64_t rows) { return batch * ((seq_q + rows - 1) / rows); };
+    for (const int rows : kItemRows) {
+        const int64_t items = items_of(rows);
+        if (items >= (rows == kBlockQ && skip_causal_blocks ? 2 : 1) * wanted)
+            return {rows, plan_key_splits(items, threads, 2, visible_keys, kBlockKV)};
+        if (rows != kLargeItemRows || !split_keys_first || skip_causal_blocks) continue;
+        for (const int large : kItemRows) {
+            if (large < kLargeItemRows) break;
+            const int64_t n = items_of(large);
+            const int64_t splits = std::min(std::max<int64_t>(1, visible_keys / kMinKeysPerSplit), (wanted + n - 1) / n);
+            if (n * splits >= wanted) return {large, even_key_splits(splits, visible_keys, kBlockKV)};
+        }
     }
-    return rows;
+    const int64_t smallest = kItemRows[std::size(kItemRows) - 1];
+    return {smallest, plan_key_splits(items_of(smallest), threads, 2, visible_keys, kBlockKV)};
+}
+
+// The keys some query row sees.
+int64_t visible_keys_of(const SdpaForwardArgs& a) {
+    return skips_causal_blocks(a) ? causal_key_end(a.seq_q - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
 }
 
 // False (output unfinished) when split inputs held an infinity.
@@ -389,16 +418,11 @@ bool run_forward(const SdpaForwardArgs& a) {
     const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
     const int64_t threads = omp_get_max_threads();
     const bool skip_causal_blocks = skips_causal_blocks(a);
-    const int64_t block_q = item_rows(batch, a.seq_q, threads, skip_causal_blocks);
+    const ItemPlan item_plan = plan_items(batch, a.seq_q, visible_keys_of(a), threads, skip_causal_blocks, Parts == 2);
+    const int64_t block_q = item_plan.rows;
     const int64_t q_blocks = (a.seq_q + block_q - 1) / block_q;
     const int64_t items = batch * q_blocks;
-    // Where even the smallest items leave threads idle, the keys some row
-    // sees are split too (about two pieces of work per thread) and the splits
-    // merged by their log-sum-exp.
-    const int64_t visible_keys =
-        skip_causal_blocks ? causal_key_end(a.seq_q - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
-    const KeySplits plan = plan_key_splits(items, threads, 2, visible_keys, kBlockKV);
-    const int64_t splits = plan.count, keys_per_split = plan.keys;
+    const int64_t splits = item_plan.splits.count, keys_per_split = item_plan.splits.keys;
     const int Dv = int(a.head_dim_v);
     const PartialLayout layout{block_q, Dv};
     AlignedFloats partials =
@@ -449,7 +473,9 @@ bool run_forward(const SdpaForwardArgs& a) {
 
 int64_t sdpa_forward_amx_item_rows(const SdpaForwardArgs& a) {
     const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
-    const int64_t rows = isa_amx::item_rows(batch, a.seq_q, omp_get_max_threads(), isa_amx::skips_causal_blocks(a));
+    // Only f32 calls ask (dispatch.cpp), and their items never split keys first.
+    const int64_t rows = isa_amx::plan_items(batch, a.seq_q, isa_amx::visible_keys_of(a), omp_get_max_threads(),
+                                             isa_amx::skips_causal_blocks(a), false).rows;
     return std::min(rows, a.seq_q);
 }
 
