@@ -25,11 +25,13 @@ namespace GRAPHATTN_ISA_NS {
 template <int RV, int NT, bool Accumulate>
 inline void lane_tile(const float* __restrict a_t, int64_t lda, int k_count, const float* __restrict b, int64_t b_n,
                       int64_t b_k, float* __restrict c_t, int64_t ldc) {
+    // The sums start at zero and C is added at the end: with C loaded up front,
+    // GCC kept a second copy of the accumulators on the stack.
     VecF acc[NT][RV];
 #pragma GCC unroll 16
     for (int n = 0; n < NT; ++n)
 #pragma GCC unroll 16
-        for (int v = 0; v < RV; ++v) acc[n][v] = Accumulate ? load(c_t + n * ldc + v * kLanes) : VecF{};
+        for (int v = 0; v < RV; ++v) acc[n][v] = VecF{};
     for (int k = 0; k < k_count; ++k) {
         VecF a[RV];
 #pragma GCC unroll 16
@@ -45,7 +47,10 @@ inline void lane_tile(const float* __restrict a_t, int64_t lda, int k_count, con
 #pragma GCC unroll 16
     for (int n = 0; n < NT; ++n)
 #pragma GCC unroll 16
-        for (int v = 0; v < RV; ++v) store(c_t + n * ldc + v * kLanes, acc[n][v]);
+        for (int v = 0; v < RV; ++v) {
+            float* c = c_t + n * ldc + v * kLanes;
+            store(c, Accumulate ? load(c) + acc[n][v] : acc[n][v]);
+        }
 }
 
 // The same product for n < n_count: full tiles of NT, then one narrower tile
