@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <iterator>
 #include <type_traits>
 
@@ -396,8 +397,7 @@ ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t 
         if (items >= (rows == kBlockQ && skip_causal_blocks ? 2 : 1) * wanted)
             return {rows, plan_key_splits(items, threads, 2, visible_keys, kBlockKV)};
         if (rows != kLargeItemRows || !split_keys_first || skip_causal_blocks) continue;
-        for (const int large : kItemRows) {
-            if (large < kLargeItemRows) break;
+        for (const int large : {kBlockQ, kLargeItemRows}) {  // the large sizes again, now with split keys
             const int64_t n = items_of(large);
             const int64_t splits = std::min(std::max<int64_t>(1, visible_keys / kMinKeysPerSplit), (wanted + n - 1) / n);
             if (n * splits >= wanted) return {large, even_key_splits(splits, visible_keys, kBlockKV)};
