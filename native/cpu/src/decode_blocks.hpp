@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <immintrin.h>
 #include <type_traits>
 
 #include "graphattn/sdpa.hpp"
@@ -104,6 +105,45 @@ inline void row_key_partials(const float* const* q_rows, const void* keys, int64
         for (int r = 0; r < R; ++r) store(partials + (r * kDecodeKeys + t) * kLanes, acc[r]);
     }
 }
+
+#if defined(__AVX512F__)
+// row_key_partials for bf16 Q and K on AVX512-BF16: each instruction takes
+// 32 head-dim values of a row and of a key, multiplies them in pairs exactly
+// and adds both products to a lane's f32 sum, with no conversion to f32 and
+// half the instructions (the partials then hold sums over pairs of columns,
+// which transposed_sums adds up as before).  Like the AMX tiles, it reads
+// subnormal bf16 as zero.  Q rows are the unscaled bf16 inputs (Dp a
+// multiple of 32); the caller scales the scores.
+template <int R>
+__attribute__((target("avx512bf16"))) inline void row_key_partials_bf16(const uint16_t* const* q_rows,
+                                                                       const uint16_t* keys, int64_t key_stride,
+                                                                       int kv, int Dp, float* partials) {
+    const int key_count = (kv + kLanes - 1) / kLanes * kLanes;
+    for (int t = 0; t < key_count; ++t) {
+        __m512 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        if (t < kv) {
+            const uint16_t* k_row = keys + t * key_stride;
+            for (int c = 0; c < Dp; c += 32) {
+                const __m512bh k = (__m512bh)_mm512_loadu_si512(k_row + c);
+                for (int r = 0; r < R; ++r)
+                    acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(q_rows[r] + c), k);
+            }
+        }
+        for (int r = 0; r < R; ++r) _mm512_storeu_ps(partials + (r * kDecodeKeys + t) * kLanes, acc[r]);
+    }
+}
+
+inline void decode_partials_bf16(int R, const uint16_t* const* q_rows, const uint16_t* keys, int64_t key_stride, int kv,
+                                 int Dp, float* partials) {
+    switch (R) {
+        case 4: row_key_partials_bf16<4>(q_rows, keys, key_stride, kv, Dp, partials); break;
+        case 3: row_key_partials_bf16<3>(q_rows, keys, key_stride, kv, Dp, partials); break;
+        case 2: row_key_partials_bf16<2>(q_rows, keys, key_stride, kv, Dp, partials); break;
+        default: row_key_partials_bf16<1>(q_rows, keys, key_stride, kv, Dp, partials); break;
+    }
+}
+#endif
 
 // o_rows[r] += sum over t < kv of p_rows[r][t] * V row t, for R rows and
 // NV vectors of columns starting at column c0.
