@@ -36,12 +36,17 @@ inline KeySplits even_key_splits(int64_t count, int64_t keys, int64_t block) {
     return s;
 }
 
+// Splits per item for `items` work items to make about `pieces` pieces of
+// work, each split at least kMinKeysPerSplit of the `keys` keys long.
+inline int64_t key_split_count(int64_t pieces, int64_t items, int64_t keys) {
+    return std::max<int64_t>(1, std::min((pieces + items - 1) / items, keys / kMinKeysPerSplit));
+}
+
 // Splits of the first `keys` keys (those some query row sees) for `items`
-// work items on `threads` threads: about `per_thread` pieces of work per
-// thread, each split at least kMinKeysPerSplit long and a whole number of key blocks.
+// work items on `threads` threads: none where the items fill the threads,
+// else about `per_thread` pieces of work per thread, in whole key blocks.
 inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t block) {
-    int64_t count = 1;
-    if (items < threads) count = std::max<int64_t>(1, std::min((per_thread * threads + items - 1) / items, keys / kMinKeysPerSplit));
+    const int64_t count = items < threads ? key_split_count(per_thread * threads, items, keys) : 1;
     return even_key_splits(count, keys, block);
 }
 

@@ -398,8 +398,7 @@ ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t 
             return {rows, plan_key_splits(items, threads, 2, visible_keys, kBlockKV)};
         if (rows != kLargeItemRows || !split_keys_first || skip_causal_blocks) continue;
         for (const int large : {kBlockQ, kLargeItemRows}) {  // the large sizes again, now with split keys
-            const int64_t n = items_of(large);
-            const int64_t splits = std::min(std::max<int64_t>(1, visible_keys / kMinKeysPerSplit), (wanted + n - 1) / n);
+            const int64_t n = items_of(large), splits = key_split_count(wanted, n, visible_keys);
             if (n * splits >= wanted) return {large, even_key_splits(splits, visible_keys, kBlockKV)};
         }
     }
@@ -480,7 +479,8 @@ int64_t sdpa_forward_amx_item_rows(const SdpaForwardArgs& a) {
 }
 
 bool sdpa_forward_amx(const SdpaForwardArgs& a, int parts) {
-    return parts == 3 ? isa_amx::run_forward<3>(a) : (parts == 2 ? isa_amx::run_forward<2>(a) : isa_amx::run_forward<1>(a));
+    if (parts == 3) return isa_amx::run_forward<3>(a);
+    return parts == 2 ? isa_amx::run_forward<2>(a) : isa_amx::run_forward<1>(a);
 }
 
 }  // namespace graphattn

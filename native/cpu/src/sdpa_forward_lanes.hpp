@@ -28,11 +28,11 @@
 
 #include "block_io.hpp"
 #include "decode_blocks.hpp"
-#include "graphattn/cpu_features.hpp"
 #include "dropout.hpp"
-#include "key_splits.hpp"
+#include "graphattn/cpu_features.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
+#include "key_splits.hpp"
 #include "lane_gemm.hpp"
 #include "lane_masks.hpp"
 #include "scratch.hpp"
@@ -287,23 +287,6 @@ struct LaneForward {
         float* q_pad = sc.q_pad.get();
         float* o_pad = sc.o_pad.get();
         const float* qi = sc.query_index.get();
-        const float* q_rows[kBlockQ];
-        float* o_rows[kBlockQ];
-        const float* p_rows[kBlockQ];
-        for (int r = 0; r < rows; ++r) {
-            q_rows[r] = q_pad + r * Dp;
-            o_rows[r] = o_pad + r * Dvp;
-            p_rows[r] = sc.p_rows.get() + r * kDecodeKeys;
-            float* q_row = q_pad + r * Dp;
-            load_block(element_ptr(q.data, q.dtype, sc.q_off[r]), q.dtype, 0, q.strides[4], 1, D, q_row, D, 1);
-            for (int d = 0; d < Dp; d += kLanes) store(q_row + d, load(q_row + d) * scale);
-            std::fill(o_pad + r * Dvp, o_pad + (r + 1) * Dvp, 0.0f);
-            sc.row_max.get()[r] = -__builtin_inff();
-            sc.row_sum.get()[r] = 0.0f;
-        }
-        if (skip_causal_blocks)
-            key_end = std::min(key_end, causal_key_end(int64_t(*std::max_element(qi, qi + rows)), a.causal_offset, a.seq_kv));
-        const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
         // K/V rows with unit column stride whose head dim fills whole vectors are read in place, in their
         // dtype; others are first copied into padded f32 rows.
         const bool k_in_place = k.strides[4] == 1 && Dp == D;
@@ -311,17 +294,36 @@ struct LaneForward {
         const DType k_type = k_in_place ? k.dtype : DType::f32, v_type = v_in_place ? v.dtype : DType::f32;
 #if defined(__AVX512F__)
         // bf16 Q and K read in place, rows of whole 32-value steps: the row-key dot products run on
-        // AVX512-BF16 where the CPU has it (16-core Xeon, (1,32,8,1,Skv,128): 1.14-1.20x), and the
-        // scores are scaled after.
+        // AVX512-BF16 where the CPU has it (16-core Xeon, (1,32,8,1,Skv,128): 1.14-1.20x), straight
+        // from Q's rows, and the scores are scaled after.
         const bool bf16_dots = cpu_features().avx512_bf16 && k_type == DType::bf16 && q.dtype == DType::bf16 &&
                                q.strides[4] == 1 && Dp % 32 == 0;
-        const uint16_t* q_bf16[kBlockQ];
-        if (bf16_dots)
-            for (int r = 0; r < rows; ++r) q_bf16[r] = static_cast<const uint16_t*>(q.data) + sc.q_off[r];
 #else
         const bool bf16_dots = false;
 #endif
         const float score_scale = bf16_dots ? scale : 1.0f;
+        [[maybe_unused]] const uint16_t* q_bf16[kBlockQ];  // bf16_dots: Q's own rows
+        const float* q_rows[kBlockQ];
+        float* o_rows[kBlockQ];
+        const float* p_rows[kBlockQ];
+        for (int r = 0; r < rows; ++r) {
+            q_rows[r] = q_pad + r * Dp;
+            o_rows[r] = o_pad + r * Dvp;
+            p_rows[r] = sc.p_rows.get() + r * kDecodeKeys;
+            if (bf16_dots) {
+                q_bf16[r] = static_cast<const uint16_t*>(q.data) + sc.q_off[r];
+            } else {  // Q as scaled f32 rows
+                float* q_row = q_pad + r * Dp;
+                load_block(element_ptr(q.data, q.dtype, sc.q_off[r]), q.dtype, 0, q.strides[4], 1, D, q_row, D, 1);
+                for (int d = 0; d < Dp; d += kLanes) store(q_row + d, load(q_row + d) * scale);
+            }
+            std::fill(o_pad + r * Dvp, o_pad + (r + 1) * Dvp, 0.0f);
+            sc.row_max.get()[r] = -__builtin_inff();
+            sc.row_sum.get()[r] = 0.0f;
+        }
+        if (skip_causal_blocks)
+            key_end = std::min(key_end, causal_key_end(int64_t(*std::max_element(qi, qi + rows)), a.causal_offset, a.seq_kv));
+        const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kDecodeKeys) {
             const int kv = int(std::min<int64_t>(kDecodeKeys, key_end - j0));
             const void* k_rows = element_ptr(k.data, k.dtype, k_base + j0 * k.strides[3]);
