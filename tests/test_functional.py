@@ -58,6 +58,9 @@ CASES = {
     # f16 on two threads: two 256-row AMX items (the second partial) with their keys split in three
     # (plan_items' split_keys_first); the last key block partial.
     "large_items_split_keys": dict(q=(1, 1, 300, 64), k=(1, 1, 2100, 64), v=(1, 1, 2100, 64)),
+    # Two threads: eight 512-row AMX items, the last wave (two items) in 128-row pieces; the last item holds
+    # 88 rows, so one of its pieces is partial and three are empty.
+    "last_wave_pieces": dict(q=(1, 4, 600, 64), k=(1, 4, 300, 64), v=(1, 4, 300, 64)),
 }
 
 MASK_SHAPES = [(17, 29), (1, 29), (17, 1), (2, 1, 17, 29), (1, 3, 1, 29), (2, 3, 17, 29), (3, 17, 29)]

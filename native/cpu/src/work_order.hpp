@@ -41,5 +41,38 @@ inline WorkItem work_item(int64_t w, int64_t batches, int64_t blocks, bool by_ra
     return {w / blocks, w % blocks};
 }
 
+// The last wave of equal work items handed out in pieces.  The cores of a
+// shared machine do not run at one speed (16-core Xeon, one thread per core:
+// at any time a few cores ran a single-threaded item 1.6-1.75x slower than
+// the rest, and in a 16-thread call one thread's items took 3-5x the
+// others'), and dynamic scheduling evens out the threads' finishing times
+// only down to the size of the items handed out last.
+struct LastWave {
+    int64_t whole;        // items handed out whole, first
+    int64_t pieces = 1;   // pieces per item of the last wave
+    int64_t piece_rows;   // rows per piece
+    int64_t items;
+
+    // Units of work handed out: the whole items, then every piece.
+    int64_t units() const { return whole + (items - whole) * pieces; }
+
+    struct Unit {
+        int64_t item, first_row, rows;  // first_row within the item
+    };
+    Unit unit(int64_t u, int64_t item_rows) const {
+        if (u < whole) return {u, 0, item_rows};
+        return {whole + (u - whole) / pieces, (u - whole) % pieces * piece_rows, piece_rows};
+    }
+};
+
+// `items` items of item_rows rows each for `threads` threads: the last
+// `threads` items in pieces of piece_rows rows, where the items hold equal
+// work and are larger than that.
+inline LastWave last_wave_in_pieces(int64_t items, int64_t item_rows, int64_t threads, int64_t piece_rows,
+                                    bool equal_work) {
+    if (!equal_work || item_rows <= piece_rows || items <= threads) return {items, 1, item_rows, items};
+    return {items - threads, item_rows / piece_rows, piece_rows, items};
+}
+
 }  // namespace GRAPHATTN_ISA_NS
 }  // namespace graphattn
