@@ -82,24 +82,24 @@ struct LaneForward {
         uint64_t drop_base[kBlockQ];
         uint8_t keep[kBlockKV > kDecodeKeys ? kBlockKV : kDecodeKeys];
         Scratch(int D, int Dv)
-            : q_t(RV > 1 ? size_t(D) * kBlockQ : 1),  // the row layout's buffers (attend)
-              k_rows(RV > 1 ? size_t(kBlockKV) * D : 1),
-              v_rows(RV > 1 ? size_t(kBlockKV) * Dv : 1),
-              s_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 1),
-              mask_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 1),
+            : q_t(RV > 1 ? size_t(D) * kBlockQ : 0),  // the row layout's buffers (attend)
+              k_rows(RV > 1 ? size_t(kBlockKV) * D : 0),
+              v_rows(RV > 1 ? size_t(kBlockKV) * Dv : 0),
+              s_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 0),
+              mask_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 0),
               o_t(size_t(Dv) * kBlockQ),
               row_max(kBlockQ),
               row_sum(kBlockQ),
               query_index(kBlockQ),
               out_rows(size_t(kTransposedRowsAtOnce) * Dv),
-              drop_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 1),
-              q_pad(RV == 1 ? size_t(kBlockQ) * padded(D) : 1),
-              o_pad(RV == 1 ? size_t(kBlockQ) * padded(Dv) : 1),
-              k_pad(RV == 1 ? size_t(kDecodeKeys) * padded(D) : 1),
-              v_pad(RV == 1 ? size_t(kDecodeKeys) * padded(Dv) : 1),
-              p_rows(RV == 1 ? size_t(kBlockQ) * kDecodeKeys : 1),
+              drop_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 0),
+              q_pad(RV == 1 ? size_t(kBlockQ) * padded(D) : 0),
+              o_pad(RV == 1 ? size_t(kBlockQ) * padded(Dv) : 0),
+              k_pad(RV == 1 ? size_t(kDecodeKeys) * padded(D) : 0),
+              v_pad(RV == 1 ? size_t(kDecodeKeys) * padded(Dv) : 0),
+              p_rows(RV == 1 ? size_t(kBlockQ) * kDecodeKeys : 0),
               mask_row(kDecodeKeys),
-              partials(RV == 1 ? size_t(kDecodeRowBlock) * kDecodeKeys * kLanes : 1) {}
+              partials(RV == 1 ? size_t(kDecodeRowBlock) * kDecodeKeys * kLanes : 0) {}
         static int padded(int n) { return int(round_up(n, kLanes)); }
     };
 
@@ -431,7 +431,7 @@ struct LaneForward {
         const int64_t work_items = p.outer_items * p.splits;
         const bool by_rank = longest_first(skip_causal_blocks, p.outer_items, omp_get_max_threads());
         // Every (item, split) writes its whole partial before the merge reads it.
-        AlignedFloats partials = AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 1);
+        AlignedFloats partials = AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 0);
 
         // No more threads than work items: each sets up its own scratch.
         const int team = int(std::clamp<int64_t>(work_items, 1, omp_get_max_threads()));
