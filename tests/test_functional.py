@@ -60,6 +60,9 @@ CASES = {
     "large_items_split_keys": dict(q=(1, 1, 300, 64), k=(1, 1, 2100, 64), v=(1, 1, 2100, 64)),
     # Two threads: eight 512-row AMX items, the last wave (two items) in 128-row pieces; the last item holds
     # 88 rows, so one of its pieces is partial and three are empty.
+    # Top-left causal with many more keys than query rows: only the first 20 keys are visible, and key
+    # splits are planned over those (none), not over all 3000.
+    "causal_few_visible_keys": dict(q=(1, 1, 20, 32), k=(1, 1, 3000, 32), v=(1, 1, 3000, 32), is_causal=True),
     "last_wave_pieces": dict(q=(1, 4, 600, 64), k=(1, 4, 300, 64), v=(1, 4, 300, 64)),
 }
 

@@ -33,6 +33,12 @@ inline bool fill_is_neg_inf(float fill) { return fill == -__builtin_inff(); }
 // other fill value still takes part in the softmax.
 inline bool skips_causal_blocks(const SdpaForwardArgs& a) { return a.causal && fill_is_neg_inf(a.causal_fill); }
 
+// The keys some query row sees: those before the last row's causal cut where
+// causal blocks are skipped, else all of them.
+inline int64_t visible_keys_of(const SdpaForwardArgs& a) {
+    return skips_causal_blocks(a) ? causal_key_end(a.seq_q - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
+}
+
 // Does zeroing unkept positions change anything?  Not when every fill is -inf
 // (their probabilities, hence their gradients, are 0 already).
 inline bool needs_unkept_zeroing(const SdpaForwardArgs& a) {

@@ -411,11 +411,6 @@ ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t 
     return {smallest, plan_key_splits(items_of(smallest), threads, 2, visible_keys, kBlockKV)};
 }
 
-// The keys some query row sees.
-int64_t visible_keys_of(const SdpaForwardArgs& a) {
-    return skips_causal_blocks(a) ? causal_key_end(a.seq_q - 1, a.causal_offset, a.seq_kv) : a.seq_kv;
-}
-
 // False (output unfinished) when split inputs held an infinity.
 template <int Parts>
 bool run_forward(const SdpaForwardArgs& a) {
