@@ -4,6 +4,10 @@ import random
 import numpy as np
 import pytest
 
+# Scratch the kernels do not clear starts as NaN in every test (native/cpu/src/scratch.hpp), so that a
+# kernel reading scratch it never wrote shows in its results.  Set before any kernel runs.
+os.environ.setdefault("GRAPHATTN_POISON_SCRATCH", "1")
+
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", help="run every test marked slow")

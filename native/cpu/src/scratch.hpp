@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -68,10 +69,21 @@ private:
     size_t held_ = 0;
 };
 
+// GRAPHATTN_POISON_SCRATCH set: buffers that are not cleared start as NaN,
+// so that a kernel reading what it never wrote shows in its results (the
+// test suite sets it).
+inline bool poison_scratch() {
+    static const bool on = std::getenv("GRAPHATTN_POISON_SCRATCH") != nullptr;
+    return on;
+}
+
 class AlignedFloats {
 public:
     explicit AlignedFloats(size_t count, bool zero = true) : data_(allocate(bytes(count))), bytes_(bytes(count)) {
-        if (zero) std::memset(data_, 0, bytes_);
+        if (zero)
+            std::memset(data_, 0, bytes_);
+        else if (poison_scratch())
+            std::memset(data_, 0xff, bytes_);  // NaN in every float
     }
     AlignedFloats() : data_(nullptr), bytes_(0) {}
 
