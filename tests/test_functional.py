@@ -28,6 +28,8 @@ CASES = {
     "decode": dict(q=(1, 8, 1, 128), k=(1, 2, 300, 128), v=(1, 2, 300, 128), enable_gqa=True),
     # Decode with 7 heads per K/V head (row blocks of 4 and 3), a padded V head dim, keys past whole blocks.
     "decode_mqa_odd": dict(q=(1, 7, 1, 80), k=(1, 1, 150, 80), v=(1, 1, 150, 40), enable_gqa=True),
+    # Decode with a head dim of 72 (not whole vectors): K and V rows are copied into padded f32 rows.
+    "decode_padded_rows": dict(q=(1, 4, 1, 72), k=(1, 2, 100, 72), v=(1, 2, 100, 72), enable_gqa=True),
     "decode_causal_rows": dict(q=(1, 6, 2, 64), k=(1, 2, 77, 64), v=(1, 2, 77, 64), enable_gqa=True,
                                is_causal=True, causal_alignment="bottom_right"),
     "d80_d256": dict(q=(1, 1, 20, 80), k=(1, 1, 20, 80), v=(1, 1, 20, 256)),

@@ -86,7 +86,8 @@ struct LaneForward {
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         uint64_t drop_base[kBlockQ];
         uint8_t keep[kBlockKV > kDecodeKeys ? kBlockKV : kDecodeKeys];
-        Scratch(int D, int Dv)
+        // k_copies, v_copies: the decode copies K or V rows (decode_reads_in_place).
+        Scratch(int D, int Dv, bool k_copies, bool v_copies)
             : q_t(AlignedFloats::uninitialized(RV > 1 ? size_t(D) * kBlockQ : 0)),  // the row layout's (attend)
               k_rows(AlignedFloats::uninitialized(RV > 1 ? size_t(kBlockKV) * D : 0)),
               v_rows(AlignedFloats::uninitialized(RV > 1 ? size_t(kBlockKV) * Dv : 0)),
@@ -100,13 +101,20 @@ struct LaneForward {
               drop_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 0),
               q_pad(RV == 1 ? size_t(kBlockQ) * padded(D) : 0),
               o_pad(AlignedFloats::uninitialized(RV == 1 ? size_t(kBlockQ) * padded(Dv) : 0)),
-              k_pad(RV == 1 ? size_t(kDecodeKeys) * padded(D) : 0),
-              v_pad(RV == 1 ? size_t(kDecodeKeys) * padded(Dv) : 0),
+              k_pad(k_copies ? size_t(kDecodeKeys) * padded(D) : 0),
+              v_pad(v_copies ? size_t(kDecodeKeys) * padded(Dv) : 0),
               p_rows(RV == 1 ? size_t(kBlockQ) * kDecodeKeys : 0),
               mask_row(kDecodeKeys),
               partials(RV == 1 ? size_t(kDecodeRowBlock) * kDecodeKeys * kLanes : 0) {}
         static int padded(int n) { return int(round_up(n, kLanes)); }
     };
+
+    // Whether the decode reads rows of K or V (cols wide) in place, in their
+    // dtype: unit column stride and whole vectors; else it copies them into
+    // padded f32 rows.
+    static bool decode_reads_in_place(const TensorView& t, int cols) {
+        return t.strides[4] == 1 && Scratch::padded(cols) == cols;
+    }
 
     static LanePlan plan(const SdpaForwardArgs& a) {
         LanePlan p;
@@ -295,10 +303,7 @@ struct LaneForward {
         float* q_pad = sc.q_pad.get();
         float* o_pad = sc.o_pad.get();
         const float* qi = sc.query_index.get();
-        // K/V rows with unit column stride whose head dim fills whole vectors are read in place, in their
-        // dtype; others are first copied into padded f32 rows.
-        const bool k_in_place = k.strides[4] == 1 && Dp == D;
-        const bool v_in_place = v.strides[4] == 1 && Dvp == Dv;
+        const bool k_in_place = decode_reads_in_place(k, D), v_in_place = decode_reads_in_place(v, Dv);
         const DType k_type = k_in_place ? k.dtype : DType::f32, v_type = v_in_place ? v.dtype : DType::f32;
 #if defined(__AVX512F__)
         // bf16 Q and K read in place, rows of whole 32-value steps: the row-key dot products run on
@@ -445,7 +450,7 @@ struct LaneForward {
         const int team = int(std::clamp<int64_t>(work_items, 1, omp_get_max_threads()));
 #pragma omp parallel num_threads(team)
         {
-            Scratch sc(D, Dv);
+            Scratch sc(D, Dv, RV == 1 && !decode_reads_in_place(a.key, D), RV == 1 && !decode_reads_in_place(a.value, Dv));
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < work_items; ++w) {
                 const WorkItem x = work_item(w / p.splits, p.outer_items / p.row_blocks, p.row_blocks, by_rank);
