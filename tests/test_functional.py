@@ -32,6 +32,8 @@ CASES = {
     "decode_padded_rows": dict(q=(1, 4, 1, 72), k=(1, 2, 100, 72), v=(1, 2, 100, 72), enable_gqa=True),
     "decode_causal_rows": dict(q=(1, 6, 2, 64), k=(1, 2, 77, 64), v=(1, 2, 77, 64), enable_gqa=True,
                                is_causal=True, causal_alignment="bottom_right"),
+    # 68 query rows per K/V head (GQA, 4 x 17): the vector build's three 32-row blocks, the last partial.
+    "gqa_rows_68": dict(q=(1, 8, 17, 64), k=(1, 2, 150, 64), v=(1, 2, 150, 64), enable_gqa=True),
     "d80_d256": dict(q=(1, 1, 20, 80), k=(1, 1, 20, 80), v=(1, 1, 20, 256)),
     # 17 to 32 query rows per K/V head: the lane kernel's two-vector blocks; three query heads in one block.
     "short_rows_gqa_causal": dict(q=(2, 6, 9, 48), k=(2, 2, 25, 48), v=(2, 2, 25, 40), enable_gqa=True,

@@ -1,6 +1,6 @@
 // The forward and backward kernels built for the avx512 target (flags set in CMakeLists.txt):
 // 16 floats per vector, 4 vectors of query rows per block, 6-wide register tiles
-// (2 vectors and 10-wide tiles for up to 32 rows, 12-wide for one vector of lanes).
+// (2 vectors and 10-wide tiles where those leave fewer padding lanes, 12-wide for one vector of lanes).
 #define GRAPHATTN_ISA_NS isa_avx512
 #define GRAPHATTN_LANES 16
 #include "sdpa_backward_lanes.hpp"
