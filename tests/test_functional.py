@@ -49,15 +49,16 @@ CASES = {
     "long_gqa": dict(q=(1, 8, 300, 64), k=(1, 2, 290, 64), v=(1, 2, 290, 64), enable_gqa=True),
     "long_many_heads_causal": dict(q=(2, 4, 200, 64), k=(2, 4, 200, 64), v=(2, 4, 200, 64), is_causal=True),
     # Two key blocks of the AMX kernel, the second partial; the causal cut (offset 400) falls inside row-tile pairs.
-    # Eight heads: enough items for f32 to take the AMX kernel on two threads.
-    "long_causal_bottom_right": dict(q=(1, 8, 200, 64), k=(1, 8, 600, 64), v=(1, 8, 600, 64), is_causal=True,
+    # Eight heads of 260 rows: enough items, and long enough ones, for f32 to take the AMX kernel on two threads.
+    "long_causal_bottom_right": dict(q=(1, 8, 260, 64), k=(1, 8, 660, 64), v=(1, 8, 660, 64), is_causal=True,
                                      causal_alignment="bottom_right"),
     # The AMX kernel's largest items (512 rows, on up to 2 threads), each followed by a partial one; causal.
     "long_causal_large_items": dict(q=(1, 8, 520, 64), k=(1, 8, 520, 64), v=(1, 8, 520, 64), is_causal=True),
     # Offset -30: the first rows see no key (output 0); D=80 and Dv=48 pack with masked edge loads.
     "long_causal_sq_gt_skv_d80": dict(q=(1, 16, 300, 80), k=(1, 16, 270, 80), v=(1, 16, 270, 48), is_causal=True,
                                       causal_alignment="bottom_right"),
-    # One work item of the AMX kernel (f32 too): its keys split across threads and merged; D=256.
+    # One work item of the AMX kernel (bf16 and f16; f32 takes the vector build's split keys): its keys split
+    # across threads and merged; D=256.
     "long_keys_one_item_d256": dict(q=(1, 1, 64, 256), k=(1, 1, 1500, 256), v=(1, 1, 1500, 256)),
     # f16 on two threads: two 256-row AMX items (the second partial) with their keys split in three
     # (plan_items' split_keys_first); the last key block partial.
@@ -141,11 +142,11 @@ def test_strided_views_and_scale(rng):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_strided_long_views(dtype, rng):
     """Long sequences through views with a row stride (BSHD storage) and a column stride of 2: the
-    packed fast paths' row strides and the kernels' general path for other layouts (eight heads of 200:
+    packed fast paths' row strides and the kernels' general path for other layouts (eight heads of 260:
     long enough for f32 to take the AMX kernel too, on two threads)."""
-    base = random_array((1, 200, 8, 2, 64), dtype, rng)  # (N, S, H, 2, D) storage
+    base = random_array((1, 260, 8, 2, 64), dtype, rng)  # (N, S, H, 2, D) storage
     bshd = base[:, :, :, 0].transpose(0, 2, 1, 3)
-    every_other = base.transpose(0, 2, 1, 3, 4).reshape(1, 8, 200, 128)[..., ::2]
+    every_other = base.transpose(0, 2, 1, 3, 4).reshape(1, 8, 260, 128)[..., ::2]
     for k, v in ((bshd, bshd), (every_other, bshd), (bshd, every_other)):
         out = ga.scaled_dot_product_attention(bshd, k, v)
         assert_close(out, sdpa_reference(bshd, k, v), dtype)
@@ -155,8 +156,9 @@ def test_strided_long_views(dtype, rng):
 @pytest.mark.parametrize("where", ["query", "key", "value"])
 def test_infinite_inputs_match_reference(where, dtype, rng):
     """An infinity in Q, K or V gives the reference's infinities and NaNs: the f16 and f32 split products on
-    AMX cannot (part * inf is NaN), so such calls run on the vector build."""
-    q, k, v = (random_array((1, 2, 140, 64), dtype, rng) for _ in range(3))
+    AMX cannot (part * inf is NaN), so such calls run on the vector build (eight heads of 300: long enough
+    for f32 to take the AMX kernel first, on two threads)."""
+    q, k, v = (random_array((1, 8, 300, 64), dtype, rng) for _ in range(3))
     arrays = {"query": q, "key": k, "value": v}
     arrays[where][0, 1, 7, 3] = np.inf
     arrays[where][0, 0, 130, 5] = -np.inf
@@ -167,7 +169,7 @@ F32_ERROR_SCRIPT = """
 import numpy as np, graphattn as ga
 from graphattn.testing import random_array, sdpa_reference
 rng = np.random.default_rng(5)
-for sq, skv, d, scale in ((64, 600, 64, 1.0), (300, 700, 80, 3.0), (130, 1100, 128, 2.0), (200, 200, 256, 1.0)):
+for sq, skv, d, scale in ((256, 600, 64, 1.0), (300, 700, 80, 3.0), (260, 1100, 128, 2.0), (270, 300, 256, 1.0)):
     q, k = (random_array((1, 8, s, d), "f32", rng, scale) for s in (sq, skv))
     v = random_array((1, 8, skv, d), "f32", rng)
     err = np.abs(ga.scaled_dot_product_attention(q, k, v) - sdpa_reference(q, k, v)).max()

@@ -187,7 +187,7 @@ def test_verbose_names_decisions(capsys):
 
 
 @pytest.mark.parametrize("dtype,dropout,seq,heads", [("bf16", 0.0, 32, 2), ("f16", 0.0, 32, 2), ("bf16", 0.3, 32, 2),
-                                                     ("f32", 0.0, 32, 2), ("f32", 0.0, 200, 64)])
+                                                     ("f32", 0.0, 32, 2), ("f32", 0.0, 300, 64)])
 def test_verbose_names_the_kernel_of_each_call(dtype, dropout, seq, heads, capsys):
     """The logged kernel build is the one the call runs: AMX takes bf16, and f16 and f32 as split products
     (f32 on long enough calls with enough heads), without dropout; dropout stays on the vector build (the
