@@ -111,7 +111,8 @@ public:
 private:
     static float* allocate(size_t bytes) {
         if (bytes == 0) return nullptr;  // a buffer the kernel's variant does not use
-        void* block = bytes <= ThreadBlockCache::kMaxBlockBytes ? ThreadBlockCache::of_this_thread().take(bytes) : nullptr;
+        ThreadBlockCache& cache = ThreadBlockCache::of_this_thread();
+        void* block = bytes <= ThreadBlockCache::kMaxBlockBytes ? cache.take(bytes) : nullptr;
         return static_cast<float*>(block ? block : ::operator new[](bytes, std::align_val_t(64)));
     }
     void release() {

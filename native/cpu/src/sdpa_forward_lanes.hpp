@@ -76,7 +76,7 @@ struct LaneForward {
     // Scratch of one thread, allocated once per parallel region.  Buffers
     // that every item writes before it reads them (Q^T with its padding lanes,
     // K/V rows, S^T, O^T, the row statistics and indices) are not cleared: on
-    // small calls clearing them cost more than the work (f32 (1,1,17,17,256):
+    // small calls clearing them cost more than the work (f32 (1,1,1,17,17,256):
     // 370 KiB per thread and call).  The mask and dropout lanes past the last
     // row and the decode buffers with padding columns start at 0.
     struct Scratch {
@@ -444,13 +444,15 @@ struct LaneForward {
         const int64_t work_items = p.outer_items * p.splits;
         const bool by_rank = longest_first(skip_causal_blocks, p.outer_items, omp_get_max_threads());
         // Every (item, split) writes its whole partial before the merge reads it.
-        AlignedFloats partials = AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 0);
+        AlignedFloats partials =
+            AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 0);
 
         // No more threads than work items: each sets up its own scratch.
         const int team = int(std::clamp<int64_t>(work_items, 1, omp_get_max_threads()));
 #pragma omp parallel num_threads(team)
         {
-            Scratch sc(D, Dv, RV == 1 && !decode_reads_in_place(a.key, D), RV == 1 && !decode_reads_in_place(a.value, Dv));
+            Scratch sc(D, Dv, RV == 1 && !decode_reads_in_place(a.key, D),
+                       RV == 1 && !decode_reads_in_place(a.value, Dv));
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < work_items; ++w) {
                 const WorkItem x = work_item(w / p.splits, p.outer_items / p.row_blocks, p.row_blocks, by_rank);

@@ -42,10 +42,10 @@ inline WorkItem work_item(int64_t w, int64_t batches, int64_t blocks, bool by_ra
 }
 
 // The last wave of equal work items handed out in pieces.  The cores of a
-// shared machine do not run at one speed (16-core Xeon, one thread per core:
-// at any time a few cores ran a single-threaded item 1.6-1.75x slower than
-// the rest, and in a 16-thread call one thread's items took 3-5x the
-// others'), and dynamic scheduling evens out the threads' finishing times
+// shared machine do not run at one speed (16-core Xeon: with one
+// single-threaded process per core, half the cores ran an item 1.55-2.1x
+// slower than the rest; in a 16-thread call some threads' items took 1.7-2.8x
+// the others'), and dynamic scheduling evens out the threads' finishing times
 // only down to the size of the items handed out last.
 struct LastWave {
     int64_t whole;        // items handed out whole, first
