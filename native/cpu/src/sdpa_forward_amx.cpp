@@ -448,7 +448,7 @@ bool run_forward(const SdpaForwardArgs& a) {
         for (int64_t w = 0; w < wave.units() * splits; ++w) {
             if (saw_infinity.load(std::memory_order_relaxed)) continue;
             int64_t b[kBatchDims];
-            const LastWave::Unit unit = wave.unit(w / splits, block_q);
+            const LastWave::Unit unit = wave.unit(w / splits);
             const int64_t split = w % splits, i0 = item_origin(unit.item, b) + unit.first_row;
             if (i0 >= a.seq_q) continue;  // a piece past a short last item
             const int64_t key_begin = split * keys_per_split;

@@ -48,10 +48,10 @@ inline WorkItem work_item(int64_t w, int64_t batches, int64_t blocks, bool by_ra
 // the others'), and dynamic scheduling evens out the threads' finishing times
 // only down to the size of the items handed out last.
 struct LastWave {
+    int64_t items, item_rows;
     int64_t whole;        // items handed out whole, first
     int64_t pieces = 1;   // pieces per item of the last wave
     int64_t piece_rows;   // rows per piece
-    int64_t items;
 
     // Units of work handed out: the whole items, then every piece.
     int64_t units() const { return whole + (items - whole) * pieces; }
@@ -59,7 +59,7 @@ struct LastWave {
     struct Unit {
         int64_t item, first_row, rows;  // first_row within the item
     };
-    Unit unit(int64_t u, int64_t item_rows) const {
+    Unit unit(int64_t u) const {
         if (u < whole) return {u, 0, item_rows};
         return {whole + (u - whole) / pieces, (u - whole) % pieces * piece_rows, piece_rows};
     }
@@ -70,8 +70,8 @@ struct LastWave {
 // work and are larger than that.
 inline LastWave last_wave_in_pieces(int64_t items, int64_t item_rows, int64_t threads, int64_t piece_rows,
                                     bool equal_work) {
-    if (!equal_work || item_rows <= piece_rows || items <= threads) return {items, 1, item_rows, items};
-    return {items - threads, item_rows / piece_rows, piece_rows, items};
+    if (!equal_work || item_rows <= piece_rows || items <= threads) return {items, item_rows, items, 1, item_rows};
+    return {items, item_rows, items - threads, item_rows / piece_rows, piece_rows};
 }
 
 }  // namespace GRAPHATTN_ISA_NS
