@@ -1,6 +1,9 @@
 """ga.scaled_dot_product_attention_backward against float64 gradients, which are in turn checked
 against finite differences."""
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -244,3 +247,27 @@ def test_empty_sequences(seq_q, seq_kv, dtype, rng):
         dq, dk, dv = ga.scaled_dot_product_attention_backward(grad, q, k, v, out, stats, is_causal=causal)
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
         assert not (np.any(dq.astype(np.float32)) or np.any(dk.astype(np.float32)) or np.any(dv.astype(np.float32)))
+
+
+DETERMINISM_SCRIPT = """
+import numpy as np, graphattn as ga
+from graphattn.testing import random_array
+rng = np.random.default_rng(3)
+q = random_array((1, 4, 90, 48), "bf16", rng)
+k, v = (random_array((1, 4, 650, 48), "bf16", rng) for _ in range(2))
+out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True)
+grad_out = random_array(out.shape, "bf16", rng)
+first = ga.scaled_dot_product_attention_backward(grad_out, q, k, v, out, stats)
+print(all(np.array_equal(a, b) for _ in range(20)
+          for a, b in zip(first, ga.scaled_dot_product_attention_backward(grad_out, q, k, v, out, stats))))
+"""
+
+
+def test_deterministic_backward_repeats_bitwise():
+    """GRAPHATTN_DETERMINISTIC=1: the AMX backward hands out whole items only (without it, its last items go
+    in key-block pieces that may add to dQ in another order on each call), so twenty calls on four threads
+    give bitwise the same gradients; the vector backward always does."""
+    env = dict(os.environ, GRAPHATTN_DETERMINISTIC="1", OMP_NUM_THREADS="4")
+    result = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
