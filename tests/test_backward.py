@@ -253,20 +253,23 @@ DETERMINISM_SCRIPT = """
 import numpy as np, graphattn as ga
 from graphattn.testing import random_array
 rng = np.random.default_rng(3)
-q = random_array((1, 4, 90, 48), "bf16", rng)
-k, v = (random_array((1, 4, 650, 48), "bf16", rng) for _ in range(2))
-out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True)
-grad_out = random_array(out.shape, "bf16", rng)
-first = ga.scaled_dot_product_attention_backward(grad_out, q, k, v, out, stats)
-print(all(np.array_equal(a, b) for _ in range(20)
-          for a, b in zip(first, ga.scaled_dot_product_attention_backward(grad_out, q, k, v, out, stats))))
+same = []
+for dtype in ("bf16", "f32"):
+    q = random_array((1, 4, 90, 48), dtype, rng)
+    k, v = (random_array((1, 4, 650, 48), dtype, rng) for _ in range(2))
+    out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True)
+    grad_out = random_array(out.shape, dtype, rng)
+    first = ga.scaled_dot_product_attention_backward(grad_out, q, k, v, out, stats)
+    same += [np.array_equal(a, b) for _ in range(20)
+             for a, b in zip(first, ga.scaled_dot_product_attention_backward(grad_out, q, k, v, out, stats))]
+print(all(same))
 """
 
 
 def test_deterministic_backward_repeats_bitwise():
-    """GRAPHATTN_DETERMINISTIC=1: the AMX backward hands out whole items only (without it, its last items go
+    """GRAPHATTN_DETERMINISTIC=1: the backwards hand out whole items only (without it, their last items go
     in key-block pieces that may add to dQ in another order on each call), so twenty calls on four threads
-    give bitwise the same gradients; the vector backward always does."""
+    give bitwise the same gradients, bf16 (AMX where the CPU has it) and f32 (vector build)."""
     env = dict(os.environ, GRAPHATTN_DETERMINISTIC="1", OMP_NUM_THREADS="4")
     result = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

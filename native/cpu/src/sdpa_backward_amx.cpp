@@ -26,7 +26,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -41,17 +40,11 @@
 #include "lane_masks.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
+#include "work_order.hpp"
 
 namespace graphattn {
 namespace isa_amx {
 namespace {
-
-// GRAPHATTN_DETERMINISTIC set: the backward hands out whole items only, so
-// that every call sums dQ in the same order (bitwise equal results).
-bool deterministic_sums() {
-    static const bool on = std::getenv("GRAPHATTN_DETERMINISTIC") != nullptr;
-    return on;
-}
 
 constexpr int kKeys = 64;   // keys per block: the columns of S, dP and the dK^T/dV^T accumulators
 constexpr int kRows = 64;   // query rows per chunk: four 16-row tile bands (dK/dV tiles reduce over 64 rows per load)

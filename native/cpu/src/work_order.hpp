@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "isa_namespace.hpp"
 
@@ -64,6 +65,14 @@ struct LastWave {
         return {whole + (u - whole) / pieces, (u - whole) % pieces * piece_rows, piece_rows};
     }
 };
+
+// GRAPHATTN_DETERMINISTIC set: the backwards hand out whole items only, so
+// that every call sums dQ in the same order (bitwise equal results); their
+// last-wave pieces otherwise add to an item's dQ rows in turns.
+inline bool deterministic_sums() {
+    static const bool on = std::getenv("GRAPHATTN_DETERMINISTIC") != nullptr;
+    return on;
+}
 
 // `items` items of item_rows rows each for `threads` threads: the last
 // `threads` items in pieces of piece_rows rows, where the items hold equal
