@@ -116,8 +116,10 @@ private:
         return static_cast<float*>(block ? block : ::operator new[](bytes, std::align_val_t(64)));
     }
     void release() {
-        if (data_ && !ThreadBlockCache::of_this_thread().keep(data_, bytes_))
-            ::operator delete[](data_, std::align_val_t(64));
+        if (!data_) return;
+        const bool kept =
+            bytes_ <= ThreadBlockCache::kMaxBlockBytes && ThreadBlockCache::of_this_thread().keep(data_, bytes_);
+        if (!kept) ::operator delete[](data_, std::align_val_t(64));
     }
     static size_t bytes(size_t count) { return ((count * sizeof(float) + 63) / 64) * 64; }
     float* data_;

@@ -16,7 +16,7 @@
 // buffer whose rows belong to one item, and written at the end.  With fewer
 // K/V batch indices than threads, each index's key blocks are split among a
 // few items, each summing dQ into a buffer of its own.  The last item per
-// thread is handed out a key block at a time (run).
+// thread is handed out a key block at a time (KeyBlockWave, work_order.hpp).
 #define GRAPHATTN_ISA_NS isa_amx
 #define GRAPHATTN_LANES 16
 
@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <mutex>
 
 #include "amx_packing.hpp"
@@ -363,34 +362,22 @@ struct Backward {
     bool run() {
         prepare();
         if (saw_infinity.load()) return false;
-        // The last item per thread goes in pieces of one key block each (work_order.hpp's LastWave says
-        // why), handed out round the items so that few pieces of one item run at once; the pieces of an
-        // item take turns at its dQ rows, so dQ's sums may run in another order on another call
-        // (GRAPHATTN_DETERMINISTIC keeps every item whole).  16-core Xeon, in-process A/B against
-        // whole items: bf16 1.02-1.39x, f16 1.03-1.72x (the most at (1,2,2048,64)); this machine
-        // 1.00-1.16x.
-        const int64_t items = kv.outer_items * splits;
-        const int64_t wave = deterministic_sums() ? 0 : std::min<int64_t>(items, omp_get_max_threads());
-        const int64_t whole = items - wave, pieces = (key_blocks + splits - 1) / splits;
-        std::unique_ptr<std::mutex[]> wave_locks(new std::mutex[size_t(std::max<int64_t>(wave, 1))]);
+        // 16-core Xeon, in-process A/B of KeyBlockWave's pieces against whole items: bf16 1.02-1.39x,
+        // f16 1.03-1.72x (the most at (1,2,2048,64)); this machine 1.00-1.16x.
+        const KeyBlockWave work(kv.outer_items * splits, splits, key_blocks, omp_get_max_threads());
 #pragma omp parallel
         {
             Scratch sc(Dp, Dvp);
             configure_tiles();
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t u = 0; u < whole + wave * pieces; ++u) {
+            for (int64_t u = 0; u < work.units(); ++u) {
                 if (saw_infinity.load(std::memory_order_relaxed)) continue;
-                const int64_t w = u < whole ? u : whole + (u - whole) % wave;
+                const KeyBlockWave::Unit unit = work.unit(u);
                 int64_t b[kBatchDims];
-                kv.outer_index(w / splits, b);
-                const int64_t split = w % splits;
-                float* dq_split = dq_sum.get() + split * batch_total * Sqp * Dp;
-                if (u < whole) {
-                    for (int64_t kb = split; kb < key_blocks; kb += splits) key_block(sc, b, kb * kKeys, dq_split);
-                } else {
-                    const int64_t kb = split + (u - whole) / wave * splits;
-                    if (kb < key_blocks) key_block(sc, b, kb * kKeys, dq_split, &wave_locks[w - whole]);
-                }
+                kv.outer_index(unit.item / splits, b);
+                float* dq_split = dq_sum.get() + unit.item % splits * batch_total * Sqp * Dp;
+                for (int64_t kb = unit.first; kb < unit.end; kb += splits)
+                    key_block(sc, b, kb * kKeys, dq_split, unit.lock);
                 if (sc.infinite) saw_infinity.store(true, std::memory_order_relaxed);
             }
             _tile_release();

@@ -21,7 +21,7 @@
 // blocks do half the work for the same buffers, and keep whole indices.
 // Causal blocks that the mask removes entirely are skipped in passes 2 and 3.
 // With fused dQ the last item per thread is handed out a key block at a time
-// (key_pass).
+// (KeyBlockWave, work_order.hpp).
 #pragma once
 
 #include <omp.h>
@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <mutex>
 
 #include "block_io.hpp"
@@ -283,31 +282,22 @@ struct LaneBackward {
         // s, s + dq_splits, ...; else (index, key block) items.
         const int64_t items = kv.outer_items * (fused_dq ? dq_splits : key_blocks);
         const bool by_rank = longest_first(skip_causal, items, omp_get_max_threads());
-        // Fused dQ: the last item per thread goes a key block at a time, round the items, its pieces
-        // taking turns at the item's dQ rows, as in the AMX backward (sdpa_backward_amx.cpp).  16-core
-        // Xeon, in-process A/B against whole items: 1.06-1.12x at (1,16,1024,64), (1,16,2048,128) and
-        // (4,32,512,64), 0.99-1.02x elsewhere; this machine 1.00-1.08x.
-        const int64_t wave =
-            fused_dq && !deterministic_sums() ? std::min<int64_t>(items, omp_get_max_threads()) : 0;
-        const int64_t whole = items - wave, pieces = (key_blocks + dq_splits - 1) / dq_splits;
-        std::unique_ptr<std::mutex[]> wave_locks(new std::mutex[size_t(std::max<int64_t>(wave, 1))]);
+        // Fused dQ: KeyBlockWave's pieces.  16-core Xeon, in-process A/B against whole items: 1.06-1.12x
+        // at (1,16,1024,64), (1,16,2048,128) and (4,32,512,64), 0.99-1.02x elsewhere; this machine
+        // 1.00-1.08x.
+        const KeyBlockWave fused(fused_dq ? items : 0, dq_splits, key_blocks, omp_get_max_threads());
 #pragma omp parallel
         {
             KeyScratch sc(D, Dv, d_padded);
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t u = 0; u < whole + wave * pieces; ++u) {
+            for (int64_t u = 0; u < (fused_dq ? fused.units() : items); ++u) {
                 int64_t b[kBatchDims];
                 if (fused_dq) {
-                    const int64_t w = u < whole ? u : whole + (u - whole) % wave;
-                    const int64_t split = w % dq_splits;
-                    kv.outer_index(w / dq_splits, b);
-                    float* dq_buffer = dq_sum.get() + split * dq_plane;
-                    if (u < whole) {
-                        for (int64_t kb = split; kb < key_blocks; kb += dq_splits)
-                            key_item(sc, b, kb * kLaneBlock, dq_buffer);
-                    } else if (const int64_t kb = split + (u - whole) / wave * dq_splits; kb < key_blocks) {
-                        key_item(sc, b, kb * kLaneBlock, dq_buffer, &wave_locks[w - whole]);
-                    }
+                    const KeyBlockWave::Unit unit = fused.unit(u);
+                    kv.outer_index(unit.item / dq_splits, b);
+                    float* dq_buffer = dq_sum.get() + unit.item % dq_splits * dq_plane;
+                    for (int64_t kb = unit.first; kb < unit.end; kb += dq_splits)
+                        key_item(sc, b, kb * kLaneBlock, dq_buffer, unit.lock);
                     continue;
                 }
                 // Causal: the first key blocks are seen by the most query rows.

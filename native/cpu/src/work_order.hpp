@@ -14,8 +14,11 @@
 // batch-major, 406-459 ms longest-first).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
 
 #include "isa_namespace.hpp"
 
@@ -66,14 +69,6 @@ struct LastWave {
     }
 };
 
-// GRAPHATTN_DETERMINISTIC set: the backwards hand out whole items only, so
-// that every call sums dQ in the same order (bitwise equal results); their
-// last-wave pieces otherwise add to an item's dQ rows in turns.
-inline bool deterministic_sums() {
-    static const bool on = std::getenv("GRAPHATTN_DETERMINISTIC") != nullptr;
-    return on;
-}
-
 // `items` items of item_rows rows each for `threads` threads: the last
 // `threads` items in pieces of piece_rows rows, where the items hold equal
 // work and are larger than that.
@@ -82,6 +77,51 @@ inline LastWave last_wave_in_pieces(int64_t items, int64_t item_rows, int64_t th
     if (!equal_work || item_rows <= piece_rows || items <= threads) return {items, item_rows, items, 1, item_rows};
     return {items, item_rows, items - threads, item_rows / piece_rows, piece_rows};
 }
+
+// GRAPHATTN_DETERMINISTIC set: the backwards hand out whole items only, so
+// that every call sums dQ in the same order (bitwise equal results); their
+// last-wave pieces otherwise add to an item's dQ rows in turns.
+inline bool deterministic_sums() {
+    static const bool on = std::getenv("GRAPHATTN_DETERMINISTIC") != nullptr;
+    return on;
+}
+
+// The backwards' items: item w takes split w % splits of a K/V batch index,
+// the key blocks split, split + splits, ... < key_blocks, and sums its dQ
+// into rows of its own.  The last item per thread (LastWave says why) goes a
+// key block at a time, handed out round those items so that few pieces of
+// one item run at once; the pieces of an item take turns at its dQ rows
+// through the item's lock.
+class KeyBlockWave {
+public:
+    KeyBlockWave(int64_t items, int64_t splits, int64_t key_blocks, int64_t threads)
+        : splits_(splits),
+          key_blocks_(key_blocks),
+          wave_(deterministic_sums() ? 0 : std::min(items, threads)),
+          whole_(items - wave_),
+          pieces_((key_blocks + splits - 1) / splits),
+          locks_(wave_ > 0 ? new std::mutex[size_t(wave_)] : nullptr) {}
+
+    // Units of work handed out: the whole items, then every piece.
+    int64_t units() const { return whole_ + wave_ * pieces_; }
+
+    // Unit u: item `item` over key blocks first, first + splits, ... < end;
+    // `lock` is null for a whole item.
+    struct Unit {
+        int64_t item, first, end;
+        std::mutex* lock;
+    };
+    Unit unit(int64_t u) const {
+        if (u < whole_) return {u, u % splits_, key_blocks_, nullptr};
+        const int64_t item = whole_ + (u - whole_) % wave_;
+        const int64_t block = item % splits_ + (u - whole_) / wave_ * splits_;
+        return {item, block, std::min(block + 1, key_blocks_), &locks_[item - whole_]};
+    }
+
+private:
+    int64_t splits_, key_blocks_, wave_, whole_, pieces_;
+    std::unique_ptr<std::mutex[]> locks_;
+};
 
 }  // namespace GRAPHATTN_ISA_NS
 }  // namespace graphattn
