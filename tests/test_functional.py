@@ -237,6 +237,30 @@ def test_repeated_calls_reuse_the_compiled_partition(rng):
     assert len(functional._cache) == size
 
 
+@pytest.mark.parametrize("kwargs", [
+    dict(is_causal=True, causal_alignment="bottom_right", return_stats=True),
+    dict(attn_mask="bool", dropout_p=0.3, dropout_seed=-5, dropout_offset=7),
+    dict(attn_mask="float", scale=0.3),
+])
+def test_direct_kernel_call_matches_the_partition_execute(kwargs, capsys, rng):
+    """Repeated calls go straight to the kernel (CompiledPartition.bound_runner); with verbose output on they
+    run through the compiled partition's execute, which logs them.  Both give bitwise the same results."""
+    q, k, v = (random_array(s, "f32", rng) for s in ((2, 3, 9, 32), (2, 3, 14, 32), (2, 3, 14, 32)))
+    mask = kwargs.get("attn_mask")
+    if mask is not None:
+        mask = rng.random((9, 14)) < 0.7 if mask == "bool" else random_array((3, 9, 14), "f32", rng)
+        kwargs = dict(kwargs, attn_mask=mask)
+    direct = ga.scaled_dot_product_attention(q, k, v, **kwargs)
+    ga.set_verbose(1)
+    try:
+        logged = ga.scaled_dot_product_attention(q, k, v, **kwargs)
+    finally:
+        ga.set_verbose(0)
+    assert "graphattn_verbose,exec" in capsys.readouterr().err
+    for a, b in zip(direct if isinstance(direct, tuple) else (direct,), logged if isinstance(logged, tuple) else (logged,)):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("args,kwargs,exc,match", [
     (((2, 8), (2, 8), (2, 8)), {}, ValueError, r"query must have at least 3 dims"),
     (((1, 4, 16), (1, 4, 8), (1, 4, 8)), {}, ValueError, r"head dims differ"),
@@ -250,6 +274,8 @@ def test_repeated_calls_reuse_the_compiled_partition(rng):
      r"causal_alignment"),
     (((1, 4, 16), (1, 4, 16), (1, 4, 16)), {"is_causal": True, "attn_mask": np.ones((4, 4), bool)}, ValueError,
      r"not both"),
+    (((1, 4, 16), (1, 4, 16), (1, 4, 16)), {"dropout_p": 0.5, "dropout_seed": 1 << 63}, ValueError,
+     r"dropout_seed must fit in a signed 64-bit integer"),
 ])
 def test_bad_arguments(args, kwargs, exc, match, rng):
     arrays = [random_array(s, "f32", rng) for s in args]

@@ -52,14 +52,20 @@ cdef class ForwardPlan:
                    uint64_t dropout_seed=0, uint64_t dropout_offset=0):
         """As run, taking the arrays themselves: NumPy arrays, or torch CPU tensors (their first element's
         address is used; strides were fixed at plan time and are checked by the caller)."""
-        self.run(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
-                 _host_address(mask) if mask is not None else 0, _host_address(stats) if stats is not None else 0,
-                 scale, causal_offset, select_fill, causal_fill, dropout_seed, dropout_offset)
+        self._call(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
+                   _host_address(mask) if mask is not None else 0, _host_address(stats) if stats is not None else 0,
+                   scale, causal_offset, select_fill, causal_fill, dropout_seed, dropout_offset)
 
     def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
             uintptr_t stats=0, float scale=1.0, int64_t causal_offset=0, float select_fill=float("-inf"),
             float causal_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0):
         """Run the kernel on the given data addresses; raises ValueError on bad arguments."""
+        self._call(query, key, value, output, mask, stats, scale, causal_offset, select_fill, causal_fill,
+                   dropout_seed, dropout_offset)
+
+    cdef void _call(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask,
+                    uintptr_t stats, float scale, int64_t causal_offset, float select_fill, float causal_fill,
+                    uint64_t dropout_seed, uint64_t dropout_offset) except *:
         cdef SdpaForwardArgs local = self.args
         cdef Status status
         _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, causal_offset, select_fill,

@@ -210,6 +210,13 @@ class CompiledPartition:
         else:
             self.kernel.execute(inputs, outputs)
 
+    def bound_runner(self, fixed_inputs: dict):
+        """The kernel's own call for repeated executions whose inputs in fixed_inputs (keyed by port id) never
+        change, or None where the kernel has none (see FusedSdpaForward.bound_runner for its arguments).  Like
+        execute_unchecked, it trusts the caller for shapes, strides and dtypes, and it logs nothing."""
+        bind = getattr(self.kernel, "bound_runner", None)
+        return bind(fixed_inputs) if bind is not None else None
+
     def _bind(self, tensors: Sequence[Tensor], ports: list[LogicalTensor], what: str) -> dict[int, np.ndarray]:
         where = f"partition {self.partition.id}: execute"
         if len(tensors) != len(ports):

@@ -80,6 +80,7 @@ inline bool poison_scratch() {
 class AlignedFloats {
 public:
     explicit AlignedFloats(size_t count, bool zero = true) : data_(allocate(bytes(count))), bytes_(bytes(count)) {
+        if (bytes_ == 0) return;  // the buffers a kernel variant does not use
         if (zero)
             std::memset(data_, 0, bytes_);
         else if (poison_scratch())

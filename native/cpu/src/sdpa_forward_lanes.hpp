@@ -81,7 +81,8 @@ struct LaneForward {
     // row and the decode buffers with padding columns start at 0.
     struct Scratch {
         AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_rows, drop_t;
-        // Decode (RV == 1, attend_decode): rows of Q and O padded to whole vectors, K/V rows likewise.
+        // Decode (RV == 1, attend_decode): rows of Q and O padded to whole vectors, K/V rows likewise
+        // (padding zero); P rows and the row-key partials, each written before it is read.
         AlignedFloats q_pad, o_pad, k_pad, v_pad, p_rows, mask_row, partials;
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         uint64_t drop_base[kBlockQ];
@@ -103,9 +104,9 @@ struct LaneForward {
               o_pad(AlignedFloats::uninitialized(RV == 1 ? size_t(kBlockQ) * padded(Dv) : 0)),
               k_pad(k_copies ? size_t(kDecodeKeys) * padded(D) : 0),
               v_pad(v_copies ? size_t(kDecodeKeys) * padded(Dv) : 0),
-              p_rows(RV == 1 ? size_t(kBlockQ) * kDecodeKeys : 0),
+              p_rows(AlignedFloats::uninitialized(RV == 1 ? size_t(kBlockQ) * kDecodeKeys : 0)),
               mask_row(kDecodeKeys),
-              partials(RV == 1 ? size_t(kDecodeRowBlock) * kDecodeKeys * kLanes : 0) {}
+              partials(AlignedFloats::uninitialized(RV == 1 ? size_t(kDecodeRowBlock) * kDecodeKeys * kLanes : 0)) {}
         static int padded(int n) { return int(round_up(n, kLanes)); }
     };
 
