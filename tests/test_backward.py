@@ -231,6 +231,8 @@ def test_backward_needs_the_forward_seed(rng):
     out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True, dropout_p=0.2, dropout_seed=5)
     with pytest.raises(ValueError, match="dropout_seed"):
         ga.scaled_dot_product_attention_backward(out, q, k, v, out, stats, dropout_p=0.2)
+    with pytest.raises(ValueError, match="dropout_seed must fit in a signed 64-bit integer"):
+        ga.scaled_dot_product_attention_backward(out, q, k, v, out, stats, dropout_p=0.2, dropout_seed=1 << 63)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

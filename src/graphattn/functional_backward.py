@@ -17,7 +17,7 @@ import numpy as np
 from . import _cpu
 from .dtypes import DTYPES, from_numpy as dtype_of
 from . import sycl_runtime
-from .functional import _check_inputs, _normalize_mask, _strides, _sycl_inputs
+from .functional import _check_inputs, _normalize_mask, _s64, _strides, _sycl_inputs
 from .interop import from_numpy, to_numpy
 from .ops.broadcast import broadcast_shapes
 
@@ -181,8 +181,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
                       has_scale=True, scale=scale_value, causal=bool(is_causal),
                       causal_offset=(seq_kv - seq_q) if causal_alignment == "bottom_right" else 0,
                       inf_as_zero=True, dropout_p=float(dropout_p),
-                      dropout_seed=int(dropout_seed or 0) & 0xFFFFFFFFFFFFFFFF,
-                      dropout_offset=int(dropout_offset) & 0xFFFFFFFFFFFFFFFF)
+                      dropout_seed=_s64(dropout_seed or 0, "dropout_seed") & 0xFFFFFFFFFFFFFFFF,
+                      dropout_offset=_s64(dropout_offset, "dropout_offset") & 0xFFFFFFFFFFFFFFFF)
         if queue is not None:
             queue.wait()  # the gradients are ready on return, as on the CPU
 
