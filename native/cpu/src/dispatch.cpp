@@ -115,10 +115,13 @@ SdpaForwardArgs shape_only_args(int64_t batch, int64_t seq_q, int64_t seq_kv, bo
 }
 
 // The AMX backward computes whole 64-row chunks against 64-key blocks, from
-// bf16 or f16 inputs (f32 stays on the vector build).  Below these query rows
-// or keys most of that work is padding and the vector build is faster (2-core
-// Xeon with AMX, bf16 (64,16,17,64): 3.7x; f16 needs more, each of its
-// products taking three tile passes).
+// bf16 or f16 inputs.  f32 stays on the vector build: split into three bf16
+// parts, all five products on tiles ran at 0.48-0.77x of it, and S and dP
+// alone on tiles (the gradient products on FMAs) at 0.72-0.90x (2-core Xeon
+// with AMX; the FMA products themselves slowed beside the tiles).  Below
+// these query rows or keys most of that work is padding and the vector build
+// is faster (2-core Xeon with AMX, bf16 (64,16,17,64): 3.7x; f16 needs more,
+// each of its products taking three tile passes).
 int64_t amx_backward_min_length(DType dtype_class) { return dtype_class == DType::f16 ? 64 : 48; }
 
 bool backward_runs_on_amx(DType dtype_class, int64_t seq_q, int64_t seq_kv) {
