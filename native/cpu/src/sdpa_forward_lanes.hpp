@@ -127,7 +127,8 @@ struct LaneForward {
         // row sees are split: under a top-left causal mask with far more keys than query rows, splits of
         // all keys were mostly empty, and each still cost a thread (16-core Xeon, f32 (1,2,128,8192,128):
         // 0.54 -> 0.12 ms).
-        const KeySplits splits = plan_key_splits(p.outer_items, omp_get_max_threads(), 4, visible_keys_of(a), kBlockKV);
+        const KeySplits splits =
+            plan_key_splits(p.outer_items, omp_get_max_threads(), 4, visible_keys_of(a), kBlockKV, RV > 1);
         p.splits = splits.count;
         p.keys_per_split = splits.keys;
         return p;
