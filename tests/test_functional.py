@@ -141,14 +141,15 @@ def test_strided_views_and_scale(rng):
     assert_close(out, sdpa_reference(q, k[:, :, ::2], v[:, :, ::2], scale=0.3), "f32")
 
 
+@pytest.mark.parametrize("head_dim", [64, 80])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_strided_long_views(dtype, rng):
+def test_strided_long_views(dtype, head_dim, rng):
     """Long sequences through views with a row stride (BSHD storage) and a column stride of 2: the
     packed fast paths' row strides and the kernels' general path for other layouts (eight heads of 260:
-    long enough for f32 to take the AMX kernel too, on two threads)."""
-    base = random_array((1, 260, 8, 2, 64), dtype, rng)  # (N, S, H, 2, D) storage
+    long enough for f32 to take the AMX kernel too, on two threads; D = 80 leaves part of a tile)."""
+    base = random_array((1, 260, 8, 2, head_dim), dtype, rng)  # (N, S, H, 2, D) storage
     bshd = base[:, :, :, 0].transpose(0, 2, 1, 3)
-    every_other = base.transpose(0, 2, 1, 3, 4).reshape(1, 8, 260, 128)[..., ::2]
+    every_other = base.transpose(0, 2, 1, 3, 4).reshape(1, 8, 260, 2 * head_dim)[..., ::2]
     for k, v in ((bshd, bshd), (every_other, bshd), (bshd, every_other)):
         out = ga.scaled_dot_product_attention(bshd, k, v)
         assert_close(out, sdpa_reference(bshd, k, v), dtype)

@@ -91,41 +91,48 @@ inline void pack_row_pairs(const Bf16Block& x, int height, int cols_padded, uint
         for (int c = 0; c < x.cols; ++c) reinterpret_cast<uint16_t*>(dst + (j / 2) * ld + c)[j % 2] = x.at(j, c);
 }
 
-// Split packings: a block of f32, bf16 or f16 values (unit column stride,
-// full: `width` or `height` rows, columns a multiple of 32) goes into bf16
-// parts (amx_split.hpp), one segment per part.  They convert, split and pack
-// in registers, in one pass, and add the lanes that held an infinity to
-// `infinite`.
+// Split packings: a block of f32, bf16 or f16 values with unit column
+// stride (`rows` rows of `cols` values; padding to whole tiles packs as
+// zeros, read from nowhere) goes into bf16 parts (amx_split.hpp), one
+// segment per part.  They convert, split, pad and pack in registers, in one
+// pass, and add the lanes that held an infinity to `infinite`.
 
-// As pack_column_pairs: part p's cols / 2 pair rows, from dst + p * (cols / 2) * ld.
+// As pack_column_pairs for `width` keys and cols_padded columns: part p's
+// cols_padded / 2 pair rows, from dst + p * (cols_padded / 2) * ld.
 template <int Parts>
-inline void pack_column_pairs_split(const void* data, DType dt, int64_t row_stride, int width, int cols,
-                                    uint32_t* dst, int64_t ld, __mmask16& infinite) {
+inline void pack_column_pairs_split(const void* data, DType dt, int64_t row_stride, int rows, int width, int cols,
+                                    int cols_padded, uint32_t* dst, int64_t ld, __mmask16& infinite) {
     __m512i in[Parts][16], out[16], parts[Parts];
     for (int j0 = 0; j0 < width; j0 += 16)
-        for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
+        for (int c0 = 0; c0 < cols_padded; c0 += kTileBf16Cols) {
             for (int r = 0; r < 16; ++r) {
-                load_split_32<Parts>(element_ptr(data, dt, (j0 + r) * row_stride + c0), dt, parts, infinite);
+                const bool real = j0 + r < rows;
+                load_split_32<Parts>(real ? element_ptr(data, dt, (j0 + r) * row_stride + c0) : data, dt, parts,
+                                     infinite, real ? cols - c0 : 0);
                 for (int p = 0; p < Parts; ++p) in[p][r] = parts[p];
             }
             for (int p = 0; p < Parts; ++p) {
                 transpose_16x16_words(in[p], out);
-                uint32_t* seg = dst + (int64_t(p) * (cols / 2) + c0 / 2) * ld + j0;
+                uint32_t* seg = dst + (int64_t(p) * (cols_padded / 2) + c0 / 2) * ld + j0;
                 for (int r = 0; r < 16; ++r) _mm512_storeu_si512(seg + r * ld, out[r]);
             }
         }
 }
 
-// As pack_row_pairs: part p's height / 2 pair rows, from dst + p * part_rows * ld.
+// As pack_row_pairs for `height` keys: part p's height / 2 pair rows, from
+// dst + p * part_rows * ld.
 template <int Parts>
-inline void pack_row_pairs_split(const void* data, DType dt, int64_t row_stride, int height, int cols,
-                                 uint32_t* dst, int64_t ld, int64_t part_rows, __mmask16& infinite) {
+inline void pack_row_pairs_split(const void* data, DType dt, int64_t row_stride, int rows, int height, int cols,
+                                 int cols_padded, uint32_t* dst, int64_t ld, int64_t part_rows, __mmask16& infinite) {
     const WordInterleave interleave;
     __m512i even[Parts], odd[Parts];
     for (int jp = 0; jp < height / 2; ++jp)
-        for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
-            load_split_32<Parts>(element_ptr(data, dt, (2 * jp) * row_stride + c0), dt, even, infinite);
-            load_split_32<Parts>(element_ptr(data, dt, (2 * jp + 1) * row_stride + c0), dt, odd, infinite);
+        for (int c0 = 0; c0 < cols_padded; c0 += kTileBf16Cols) {
+            const int j = 2 * jp;
+            load_split_32<Parts>(j < rows ? element_ptr(data, dt, j * row_stride + c0) : data, dt, even, infinite,
+                                 j < rows ? cols - c0 : 0);
+            load_split_32<Parts>(j + 1 < rows ? element_ptr(data, dt, (j + 1) * row_stride + c0) : data, dt, odd,
+                                 infinite, j + 1 < rows ? cols - c0 : 0);
             for (int p = 0; p < Parts; ++p) {
                 uint32_t* out = dst + (int64_t(p) * part_rows + jp) * ld + c0;
                 _mm512_storeu_si512(out, _mm512_permutex2var_epi16(even[p], interleave.low, odd[p]));
@@ -134,15 +141,16 @@ inline void pack_row_pairs_split(const void* data, DType dt, int64_t row_stride,
         }
 }
 
-// A operand rows: dst[r * ld + p * cols + c] = part p of X[r][c] for r < rows.
+// A operand rows: dst[r * ld + p * cols_padded + c] = part p of X[r][c] for
+// r < rows (zeros for cols <= c < cols_padded).
 template <int Parts>
-inline void pack_rows_split(const void* data, DType dt, int64_t row_stride, int rows, int cols, uint16_t* dst,
-                            int64_t ld, __mmask16& infinite) {
+inline void pack_rows_split(const void* data, DType dt, int64_t row_stride, int rows, int cols, int cols_padded,
+                            uint16_t* dst, int64_t ld, __mmask16& infinite) {
     __m512i parts[Parts];
     for (int r = 0; r < rows; ++r)
-        for (int c0 = 0; c0 < cols; c0 += kTileBf16Cols) {
-            load_split_32<Parts>(element_ptr(data, dt, r * row_stride + c0), dt, parts, infinite);
-            for (int p = 0; p < Parts; ++p) _mm512_storeu_si512(dst + r * ld + p * cols + c0, parts[p]);
+        for (int c0 = 0; c0 < cols_padded; c0 += kTileBf16Cols) {
+            load_split_32<Parts>(element_ptr(data, dt, r * row_stride + c0), dt, parts, infinite, cols - c0);
+            for (int p = 0; p < Parts; ++p) _mm512_storeu_si512(dst + r * ld + p * cols_padded + c0, parts[p]);
         }
 }
 

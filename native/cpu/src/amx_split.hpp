@@ -97,6 +97,30 @@ inline void load_32_as_f32(const void* p, DType dt, __m512& lo, __m512& hi) {
     }
 }
 
+// The first `count` (0 < count < 32) of 32 values at p as load_32_as_f32
+// gives them, the rest 0; masked loads, so nothing past them is read.
+inline void load_32_as_f32(const void* p, DType dt, int count, __m512& lo, __m512& hi) {
+    const __mmask16 lo_mask = count >= 16 ? __mmask16(0xffff) : __mmask16((1u << count) - 1);
+    const __mmask16 hi_mask = count <= 16 ? __mmask16(0) : __mmask16((1u << (count - 16)) - 1);
+    hi = _mm512_setzero_ps();
+    if (dt == DType::f32) {
+        const float* f = static_cast<const float*>(p);
+        lo = _mm512_maskz_loadu_ps(lo_mask, f);
+        if (hi_mask) hi = _mm512_maskz_loadu_ps(hi_mask, f + 16);
+        return;
+    }
+    const uint16_t* h = static_cast<const uint16_t*>(p);
+    const __m256i lo_words = _mm256_maskz_loadu_epi16(lo_mask, h);
+    const __m256i hi_words = hi_mask ? _mm256_maskz_loadu_epi16(hi_mask, h + 16) : _mm256_setzero_si256();
+    if (dt == DType::f16) {
+        lo = _mm512_cvtph_ps(lo_words);
+        hi = _mm512_cvtph_ps(hi_words);
+    } else {
+        lo = bf16x16_to_f32(lo_words);
+        hi = bf16x16_to_f32(hi_words);
+    }
+}
+
 // The bf16 parts of 32 finite values (NaN passes too), lo holding the first
 // 16, each part as one row of 32.
 template <int Parts>
@@ -115,10 +139,19 @@ inline void split_32(__m512 lo, __m512 hi, __m512i parts[Parts]) {
 // keep IEEE infinities (a part 0 * inf is NaN where the whole value times inf
 // is not), so `infinite` gathers which lanes held one: a caller that sees any
 // runs the call on a kernel without splits.
+// Past the first `count` values (count < 32) the parts are 0, and nothing
+// there is read; at count <= 0, all of them.
 template <int Parts>
-inline void load_split_32(const void* p, DType dt, __m512i parts[Parts], __mmask16& infinite) {
+inline void load_split_32(const void* p, DType dt, __m512i parts[Parts], __mmask16& infinite, int count = 32) {
+    if (count <= 0) {
+        for (int part = 0; part < Parts; ++part) parts[part] = _mm512_setzero_si512();
+        return;
+    }
     __m512 lo, hi;
-    load_32_as_f32(p, dt, lo, hi);
+    if (count >= 32)
+        load_32_as_f32(p, dt, lo, hi);
+    else
+        load_32_as_f32(p, dt, count, lo, hi);
     infinite |= _mm512_fpclass_ps_mask(lo, 0x18) | _mm512_fpclass_ps_mask(hi, 0x18);  // 0x18: +-inf
     split_32<Parts>(lo, hi, parts);
 }

@@ -46,7 +46,7 @@ namespace graphattn {
 namespace isa_amx {
 namespace {
 
-constexpr int kBlockQ = 512;  // query rows per item at most (the scratch's size)
+constexpr int kBlockQ = 512;  // query rows per item at most
 // Item sizes tried in turn: the largest that still gives every thread a few
 // items (each item packs every K/V block it reads, so larger items pack less).
 constexpr int kItemRows[] = {kBlockQ, 256, 128, 64};
@@ -64,34 +64,42 @@ constexpr int kLastWavePieceRows = 128;
 // (causal cut, partial blocks).
 constexpr int kBlockKV = 512;
 // Row strides of the tile operands and results, padded by one cache line: at
-// 2^n bytes, the 16 rows of a tile would share a few L1 sets.
+// 2^n bytes, the 16 rows of a tile would share a few L1 sets.  Constants:
+// as runtime values (sized to short key blocks) they cost a lone bf16 item
+// of 17 rows and 768 keys 3-7% (this 2-core machine).
 constexpr int kKeyPairsLd = kBlockKV + 16;  // packed K rows, in pair words
 constexpr int kScoresLd = kBlockKV + 16;    // S rows, in floats
 
 // Per-thread buffers; bf16 data is kept as uint16_t and pairs as uint32_t.
-// Split operands keep `parts` planes (1 for bf16).
+// Split operands keep `parts` planes (1 for bf16).  Q and O hold the call's
+// item rows, not kBlockQ: scratch past the ThreadBlockCache's bounds comes
+// from the OS afresh on every call, page faults included (f16 16 x 17 x 17
+// heads at D = 256, 2 threads: a fifth of the call).
 struct Scratch {
-    int dp, dvp;  // head sizes padded to whole tiles
+    int dp, dvp;      // head sizes padded to whole tiles
     int parts;
+    int item_rows;    // query rows per item at most: a multiple of kPairRows
     int p_ld, v_ld, o_ld;  // row strides of P (words), packed V (pair words) and O (floats)
     AlignedFloats q_store, k_store, v_store, s_store, p_store, mask_store, o_store, out_store;
-    AlignedFloats wide_store;  // split inputs only: a block as f32 (load_wide)
-    Scratch(int D, int Dv, int parts)
+    AlignedFloats wide_store;  // split inputs with strided columns only: a block as f32 (split_source)
+    Scratch(int D, int Dv, int parts, int64_t rows)
         : dp(int(round_up(D, kTileBf16Cols))),
           dvp(int(round_up(Dv, kTileBf16Cols))),
           parts(parts),
+          item_rows(int(round_up(std::min<int64_t>(rows, kBlockQ), kPairRows))),
           p_ld(parts * kBlockKV + 32),
           v_ld(dvp + 16),
           o_ld(dvp + 16),
-          q_store(AlignedFloats::uninitialized(size_t(kBlockQ) * parts * dp / 2)),
+          q_store(AlignedFloats::uninitialized(size_t(item_rows) * parts * dp / 2)),
           k_store(AlignedFloats::uninitialized(size_t(parts) * dp / 2 * kKeyPairsLd)),
           v_store(AlignedFloats::uninitialized(size_t(parts) * kBlockKV / 2 * v_ld)),
           s_store(AlignedFloats::uninitialized(size_t(kPairRows) * kScoresLd)),
           p_store(AlignedFloats::uninitialized(size_t(kPairRows) * p_ld / 2)),
           mask_store(AlignedFloats::uninitialized(size_t(kPairRows) * kScoresLd)),
-          o_store(AlignedFloats::uninitialized(size_t(kBlockQ) * o_ld)),
+          o_store(AlignedFloats::uninitialized(size_t(item_rows) * o_ld)),
           out_store(AlignedFloats::uninitialized(size_t(dvp))),
-          wide_store(AlignedFloats::uninitialized(parts > 1 ? size_t(std::max(kBlockQ, kBlockKV)) * std::max(dp, dvp) : 0)) {}
+          wide_store(AlignedFloats::uninitialized(parts > 1 ? size_t(std::max(item_rows, kBlockKV)) * std::max(D, Dv)
+                                                            : 0)) {}
     uint16_t* q() const { return reinterpret_cast<uint16_t*>(q_store.get()); }
     uint32_t* k() const { return reinterpret_cast<uint32_t*>(k_store.get()); }
     uint32_t* v() const { return reinterpret_cast<uint32_t*>(v_store.get()); }
@@ -104,20 +112,20 @@ struct Scratch {
 
 const uint16_t* bf16_at(const TensorView& t, int64_t offset) { return static_cast<const uint16_t*>(t.data) + offset; }
 
-// Rows of view t from `base` as f32 in sc.wide_store, `width` columns (zeros
-// past rows and cols, up to `height` rows): the split packings' input where
-// the view's own rows do not fit them (strides, padding, a partial block).
-const float* load_wide(const TensorView& t, int64_t base, int rows, int cols, int height, int width, Scratch& sc) {
-    float* wide = sc.wide_store.get();
-    std::fill(wide, wide + size_t(height) * width, 0.0f);
-    load_block(element_ptr(t.data, t.dtype, base), t.dtype, t.strides[3], t.strides[4], rows, cols, wide, width, 1);
-    return wide;
-}
+// Where the split packings read `rows` rows of `cols` values of view t
+// from `base`: the view itself where its columns are contiguous, else an f32
+// copy in sc.wide_store.
+struct SplitSource {
+    const void* data;
+    DType dtype;
+    int64_t row_stride;
+};
 
-// Whether rows of view t can feed a split packing in place: unit column
-// stride, cols filling whole tiles, and every row there (full).
-bool splits_in_place(const TensorView& t, int cols, int padded_cols, bool full) {
-    return t.strides[4] == 1 && cols == padded_cols && full;
+SplitSource split_source(const TensorView& t, int64_t base, int rows, int cols, Scratch& sc) {
+    if (t.strides[4] == 1) return {element_ptr(t.data, t.dtype, base), t.dtype, t.strides[3]};
+    float* wide = sc.wide_store.get();
+    load_block(element_ptr(t.data, t.dtype, base), t.dtype, t.strides[3], t.strides[4], rows, cols, wide, cols, 1);
+    return {wide, DType::f32, cols};
 }
 
 // Row r of the packed Q holds, for each term t, the part a_part(t) of q[r]
@@ -132,12 +140,10 @@ void pack_q(const TensorView& q, int64_t base, int rows, int D, Scratch& sc) {
             const uint16_t* src = bf16_at(q, base + r * q.strides[3]);
             for (int d = 0; d < D; ++d) dst[r * ld + d] = src[d * q.strides[4]];
         }
-    } else if (splits_in_place(q, D, sc.dp, true)) {
-        pack_rows_split<Parts>(element_ptr(q.data, q.dtype, base), q.dtype, q.strides[3], rows, D, dst, ld, sc.infinite);
-        std::memset(dst + size_t(rows) * ld, 0, size_t(height - rows) * ld * 2);
     } else {
-        pack_rows_split<Parts>(load_wide(q, base, rows, D, height, sc.dp, sc), DType::f32, sc.dp, height, sc.dp, dst, ld,
-                               sc.infinite);
+        const SplitSource src = split_source(q, base, rows, D, sc);
+        pack_rows_split<Parts>(src.data, src.dtype, src.row_stride, rows, D, sc.dp, dst, ld, sc.infinite);
+        std::memset(dst + size_t(rows) * ld, 0, size_t(height - rows) * ld * 2);
     }
 }
 
@@ -149,12 +155,10 @@ void pack_k(const TensorView& k, int64_t base, int kv_rows, int D, Scratch& sc) 
     const int width = int(round_up(kv_rows, 32));
     if constexpr (Parts == 1) {
         pack_column_pairs({bf16_at(k, base), k.strides[3], k.strides[4], kv_rows, D}, width, sc.dp, sc.k(), kKeyPairsLd);
-    } else if (splits_in_place(k, D, sc.dp, kv_rows == width)) {
-        pack_column_pairs_split<Parts>(element_ptr(k.data, k.dtype, base), k.dtype, k.strides[3], width, D, sc.k(),
-                                       kKeyPairsLd, sc.infinite);
     } else {
-        pack_column_pairs_split<Parts>(load_wide(k, base, kv_rows, D, width, sc.dp, sc), DType::f32, sc.dp, width,
-                                       sc.dp, sc.k(), kKeyPairsLd, sc.infinite);
+        const SplitSource src = split_source(k, base, kv_rows, D, sc);
+        pack_column_pairs_split<Parts>(src.data, src.dtype, src.row_stride, kv_rows, width, D, sc.dp, sc.k(), kKeyPairsLd,
+                                       sc.infinite);
     }
 }
 
@@ -166,12 +170,10 @@ void pack_v(const TensorView& v, int64_t base, int kv_rows, int Dv, Scratch& sc)
     const int height = int(round_up(kv_rows, 32));
     if constexpr (Parts == 1) {
         pack_row_pairs({bf16_at(v, base), v.strides[3], v.strides[4], kv_rows, Dv}, height, sc.dvp, sc.v(), sc.v_ld);
-    } else if (splits_in_place(v, Dv, sc.dvp, kv_rows == height)) {
-        pack_row_pairs_split<Parts>(element_ptr(v.data, v.dtype, base), v.dtype, v.strides[3], height, Dv, sc.v(),
-                                    sc.v_ld, kBlockKV / 2, sc.infinite);
     } else {
-        pack_row_pairs_split<Parts>(load_wide(v, base, kv_rows, Dv, height, sc.dvp, sc), DType::f32, sc.dvp, height,
-                                    sc.dvp, sc.v(), sc.v_ld, kBlockKV / 2, sc.infinite);
+        const SplitSource src = split_source(v, base, kv_rows, Dv, sc);
+        pack_row_pairs_split<Parts>(src.data, src.dtype, src.row_stride, kv_rows, height, Dv, sc.dvp, sc.v(), sc.v_ld,
+                                    kBlockKV / 2, sc.infinite);
     }
 }
 
@@ -313,8 +315,8 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     }
     pack_q<Parts>(q, view_batch_offset(q, b) + i0 * q.strides[3], rows, D, sc);
     std::fill(sc.o_store.get(), sc.o_store.get() + size_t(row_tiles) * 16 * sc.o_ld, 0.0f);  // the rows tiles touch
-    std::fill(sc.row_max, sc.row_max + kBlockQ, -__builtin_inff());
-    std::fill(sc.row_sums, sc.row_sums + kBlockQ, VecF{});
+    std::fill(sc.row_max, sc.row_max + rows, -__builtin_inff());
+    std::fill(sc.row_sums, sc.row_sums + rows, VecF{});
 
     const int64_t kv_end =
         skip_causal_blocks ? std::min(key_end, causal_key_end(i0 + rows - 1, a.causal_offset, a.seq_kv)) : key_end;
@@ -442,7 +444,7 @@ bool run_forward(const SdpaForwardArgs& a) {
     const int team = int(std::clamp<int64_t>(items * splits, 1, threads));
 #pragma omp parallel num_threads(team)
     {
-        Scratch scratch(int(a.head_dim_qk), Dv, Parts);
+        Scratch scratch(int(a.head_dim_qk), Dv, Parts, std::min(block_q, a.seq_q));
         configure_tiles();
 #pragma omp for schedule(dynamic, 1)
         for (int64_t w = 0; w < wave.units() * splits; ++w) {
