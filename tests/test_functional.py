@@ -33,7 +33,7 @@ CASES = {
     "decode_causal_rows": dict(q=(1, 6, 2, 64), k=(1, 2, 77, 64), v=(1, 2, 77, 64), enable_gqa=True,
                                is_causal=True, causal_alignment="bottom_right"),
     # 68 query rows per K/V head (GQA, 4 x 17): the vector build's three 32-row blocks, the last partial.
-    # One item of query rows and 800 keys: on the vector build, two key splits (a lone item's rule).
+    # One item of query rows and 800 keys: two key splits (a lone item's rule), on the vector build and on tiles.
     "lone_item_two_splits": dict(q=(1, 1, 40, 64), k=(1, 1, 800, 64), v=(1, 1, 800, 48)),
     "gqa_rows_68": dict(q=(1, 8, 17, 64), k=(1, 2, 150, 64), v=(1, 2, 150, 64), enable_gqa=True),
     "d80_d256": dict(q=(1, 1, 20, 80), k=(1, 1, 20, 80), v=(1, 1, 20, 256)),
