@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "amx_split.hpp"
 #include "amx_tiles.hpp"
@@ -92,89 +93,91 @@ inline void pack_row_pairs(const Bf16Block& x, int height, int cols_padded, uint
 }
 
 // Split packings: a block of f32, bf16 or f16 values with unit column
-// stride (`rows` rows of `cols` values; padding to whole tiles packs as
-// zeros, read from nowhere) goes into bf16 parts (amx_split.hpp), one
-// segment per part.  They convert, split, pad and pack in registers, in one
-// pass, and add the lanes that held an infinity to `infinite`.
+// stride (SplitRows; padding to whole tiles packs as zeros, read from
+// nowhere) goes into bf16 parts (amx_split.hpp), one segment per part.  They
+// convert, split, pad and pack in registers, in one pass, and add the lanes
+// that held an infinity to `infinite`.
+
+// `rows` rows of `cols` values of dtype dt at data, row_stride elements apart.
+struct SplitRows {
+    const void* data;
+    DType dt;
+    int64_t row_stride;
+    int rows, cols;
+
+    // The parts of values c0 .. c0 + 31 of row j, zeros past the rows and
+    // columns.  Checked = false: the caller knows there is no padding there.
+    template <int Parts, bool Checked>
+    void load(int j, int c0, __m512i parts[Parts], __mmask16& infinite) const {
+        const bool real = !Checked || j < rows;
+        load_split_32<Parts>(real ? element_ptr(data, dt, j * row_stride + c0) : data, dt, parts, infinite,
+                             !Checked ? 32 : (real ? cols - c0 : 0));
+    }
+};
+
+// body(checked) with checked a compile-time bool, true where the block has
+// padding: blocks without it skip the masks and bounds checks, which kept the
+// lone long items that packing dominates as fast as before padding moved
+// here (16-core Xeon, f16 (1,1,1,17,768,256): 0.93x with checks everywhere).
+template <typename Body>
+inline void with_padding_checks(bool padded, Body body) {
+    if (padded)
+        body(std::true_type{});
+    else
+        body(std::false_type{});
+}
 
 // As pack_column_pairs for `width` keys and cols_padded columns: part p's
 // cols_padded / 2 pair rows, from dst + p * (cols_padded / 2) * ld.
-// Full: no padding (rows == width, cols == cols_padded), so no value needs a
-// mask or a bounds check: the packers below choose it where it holds, which
-// keeps the lone long items that packing dominates as fast as before padding
-// moved here (16-core Xeon, f16 (1,1,1,17,768,256): 0.93x with checks).
-template <int Parts, bool Full>
-inline void pack_column_pairs_split_as(const void* data, DType dt, int64_t row_stride, int rows, int width, int cols,
-                                       int cols_padded, uint32_t* dst, int64_t ld, __mmask16& infinite) {
-    __m512i in[Parts][16], out[16], parts[Parts];
-    for (int j0 = 0; j0 < width; j0 += 16)
-        for (int c0 = 0; c0 < cols_padded; c0 += kTileBf16Cols) {
-            for (int r = 0; r < 16; ++r) {
-                const bool real = Full || j0 + r < rows;
-                load_split_32<Parts>(real ? element_ptr(data, dt, (j0 + r) * row_stride + c0) : data, dt, parts,
-                                     infinite, Full ? 32 : (real ? cols - c0 : 0));
-                for (int p = 0; p < Parts; ++p) in[p][r] = parts[p];
-            }
-            for (int p = 0; p < Parts; ++p) {
-                transpose_16x16_words(in[p], out);
-                uint32_t* seg = dst + (int64_t(p) * (cols_padded / 2) + c0 / 2) * ld + j0;
-                for (int r = 0; r < 16; ++r) _mm512_storeu_si512(seg + r * ld, out[r]);
-            }
-        }
-}
-
 template <int Parts>
-inline void pack_column_pairs_split(const void* data, DType dt, int64_t row_stride, int rows, int width, int cols,
-                                    int cols_padded, uint32_t* dst, int64_t ld, __mmask16& infinite) {
-    if (rows == width && cols == cols_padded)
-        pack_column_pairs_split_as<Parts, true>(data, dt, row_stride, rows, width, cols, cols_padded, dst, ld, infinite);
-    else
-        pack_column_pairs_split_as<Parts, false>(data, dt, row_stride, rows, width, cols, cols_padded, dst, ld, infinite);
+inline void pack_column_pairs_split(const SplitRows& x, int width, int cols_padded, uint32_t* dst, int64_t ld,
+                                    __mmask16& infinite) {
+    with_padding_checks(x.rows < width || x.cols < cols_padded, [&](auto checked) {
+        __m512i in[Parts][16], out[16], parts[Parts];
+        for (int j0 = 0; j0 < width; j0 += 16)
+            for (int c0 = 0; c0 < cols_padded; c0 += kTileBf16Cols) {
+                for (int r = 0; r < 16; ++r) {
+                    x.load<Parts, decltype(checked)::value>(j0 + r, c0, parts, infinite);
+                    for (int p = 0; p < Parts; ++p) in[p][r] = parts[p];
+                }
+                for (int p = 0; p < Parts; ++p) {
+                    transpose_16x16_words(in[p], out);
+                    uint32_t* seg = dst + (int64_t(p) * (cols_padded / 2) + c0 / 2) * ld + j0;
+                    for (int r = 0; r < 16; ++r) _mm512_storeu_si512(seg + r * ld, out[r]);
+                }
+            }
+    });
 }
 
 // As pack_row_pairs for `height` keys: part p's height / 2 pair rows, from
 // dst + p * part_rows * ld.
-template <int Parts, bool Full>
-inline void pack_row_pairs_split_as(const void* data, DType dt, int64_t row_stride, int rows, int height, int cols,
-                                    int cols_padded, uint32_t* dst, int64_t ld, int64_t part_rows, __mmask16& infinite) {
-    const WordInterleave interleave;
-    __m512i even[Parts], odd[Parts];
-    for (int jp = 0; jp < height / 2; ++jp)
-        for (int c0 = 0; c0 < cols_padded; c0 += kTileBf16Cols) {
-            const int j = 2 * jp;
-            const bool even_real = Full || j < rows, odd_real = Full || j + 1 < rows;
-            load_split_32<Parts>(even_real ? element_ptr(data, dt, j * row_stride + c0) : data, dt, even, infinite,
-                                 Full ? 32 : (even_real ? cols - c0 : 0));
-            load_split_32<Parts>(odd_real ? element_ptr(data, dt, (j + 1) * row_stride + c0) : data, dt, odd,
-                                 infinite, Full ? 32 : (odd_real ? cols - c0 : 0));
-            for (int p = 0; p < Parts; ++p) {
-                uint32_t* out = dst + (int64_t(p) * part_rows + jp) * ld + c0;
-                _mm512_storeu_si512(out, _mm512_permutex2var_epi16(even[p], interleave.low, odd[p]));
-                _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(even[p], interleave.high, odd[p]));
-            }
-        }
-}
-
 template <int Parts>
-inline void pack_row_pairs_split(const void* data, DType dt, int64_t row_stride, int rows, int height, int cols,
-                                 int cols_padded, uint32_t* dst, int64_t ld, int64_t part_rows, __mmask16& infinite) {
-    if (rows == height && cols == cols_padded)
-        pack_row_pairs_split_as<Parts, true>(data, dt, row_stride, rows, height, cols, cols_padded, dst, ld, part_rows,
-                                             infinite);
-    else
-        pack_row_pairs_split_as<Parts, false>(data, dt, row_stride, rows, height, cols, cols_padded, dst, ld, part_rows,
-                                              infinite);
+inline void pack_row_pairs_split(const SplitRows& x, int height, int cols_padded, uint32_t* dst, int64_t ld,
+                                 int64_t part_rows, __mmask16& infinite) {
+    with_padding_checks(x.rows < height || x.cols < cols_padded, [&](auto checked) {
+        const WordInterleave interleave;
+        __m512i even[Parts], odd[Parts];
+        for (int jp = 0; jp < height / 2; ++jp)
+            for (int c0 = 0; c0 < cols_padded; c0 += kTileBf16Cols) {
+                x.load<Parts, decltype(checked)::value>(2 * jp, c0, even, infinite);
+                x.load<Parts, decltype(checked)::value>(2 * jp + 1, c0, odd, infinite);
+                for (int p = 0; p < Parts; ++p) {
+                    uint32_t* out = dst + (int64_t(p) * part_rows + jp) * ld + c0;
+                    _mm512_storeu_si512(out, _mm512_permutex2var_epi16(even[p], interleave.low, odd[p]));
+                    _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(even[p], interleave.high, odd[p]));
+                }
+            }
+    });
 }
 
 // A operand rows: dst[r * ld + p * cols_padded + c] = part p of X[r][c] for
-// r < rows (zeros for cols <= c < cols_padded).
+// r < x.rows (zeros for x.cols <= c < cols_padded).
 template <int Parts>
-inline void pack_rows_split(const void* data, DType dt, int64_t row_stride, int rows, int cols, int cols_padded,
-                            uint16_t* dst, int64_t ld, __mmask16& infinite) {
+inline void pack_rows_split(const SplitRows& x, int cols_padded, uint16_t* dst, int64_t ld, __mmask16& infinite) {
     __m512i parts[Parts];
-    for (int r = 0; r < rows; ++r)
+    for (int r = 0; r < x.rows; ++r)
         for (int c0 = 0; c0 < cols_padded; c0 += kTileBf16Cols) {
-            load_split_32<Parts>(element_ptr(data, dt, r * row_stride + c0), dt, parts, infinite, cols - c0);
+            x.load<Parts, true>(r, c0, parts, infinite);
             for (int p = 0; p < Parts; ++p) _mm512_storeu_si512(dst + r * ld + p * cols_padded + c0, parts[p]);
         }
 }
