@@ -53,7 +53,7 @@ inline int64_t key_split_count(int64_t pieces, int64_t items, int64_t keys) {
 // packing stopped going through a zero-filled copy: 0.94-1.54x before).
 // Decode rows (0.63-1.09x) keep the plain rule.
 inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t block,
-                                 bool split_lone_item = false) {
+                                 bool split_lone_item) {
     int64_t count = items < threads ? key_split_count(per_thread * threads, items, keys) : 1;
     if (split_lone_item && items == 1 && count == 1 && threads > 1 && 2 * keys >= 3 * kMinKeysPerSplit) count = 2;
     return even_key_splits(count, keys, block);
