@@ -63,6 +63,15 @@ cdef class ForwardPlan:
         self._call(query, key, value, output, mask, stats, scale, causal_offset, select_fill, causal_fill,
                    dropout_seed, dropout_offset)
 
+    def bound(self, int64_t causal_offset, float select_fill, float causal_fill):
+        """A BoundForward: run_arrays with these operands fixed, for repeated calls that only change data."""
+        cdef BoundForward bound = BoundForward.__new__(BoundForward)
+        bound.plan = self
+        bound.causal_offset = causal_offset
+        bound.select_fill = select_fill
+        bound.causal_fill = causal_fill
+        return bound
+
     cdef void _call(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask,
                     uintptr_t stats, float scale, int64_t causal_offset, float select_fill, float causal_fill,
                     uint64_t dropout_seed, uint64_t dropout_offset) except *:
@@ -74,6 +83,28 @@ cdef class ForwardPlan:
             status = sdpa_forward(local)
         if not status.ok:
             raise ValueError(status.message.decode())
+
+
+cdef class BoundForward:
+    """A ForwardPlan with the causal offset and fill values of its calls fixed (ForwardPlan.bound): the
+    functional API's repeated calls reach the kernel through one call, with no Python frame between."""
+    cdef ForwardPlan plan
+    cdef int64_t causal_offset
+    cdef float select_fill, causal_fill
+
+    def run(self, query, key, value, output, mask, stats, float scale, object dropout_seed,
+            object dropout_offset):
+        """run_arrays with the fixed operands; dropout seed and offset are signed 64-bit values, passed on as
+        their unsigned bit patterns."""
+        self.plan._call(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
+                        _host_address(mask) if mask is not None else 0,
+                        _host_address(stats) if stats is not None else 0, scale, self.causal_offset,
+                        self.select_fill, self.causal_fill, _u64_bits(dropout_seed), _u64_bits(dropout_offset))
+
+
+cdef uint64_t _u64_bits(object value) except? 0:
+    """The two's complement bits of a signed 64-bit integer."""
+    return <uint64_t>(value & 0xFFFFFFFFFFFFFFFF)
 
 
 def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,

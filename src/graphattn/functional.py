@@ -38,6 +38,8 @@ class _Compiled:
     dtype: DataType
     fixed: dict               # tensor id -> the inputs every call of this signature passes the same
     runner: object            # the kernel's direct call (CompiledPartition.bound_runner), or None
+    out_dtype: np.dtype       # the output's NumPy dtype
+    default_scale: float      # 1 / sqrt(E), the scale of calls without one
 
 
 def new_dropout_seed() -> int:
@@ -230,7 +232,7 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p, en
         fixed[roles["seq_kv"]] = np.array([seq_kv], np.int32)
         fixed[roles["seq_q"]] = np.array([seq_q], np.int32)
     return _Compiled(compiled, roles, compiled.query_logical_tensor(out.id).shape, stats_shape, dt, fixed,
-                     compiled.bound_runner(fixed))
+                     compiled.bound_runner(fixed), numpy_dtype(dt), 1.0 / math.sqrt(q.shape[-1]))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
@@ -269,12 +271,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         v, _ = to_numpy(value, "value")
         mask = _normalize_mask(None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0])
         queue = None
-    engine, stream = _engine_for(queue)
     dropout_p = float(dropout_p)
     # A signature seen before was validated when it was built: only new ones are checked.
-    layout = torch_layout if torch_direct else _layout
-    signature = (layout(q), layout(k), layout(v), _layout(mask) if mask is not None else None, bool(enable_gqa),
-                 bool(is_causal), causal_alignment, bool(return_stats), dropout_p, queue)
+    if torch_direct:
+        signature = (torch_layout(q, k, v), bool(enable_gqa), bool(is_causal), causal_alignment, bool(return_stats),
+                     dropout_p)
+    else:
+        signature = (_layout(q), _layout(k), _layout(v), _layout(mask) if mask is not None else None,
+                     bool(enable_gqa), bool(is_causal), causal_alignment, bool(return_stats), dropout_p, queue)
     entry = _cache.get(signature)
     if entry is None:
         # Checked and built on NumPy views (the same memory); a torch tensor off the CPU is refused here.
@@ -283,27 +287,31 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         gqa = _check_inputs(qc, kc, vc, mask, dropout_p, is_causal, enable_gqa, causal_alignment)
         if mask is not None and mask.dtype != np.bool_ and mask.dtype not in (q.dtype, np.float32):
             raise TypeError(f"a float attn_mask must be float32 or the query's dtype {q.dtype}, got {mask.dtype}")
-        entry = _build(qc, kc, vc, mask, gqa, bool(is_causal), causal_alignment, return_stats, dropout_p, engine)
+        entry = _build(qc, kc, vc, mask, gqa, bool(is_causal), causal_alignment, return_stats, dropout_p,
+                       _engine_for(queue)[0])
         _cache[signature] = entry
         if len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     else:
         _cache.move_to_end(signature)
 
-    roles = entry.roles
-    scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale_value = entry.default_scale if scale is None else float(scale)
     seed = offset = 0
     if dropout_p > 0.0:
         seed = new_dropout_seed() if dropout_seed is None else _s64(dropout_seed, "dropout_seed")
         offset = _s64(dropout_offset, "dropout_offset")
-    empty = torch_empty if torch_direct else lambda shape, dtype: _empty_like_kind(q, shape, dtype, queue)
-    out = empty(entry.out_shape, numpy_dtype(entry.dtype))
-    stats = empty(entry.stats_shape, np.float32) if return_stats else None
+    if torch_direct:
+        out = torch_empty(entry.out_shape, entry.out_dtype)
+        stats = torch_empty(entry.stats_shape, np.float32) if return_stats else None
+    else:
+        out = _empty_like_kind(q, entry.out_shape, entry.out_dtype, queue)
+        stats = _empty_like_kind(q, entry.stats_shape, np.float32, queue) if return_stats else None
     if entry.runner is not None and not verbose.enabled():
         # The signature pins every layout this partition was compiled for; the kernel is called directly
         # (a tiny call spends more in building the execute's dicts than in the kernel).
         entry.runner(q, k, v, out, mask, stats, scale_value, seed, offset)
         return _results(out, stats, torch_direct, kind)
+    roles = entry.roles
     data = {roles["query"]: q, roles["key"]: k, roles["value"]: v,
             roles["scale"]: np.array([scale_value], np.float32), **entry.fixed}
     if "mask" in roles:
@@ -315,6 +323,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if return_stats:
         outputs[roles["stats"]] = stats
     compiled = entry.compiled
+    engine, stream = _engine_for(queue)
     if queue is None:  # the signature pins every layout this partition was compiled for
         compiled.execute_unchecked(data, outputs)
     else:
@@ -333,7 +342,7 @@ def _s64(value, name: str) -> int:
 
 def _results(out, stats, torch_direct: bool, kind: str):
     """out, or (out, stats), as the caller's array kind."""
-    wrap = (lambda a: a) if torch_direct else (lambda a: from_numpy(a, kind))
-    if stats is not None:  # GQA stats come out as (..., Hkv, rep, L, 1): give them the query's head layout
-        return wrap(out), wrap(stats.reshape(tuple(out.shape[:-1]) + (1,)))
-    return wrap(out)
+    if stats is None:
+        return out if torch_direct else from_numpy(out, kind)
+    stats = stats.reshape(tuple(out.shape[:-1]) + (1,))  # GQA stats come as (..., Hkv, rep, L, 1): query's heads
+    return (out, stats) if torch_direct else (from_numpy(out, kind), from_numpy(stats, kind))

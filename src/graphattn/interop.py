@@ -46,9 +46,11 @@ def to_numpy(x, name: str) -> tuple[np.ndarray, str]:
     raise TypeError(f"{name} must be a NumPy array, a torch CPU tensor or a DLPack producer, got {type(x).__name__}")
 
 
-def torch_layout(x) -> tuple:
-    """What pins a torch tensor's memory layout for a compiled call: shape, element strides, dtype, on the CPU."""
-    return x.shape, x.stride(), x.dtype, x.is_cpu
+def torch_layout(q, k, v) -> tuple:
+    """What pins the memory layout of torch tensors q, k and v for a compiled call: the shape, element strides,
+    dtype and whether on the CPU of each, in one flat tuple (cheaper to build and hash than nested ones)."""
+    return (q.shape, q.stride(), q.dtype, q.is_cpu, k.shape, k.stride(), k.dtype, k.is_cpu,
+            v.shape, v.stride(), v.dtype, v.is_cpu)
 
 
 def torch_empty(shape: tuple, dtype: np.dtype):

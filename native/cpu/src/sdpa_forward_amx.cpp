@@ -254,13 +254,13 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
 // o_row, the row's running max (base 2) and its sum; `out` holds one row.
 void write_output_row(const SdpaForwardArgs& a, const int64_t b[kBatchDims], int64_t i, const float* o_row,
                       float row_max, float sum, int Dv, float* out) {
-    const RowEnd end = end_of_row(a, row_max, sum);
-    for (int c = 0; c < Dv; ++c) out[c] = o_row[c] * end.factor;
+    const float factor = row_factor(a, sum);
+    for (int c = 0; c < Dv; ++c) out[c] = o_row[c] * factor;
     const TensorView& o = a.output;
     store_view_row(out, Dv, o, view_batch_offset(o, b) + i * o.strides[3]);
     if (a.stats.data) {
         float* stats = static_cast<float*>(const_cast<void*>(a.stats.data));
-        stats[view_batch_offset(a.stats, b) + i * a.stats.strides[3]] = end.lse;
+        stats[view_batch_offset(a.stats, b) + i * a.stats.strides[3]] = row_lse(a, row_max, sum);
     }
 }
 
@@ -433,8 +433,7 @@ bool run_forward(const SdpaForwardArgs& a) {
     // No more threads than work items: each thread sets up its own scratch, so
     // idle ones would only add to a small call's cost.
     const int team = int(std::clamp<int64_t>(items * splits, 1, threads));
-#pragma omp parallel num_threads(team)
-    {
+    run_on_team(team, [&] {
         Scratch scratch(int(a.head_dim_qk), Dv, Parts, std::min(block_q, a.seq_q));
         configure_tiles();
 #pragma omp for schedule(dynamic, 1)
@@ -461,7 +460,7 @@ bool run_forward(const SdpaForwardArgs& a) {
                                 scratch.out_store.get());
             }
         }
-    }
+    });
     return !saw_infinity.load();
 }
 

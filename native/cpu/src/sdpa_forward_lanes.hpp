@@ -78,11 +78,12 @@ struct LaneForward {
     // K/V rows, S^T, O^T, the row statistics and indices) are not cleared: on
     // small calls clearing them cost more than the work (f32 (1,1,1,17,17,256):
     // 370 KiB per thread and call).  The mask and dropout lanes past the last
-    // row and the decode buffers with padding columns start at 0.
+    // row and the decode's K/V buffers with padding columns start at 0.
     struct Scratch {
         AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_rows, drop_t;
-        // Decode (RV == 1, attend_decode): rows of Q and O padded to whole vectors, K/V rows likewise
-        // (padding zero); P rows and the row-key partials, each written before it is read.
+        // Decode (RV == 1, attend_decode): rows of Q and O padded to whole vectors (Q's padding cleared
+        // per row), K/V rows likewise (padding zero); P rows and the row-key partials, each written before
+        // it is read.
         AlignedFloats q_pad, o_pad, k_pad, v_pad, p_rows, mask_row, partials;
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         uint64_t drop_base[kBlockQ];
@@ -100,7 +101,7 @@ struct LaneForward {
               query_index(AlignedFloats::uninitialized(kBlockQ)),
               out_rows(AlignedFloats::uninitialized(size_t(kTransposedRowsAtOnce) * Dv)),
               drop_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 0),
-              q_pad(RV == 1 ? size_t(kBlockQ) * padded(D) : 0),
+              q_pad(AlignedFloats::uninitialized(RV == 1 ? size_t(kBlockQ) * padded(D) : 0)),
               o_pad(AlignedFloats::uninitialized(RV == 1 ? size_t(kBlockQ) * padded(Dv) : 0)),
               k_pad(k_copies ? size_t(kDecodeKeys) * padded(D) : 0),
               v_pad(v_copies ? size_t(kDecodeKeys) * padded(Dv) : 0),
@@ -215,16 +216,35 @@ struct LaneForward {
     // Normalises rows of o_t by row_sum into the output; stats = logsumexp.
     static void write_rows(const SdpaForwardArgs& a, Scratch& sc, const float* o_t, const float* row_max,
                            const float* row_sum, int rows, int Dv) {
-        const TensorView& o = a.output;
         for (int r = 0; r < rows; ++r) {
-            const RowEnd end = end_of_row(a, row_max[r], row_sum[r]);
             // O^T to rows, 16 at a time.
             float* out = sc.out_rows.get() + (r % kTransposedRowsAtOnce) * Dv;
             if (r % kTransposedRowsAtOnce == 0)
                 transpose_f32(o_t + r, kBlockQ, Dv, std::min(kTransposedRowsAtOnce, rows - r), sc.out_rows.get(), Dv);
-            for (int c = 0; c < Dv; ++c) out[c] *= end.factor;
-            store_view_row(out, Dv, o, sc.o_off[r]);
-            if (a.stats.data) static_cast<float*>(const_cast<void*>(a.stats.data))[sc.st_off[r]] = end.lse;
+            write_row(a, sc, r, out, row_max[r], row_sum[r], Dv);
+        }
+    }
+
+    // Output row r from its unnormalised f32 values `out` (scaled in place) and its running max and sum.
+    static void write_row(const SdpaForwardArgs& a, const Scratch& sc, int r, float* out, float row_max,
+                          float row_sum, int Dv) {
+        const float factor = row_factor(a, row_sum);
+        for (int c = 0; c < Dv; ++c) out[c] *= factor;
+        store_view_row(out, Dv, a.output, sc.o_off[r]);
+        if (a.stats.data)
+            static_cast<float*>(const_cast<void*>(a.stats.data))[sc.st_off[r]] = row_lse(a, row_max, row_sum);
+    }
+
+    // The decode's rows (attend_decode leaves them in o_pad) written; or, for a merge of key splits, moved
+    // to O^T.  Written from o_pad directly: through O^T, two transposes took a sixth of a call of one row.
+    static void finish_decode_rows(const SdpaForwardArgs& a, Scratch& sc, int rows, int Dv, bool write) {
+        const int Dvp = Scratch::padded(Dv);
+        float* o_pad = sc.o_pad.get();
+        for (int r = 0; r < rows; ++r) {
+            if (write)
+                write_row(a, sc, r, o_pad + r * Dvp, sc.row_max.get()[r], sc.row_sum.get()[r], Dv);
+            else
+                for (int c = 0; c < Dv; ++c) sc.o_t.get()[c * kBlockQ + r] = o_pad[r * Dvp + c];
         }
     }
 
@@ -294,7 +314,7 @@ struct LaneForward {
     // query rows): the keys are the lanes of the score vectors (row-key dot
     // products reduced by one transposing sum per row and block), and P V runs
     // over vectors of the head dim, instead of idling most lanes of the row
-    // layout.  Results land in sc.o_t / row_max / row_sum like attend's.
+    // layout.  Results land in sc.o_pad (rows) / row_max / row_sum (finish_decode_rows takes them on).
     static void attend_decode(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
                               int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
@@ -330,6 +350,7 @@ struct LaneForward {
             } else {  // Q as scaled f32 rows
                 float* q_row = q_pad + r * Dp;
                 load_block(element_ptr(q.data, q.dtype, sc.q_off[r]), q.dtype, 0, q.strides[4], 1, D, q_row, D, 1);
+                std::fill(q_row + D, q_row + Dp, 0.0f);
                 for (int d = 0; d < Dp; d += kLanes) store(q_row + d, load(q_row + d) * scale);
             }
             std::fill(o_pad + r * Dvp, o_pad + (r + 1) * Dvp, 0.0f);
@@ -369,8 +390,6 @@ struct LaneForward {
                 decode_accumulate_pv(v_type, R, p_rows + r0, v_rows, v_stride, kv, Dvp, o_rows + r0);
             }
         }
-        for (int r = 0; r < rows; ++r)
-            for (int c = 0; c < Dv; ++c) sc.o_t.get()[c * kBlockQ + r] = o_pad[r * Dvp + c];
     }
 
     // Row r's scores of keys [j0, j0 + kv) from its partials, masked; its
@@ -451,8 +470,7 @@ struct LaneForward {
 
         // No more threads than work items: each sets up its own scratch.
         const int team = int(std::clamp<int64_t>(work_items, 1, omp_get_max_threads()));
-#pragma omp parallel num_threads(team)
-        {
+        run_on_team(team, [&] {
             Scratch sc(D, Dv, RV == 1 && !decode_reads_in_place(a.key, D),
                        RV == 1 && !decode_reads_in_place(a.value, Dv));
 #pragma omp for schedule(dynamic, 1)
@@ -465,10 +483,13 @@ struct LaneForward {
                 const int rows = map_lanes(a, p, sc, b, row0);
                 const int64_t key_begin = split * p.keys_per_split;
                 const int64_t key_end = std::min(a.seq_kv, key_begin + p.keys_per_split);
-                if constexpr (RV == 1)
+                if constexpr (RV == 1) {
                     attend_decode(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
-                else
+                    finish_decode_rows(a, sc, rows, Dv, p.splits == 1);
+                    if (p.splits == 1) continue;
+                } else {
                     attend(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
+                }
                 if (p.splits == 1) {
                     write_rows(a, sc, sc.o_t.get(), sc.row_max.get(), sc.row_sum.get(), rows, Dv);
                 } else {
@@ -487,7 +508,7 @@ struct LaneForward {
                     merge_and_write(a, p, sc, partials.get() + outer * p.splits * partial_floats(Dv), rows);
                 }
             }
-        }
+        });
         return Status::success();
     }
 };

@@ -27,6 +27,20 @@ namespace GRAPHATTN_ISA_NS {
 
 constexpr int64_t kLongestFirstMaxItemsPerThread = 32;
 
+// Runs body() on a team of `team` threads, or straight on this thread when
+// the team would be one: libgomp's region of one thread still cost about
+// 0.3 us, a tenth of a decode-sized call.  The body's worksharing loops then
+// run orphaned, which OpenMP defines as running on this thread alone.
+template <class Body>
+void run_on_team(int team, Body&& body) {
+    if (team <= 1) {
+        body();
+        return;
+    }
+#pragma omp parallel num_threads(team)
+    body();
+}
+
 // Whether `items` work items of unequal work go longest first (see above).
 inline bool longest_first(bool unequal_work, int64_t items, int64_t threads) {
     return unequal_work && items < kLongestFirstMaxItemsPerThread * threads;

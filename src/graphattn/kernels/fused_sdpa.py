@@ -227,12 +227,7 @@ class FusedSdpaForward:
         causal_offset = self._causal_offset(fixed_inputs)
         select_fill = _scalar(fixed_inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF
         causal_fill = _scalar(fixed_inputs[self.causal_fill.tensor_id]) if self.causal_fill is not None else _NEG_INF
-        run = self.plan.run_arrays
-
-        def bound(query, key, value, output, mask, stats, scale: float, dropout_seed: int, dropout_offset: int):
-            run(query, key, value, output, mask, stats, scale, causal_offset, select_fill, causal_fill,
-                dropout_seed & _U64_MASK, dropout_offset & _U64_MASK)
-        return bound
+        return self.plan.bound(causal_offset, select_fill, causal_fill).run
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match
