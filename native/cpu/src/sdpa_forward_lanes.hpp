@@ -88,19 +88,25 @@ struct LaneForward {
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         uint64_t drop_base[kBlockQ];
         uint8_t keep[kBlockKV > kDecodeKeys ? kBlockKV : kDecodeKeys];
-        // k_copies, v_copies: the decode copies K or V rows (decode_reads_in_place).
-        Scratch(int D, int Dv, bool k_copies, bool v_copies)
+        // Buffers only some calls use are sized for those alone (the mask and dropout lanes; the decode's
+        // copies of K or V rows, decode_reads_in_place): clearing 32-64 KiB of lanes per thread on every
+        // call was a tenth of small calls.
+        explicit Scratch(const SdpaForwardArgs& a)
+            : Scratch(int(a.head_dim_qk), int(a.head_dim_v), RV > 1 && a.mask_kind != MaskKind::none,
+                      RV > 1 && DropoutPlan(a).active, RV == 1 && !decode_reads_in_place(a.key, int(a.head_dim_qk)),
+                      RV == 1 && !decode_reads_in_place(a.value, int(a.head_dim_v))) {}
+        Scratch(int D, int Dv, bool mask_lanes, bool dropout_lanes, bool k_copies, bool v_copies)
             : q_t(AlignedFloats::uninitialized(RV > 1 ? size_t(D) * kBlockQ : 0)),  // the row layout's (attend)
               k_rows(AlignedFloats::uninitialized(RV > 1 ? size_t(kBlockKV) * D : 0)),
               v_rows(AlignedFloats::uninitialized(RV > 1 ? size_t(kBlockKV) * Dv : 0)),
               s_t(AlignedFloats::uninitialized(RV > 1 ? size_t(kBlockKV) * kBlockQ : 0)),
-              mask_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 0),
+              mask_t(mask_lanes ? size_t(kBlockKV) * kBlockQ : 0),
               o_t(AlignedFloats::uninitialized(size_t(Dv) * kBlockQ)),
               row_max(AlignedFloats::uninitialized(kBlockQ)),
               row_sum(AlignedFloats::uninitialized(kBlockQ)),
               query_index(AlignedFloats::uninitialized(kBlockQ)),
               out_rows(AlignedFloats::uninitialized(size_t(kTransposedRowsAtOnce) * Dv)),
-              drop_t(RV > 1 ? size_t(kBlockKV) * kBlockQ : 0),
+              drop_t(dropout_lanes ? size_t(kBlockKV) * kBlockQ : 0),
               q_pad(AlignedFloats::uninitialized(RV == 1 ? size_t(kBlockQ) * padded(D) : 0)),
               o_pad(AlignedFloats::uninitialized(RV == 1 ? size_t(kBlockQ) * padded(Dv) : 0)),
               k_pad(k_copies ? size_t(kDecodeKeys) * padded(D) : 0),
@@ -182,7 +188,7 @@ struct LaneForward {
     }
 
     // Online softmax over one key block: S^T becomes P^T relative to the new
-    // running max; O^T is rescaled where the max grew.
+    // running max; O^T is rescaled where the max grew (o_t null: the first block, no O^T yet).
     static void online_softmax(float* s_t, int kv_rows, float* row_max, float* row_sum, float* o_t, int Dv) {
         const VecF neg_inf = splat(-__builtin_inff());
         VecF correction[RV];
@@ -205,7 +211,7 @@ struct LaneForward {
             store(row_max + v * kLanes, m);
             for (int i = 0; i < kLanes; ++i) rescale |= correction[v][i] != 1.0f;
         }
-        if (!rescale) return;
+        if (!rescale || !o_t) return;
         for (int c = 0; c < Dv; ++c)
             for (int v = 0; v < RV; ++v) {
                 float* o = o_t + c * kBlockQ + v * kLanes;
@@ -271,16 +277,16 @@ struct LaneForward {
         const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
         if (q.dtype == DType::f32 && q.strides[4] == 1) {
             const float* q_data = static_cast<const float*>(q.data);
-            transpose_rows_f32([&](int r) { return q_data + sc.q_off[r]; }, rows, D, q_t, kBlockQ, scale * kLog2e);
+            transpose_rows_f32([&](int r) { return q_data + sc.q_off[r]; }, rows, D, q_t, kBlockQ, scale * kLog2e,
+                               kBlockQ);
         } else {
             for (int r = 0; r < rows; ++r)
                 load_block(element_ptr(q.data, q.dtype, sc.q_off[r]), q.dtype, 0, q.strides[4], 1, D, q_t + r, 1,
                            kBlockQ);
+            if (rows < kBlockQ)
+                for (int d = 0; d < D; ++d) std::fill(q_t + d * kBlockQ + rows, q_t + (d + 1) * kBlockQ, 0.0f);
             for (int x = 0; x < D * kBlockQ; x += kLanes) store(q_t + x, load(q_t + x) * (scale * kLog2e));
         }
-        if (rows < kBlockQ)
-            for (int d = 0; d < D; ++d) std::fill(q_t + d * kBlockQ + rows, q_t + (d + 1) * kBlockQ, 0.0f);
-        std::fill(sc.o_t.get(), sc.o_t.get() + size_t(Dv) * kBlockQ, 0.0f);
         std::fill(sc.row_max.get(), sc.row_max.get() + kBlockQ, -__builtin_inff());
         std::fill(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, 0.0f);
 
@@ -296,18 +302,26 @@ struct LaneForward {
                                                                  a.causal_offset, a.seq_kv)
                                                 : a.seq_kv;
         const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
+        // O^T is not cleared up front: the first key block sets it, unscaled (short items, a tenth of f32
+        // (2,16,16,17,17,64): clearing, rescaling zeros and adding to them).
+        float* o_t = sc.o_t.get();
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockKV) {
             const int kv_rows = int(std::min<int64_t>(kBlockKV, key_end - j0));
+            const bool first = j0 == key_begin;
             int64_t k_stride, v_stride;
             const float* k_rows = rows_as_f32(k, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
             const float* v_rows = rows_as_f32(v, v_base, j0, kv_rows, Dv, sc.v_rows.get(), v_stride);
             lane_gemm<RV, NT, false>(q_t, D, k_rows, k_stride, 1, kv_rows, sc.s_t.get());
             if (j0 + kv_rows > unmasked_end)
                 mask_query_lanes<RV>(a, sc.s_t.get(), sc.mask_t.get(), sc.m_off, qi, rows, kv_rows, j0);
-            online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), sc.o_t.get(), Dv);
+            online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), first ? nullptr : o_t, Dv);
             if (dropout.active) apply_dropout(dropout, sc, rows, kv_rows, j0);
-            lane_gemm<RV, NT, true>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, sc.o_t.get());
+            if (first)
+                lane_gemm<RV, NT, false>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, o_t);
+            else
+                lane_gemm<RV, NT, true>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, o_t);
         }
+        if (key_begin >= key_end) std::fill(o_t, o_t + size_t(Dv) * kBlockQ, 0.0f);  // no keys: an all-zero O
     }
 
     // Decode form of attend for one vector of rows (a GQA group's heads, a few
@@ -471,8 +485,7 @@ struct LaneForward {
         // No more threads than work items: each sets up its own scratch.
         const int team = int(std::clamp<int64_t>(work_items, 1, omp_get_max_threads()));
         run_on_team(team, [&] {
-            Scratch sc(D, Dv, RV == 1 && !decode_reads_in_place(a.key, D),
-                       RV == 1 && !decode_reads_in_place(a.value, Dv));
+            Scratch sc(a);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < work_items; ++w) {
                 const WorkItem x = work_item(w / p.splits, p.outer_items / p.row_blocks, p.row_blocks, by_rank);

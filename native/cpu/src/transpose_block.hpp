@@ -3,6 +3,8 @@
 // through registers; other builds, and the edges, copy element by element.
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 
 #if defined(__AVX512F__)
@@ -44,28 +46,39 @@ inline void transpose_16x16_words(const __m512i in[16], __m512i out[16]) {
 #endif
 
 // dst[c * dst_ld + r] = factor * row(r)[c] for r < rows, c < cols, where
-// row(r) is the address of source row r (rows need not be evenly spaced).
+// row(r) is the address of source row r (rows need not be evenly spaced);
+// rows from `rows` up to `padded_rows` are written as zeros (padding lanes:
+// transposed with the last rows, not cleared apart, which took one small fill
+// per column).
 template <typename RowAddress>
-inline void transpose_rows_f32(RowAddress row, int rows, int cols, float* dst, int64_t dst_ld, float factor = 1.0f) {
+inline void transpose_rows_f32(RowAddress row, int rows, int cols, float* dst, int64_t dst_ld, float factor = 1.0f,
+                               int padded_rows = 0) {
+    padded_rows = std::max(padded_rows, rows);
     int r0 = 0;
 #if defined(__AVX512F__)
     const __m512 f = _mm512_set1_ps(factor);
-    for (; r0 + 16 <= rows; r0 += 16) {
+    for (; r0 + 16 <= padded_rows; r0 += 16) {
+        const int real = std::clamp(rows - r0, 0, 16);  // source rows in this group; the rest are zeros
         const float* src[16];
-        for (int i = 0; i < 16; ++i) src[i] = row(r0 + i);
+        for (int i = 0; i < real; ++i) src[i] = row(r0 + i);
         int c0 = 0;
         for (; c0 + 16 <= cols; c0 += 16) {
             __m512i in[16], out[16];
-            for (int i = 0; i < 16; ++i) in[i] = _mm512_castps_si512(_mm512_loadu_ps(src[i] + c0));
+            for (int i = 0; i < 16; ++i)
+                in[i] = i < real ? _mm512_castps_si512(_mm512_loadu_ps(src[i] + c0)) : _mm512_setzero_si512();
             transpose_16x16_words(in, out);
             for (int i = 0; i < 16; ++i)
                 _mm512_storeu_ps(dst + (c0 + i) * dst_ld + r0, _mm512_mul_ps(_mm512_castsi512_ps(out[i]), f));
         }
         for (int c = c0; c < cols; ++c)
-            for (int i = 0; i < 16; ++i) dst[c * dst_ld + r0 + i] = src[i][c] * factor;
+            for (int i = 0; i < 16; ++i) dst[c * dst_ld + r0 + i] = i < real ? src[i][c] * factor : 0.0f;
     }
 #endif
-    for (int r = r0; r < rows; ++r) {
+    for (int r = r0; r < padded_rows; ++r) {
+        if (r >= rows) {
+            for (int c = 0; c < cols; ++c) dst[c * dst_ld + r] = 0.0f;
+            continue;
+        }
         const float* src = row(r);
         for (int c = 0; c < cols; ++c) dst[c * dst_ld + r] = src[c] * factor;
     }
