@@ -35,7 +35,6 @@ class _Compiled:
     roles: dict[str, int]     # role -> tensor id
     out_shape: tuple
     stats_shape: tuple | None
-    dtype: DataType
     fixed: dict               # tensor id -> the inputs every call of this signature passes the same
     runner: object            # the kernel's direct call (CompiledPartition.bound_runner), or None
     out_dtype: np.dtype       # the output's NumPy dtype
@@ -231,7 +230,7 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p, en
     if "seq_kv" in roles:
         fixed[roles["seq_kv"]] = np.array([seq_kv], np.int32)
         fixed[roles["seq_q"]] = np.array([seq_q], np.int32)
-    return _Compiled(compiled, roles, compiled.query_logical_tensor(out.id).shape, stats_shape, dt, fixed,
+    return _Compiled(compiled, roles, compiled.query_logical_tensor(out.id).shape, stats_shape, fixed,
                      compiled.bound_runner(fixed), numpy_dtype(dt), 1.0 / math.sqrt(q.shape[-1]))
 
 

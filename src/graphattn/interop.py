@@ -48,7 +48,7 @@ def to_numpy(x, name: str) -> tuple[np.ndarray, str]:
 
 def torch_layout(q, k, v) -> tuple:
     """What pins the memory layout of torch tensors q, k and v for a compiled call: the shape, element strides,
-    dtype and whether on the CPU of each, in one flat tuple (cheaper to build and hash than nested ones)."""
+    dtype and whether on the CPU of each, in one tuple."""
     return (q.shape, q.stride(), q.dtype, q.is_cpu, k.shape, k.stride(), k.dtype, k.is_cpu,
             v.shape, v.stride(), v.dtype, v.is_cpu)
 

@@ -241,17 +241,19 @@ struct LaneForward {
             static_cast<float*>(const_cast<void*>(a.stats.data))[sc.st_off[r]] = row_lse(a, row_max, row_sum);
     }
 
-    // The decode's rows (attend_decode leaves them in o_pad) written; or, for a merge of key splits, moved
-    // to O^T.  Written from o_pad directly: through O^T, two transposes took a sixth of a call of one row.
-    static void finish_decode_rows(const SdpaForwardArgs& a, Scratch& sc, int rows, int Dv, bool write) {
+    // The decode's rows (attend_decode leaves them in o_pad) written from there: through O^T, two
+    // transposes took a sixth of a call of one row.
+    static void write_decode_rows(const SdpaForwardArgs& a, Scratch& sc, int rows, int Dv) {
         const int Dvp = Scratch::padded(Dv);
-        float* o_pad = sc.o_pad.get();
-        for (int r = 0; r < rows; ++r) {
-            if (write)
-                write_row(a, sc, r, o_pad + r * Dvp, sc.row_max.get()[r], sc.row_sum.get()[r], Dv);
-            else
-                for (int c = 0; c < Dv; ++c) sc.o_t.get()[c * kBlockQ + r] = o_pad[r * Dvp + c];
-        }
+        for (int r = 0; r < rows; ++r)
+            write_row(a, sc, r, sc.o_pad.get() + r * Dvp, sc.row_max.get()[r], sc.row_sum.get()[r], Dv);
+    }
+
+    // The decode's rows moved to O^T, where the merge of key splits reads every item's partials.
+    static void decode_rows_to_o_t(Scratch& sc, int rows, int Dv) {
+        const int Dvp = Scratch::padded(Dv);
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < Dv; ++c) sc.o_t.get()[c * kBlockQ + r] = sc.o_pad.get()[r * Dvp + c];
     }
 
     // P^T[j][lanes] *= dropout multiplier (after the row sums took the undropped P).
@@ -328,7 +330,7 @@ struct LaneForward {
     // query rows): the keys are the lanes of the score vectors (row-key dot
     // products reduced by one transposing sum per row and block), and P V runs
     // over vectors of the head dim, instead of idling most lanes of the row
-    // layout.  Results land in sc.o_pad (rows) / row_max / row_sum (finish_decode_rows takes them on).
+    // layout.  Results land in sc.o_pad (rows) / row_max / row_sum.
     static void attend_decode(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
                               int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
@@ -496,16 +498,17 @@ struct LaneForward {
                 const int rows = map_lanes(a, p, sc, b, row0);
                 const int64_t key_begin = split * p.keys_per_split;
                 const int64_t key_end = std::min(a.seq_kv, key_begin + p.keys_per_split);
-                if constexpr (RV == 1) {
+                if constexpr (RV == 1)
                     attend_decode(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
-                    finish_decode_rows(a, sc, rows, Dv, p.splits == 1);
-                    if (p.splits == 1) continue;
-                } else {
+                else
                     attend(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
-                }
                 if (p.splits == 1) {
-                    write_rows(a, sc, sc.o_t.get(), sc.row_max.get(), sc.row_sum.get(), rows, Dv);
+                    if constexpr (RV == 1)
+                        write_decode_rows(a, sc, rows, Dv);
+                    else
+                        write_rows(a, sc, sc.o_t.get(), sc.row_max.get(), sc.row_sum.get(), rows, Dv);
                 } else {
+                    if constexpr (RV == 1) decode_rows_to_o_t(sc, rows, Dv);
                     float* part = partials.get() + (outer * p.splits + split) * partial_floats(Dv);
                     std::copy(sc.o_t.get(), sc.o_t.get() + size_t(Dv) * kBlockQ, part);
                     std::copy(sc.row_max.get(), sc.row_max.get() + kBlockQ, part + size_t(Dv) * kBlockQ);

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-
 #include <cstdint>
 
 #if defined(__AVX512F__)
