@@ -92,19 +92,14 @@ cdef class BoundForward:
     cdef int64_t causal_offset
     cdef float select_fill, causal_fill
 
-    def run(self, query, key, value, output, mask, stats, float scale, object dropout_seed,
-            object dropout_offset):
+    def run(self, query, key, value, output, mask, stats, float scale, int64_t dropout_seed,
+            int64_t dropout_offset):
         """run_arrays with the fixed operands; dropout seed and offset are signed 64-bit values, passed on as
-        their unsigned bit patterns."""
+        their two's complement bits."""
         self.plan._call(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
                         _host_address(mask) if mask is not None else 0,
                         _host_address(stats) if stats is not None else 0, scale, self.causal_offset,
-                        self.select_fill, self.causal_fill, _u64_bits(dropout_seed), _u64_bits(dropout_offset))
-
-
-cdef uint64_t _u64_bits(object value) except? 0:
-    """The two's complement bits of a signed 64-bit integer."""
-    return <uint64_t>(value & 0xFFFFFFFFFFFFFFFF)
+                        self.select_fill, self.causal_fill, <uint64_t>dropout_seed, <uint64_t>dropout_offset)
 
 
 def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,

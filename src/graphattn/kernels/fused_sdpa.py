@@ -115,12 +115,9 @@ def _scalar(array) -> float:
     return _host(array).item()  # a one-element array of any rank
 
 
-_U64_MASK = 0xFFFFFFFFFFFFFFFF
-
-
 def _u64(array) -> int:
     """An s64 seed or offset as the 64-bit pattern the Philox key/counter takes."""
-    return int(_host(array).reshape(-1)[0]) & _U64_MASK
+    return int(_host(array).reshape(-1)[0]) & 0xFFFFFFFFFFFFFFFF
 
 
 def usm_address(array, name: str) -> int:
