@@ -32,7 +32,8 @@ CASES = {
     "decode_padded_rows": dict(q=(1, 4, 1, 72), k=(1, 2, 100, 72), v=(1, 2, 100, 72), enable_gqa=True),
     "decode_causal_rows": dict(q=(1, 6, 2, 64), k=(1, 2, 77, 64), v=(1, 2, 77, 64), enable_gqa=True,
                                is_causal=True, causal_alignment="bottom_right"),
-    # 68 query rows per K/V head (GQA, 4 x 17): the vector build's three 32-row blocks, the last partial.
+    # 68 query rows per K/V head (GQA, 4 x 17): on AVX-512 the row layout's two even blocks of 34 rows (lanes
+    # would be 68 of 96); elsewhere lane blocks, the last partial.
     # One item of query rows and 800 keys: two key splits (a lone item's rule), on the vector build and on tiles.
     "lone_item_two_splits": dict(q=(1, 1, 40, 64), k=(1, 1, 800, 64), v=(1, 1, 800, 48)),
     "gqa_rows_68": dict(q=(1, 8, 17, 64), k=(1, 2, 150, 64), v=(1, 2, 150, 64), enable_gqa=True),
@@ -41,6 +42,13 @@ CASES = {
     "short_rows_gqa_causal": dict(q=(2, 6, 9, 48), k=(2, 2, 25, 48), v=(2, 2, 25, 40), enable_gqa=True,
                                   is_causal=True, causal_alignment="bottom_right"),
     "short_rows_long_keys": dict(q=(1, 2, 30, 64), k=(1, 2, 1400, 64), v=(1, 2, 1400, 64)),
+    # The row layout (keys as lanes) on AVX-512: 12 rows score against a packed K^T (bf16 with AVX512-BF16
+    # takes row-key partials below 16 rows), causal, with a partial last key block; 16 rows, K^T for every dtype.
+    "row_layout_packed_keys": dict(q=(1, 3, 12, 80), k=(1, 3, 150, 80), v=(1, 3, 150, 40), is_causal=True,
+                                   causal_alignment="bottom_right"),
+    "row_layout_16_rows": dict(q=(1, 2, 16, 64), k=(1, 2, 90, 64), v=(1, 2, 90, 64)),
+    # 40 rows would fill 40 of 64 lanes: a row-layout block of three vectors, in register blocks of 6 rows.
+    "row_layout_40_rows": dict(q=(2, 2, 40, 64), k=(2, 2, 130, 64), v=(2, 2, 130, 72)),
     # Several full key and query blocks: the packed fast paths of the AMX and lane kernels.
     "long": dict(q=(1, 2, 130, 64), k=(1, 2, 200, 64), v=(1, 2, 200, 64)),
     "long_causal": dict(q=(1, 2, 150, 128), k=(1, 2, 150, 128), v=(1, 2, 150, 128), is_causal=True),

@@ -1,7 +1,8 @@
-// Micro-kernels of the decode forward: a few query rows (a GQA group's heads)
-// against one block of keys, with the keys as the lanes of the score
-// vectors.  Rows go in register blocks of up to 4 so that each K and V vector
-// loaded serves them all.  K and V rows are read in place in their own dtype
+// Micro-kernels of the forward's row layout (decode, short query blocks):
+// query rows (a GQA group's heads, a few query positions) against one block
+// of keys, with the keys as the lanes of the score vectors.  Rows go in
+// register blocks (up to 4 for row-key partials, 6 after a K^T packing) so
+// that each K and V vector loaded serves them all.  K and V rows are read in place in their own dtype
 // (DT: f32, bf16 or f16, unit column stride) and widened as they are loaded,
 // so decode streams each K/V byte once.
 #pragma once
@@ -145,6 +146,27 @@ inline void decode_partials_bf16(int R, const uint16_t* const* q_rows, const uin
 }
 #endif
 
+// score_rows[r][0, NV * kLanes) = sum over d < D of q_rows[r][d] * k_t[d][...]:
+// R rows against NV vectors of keys packed as K^T (rows kDecodeKeys apart),
+// the keys as lanes.  Each K^T vector loaded serves all R rows, and no
+// horizontal sums are needed, unlike row_key_partials.
+template <int R, int NV>
+inline void row_scores_from_k_t(const float* const* q_rows, const float* k_t, int D, float* const* score_rows) {
+    VecF acc[R][NV];
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < NV; ++i) acc[r][i] = VecF{};
+    for (int d = 0; d < D; ++d) {
+        VecF k[NV];
+        for (int i = 0; i < NV; ++i) k[i] = load(k_t + d * kDecodeKeys + i * kLanes);
+        for (int r = 0; r < R; ++r) {
+            const VecF q = splat(q_rows[r][d]);
+            for (int i = 0; i < NV; ++i) acc[r][i] += q * k[i];
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < NV; ++i) store(score_rows[r] + i * kLanes, acc[r][i]);
+}
+
 // o_rows[r] += sum over t < kv of p_rows[r][t] * V row t, for R rows and
 // NV vectors of columns starting at column c0.
 template <int R, int NV, DType DT>
@@ -177,12 +199,14 @@ inline void accumulate_pv(const float* const* p_rows, const void* values, int64_
     for (; c < Dvp; c += kLanes) accumulate_pv_columns<R, 1, DT>(p_rows, values, value_stride, kv, o_rows, c);
 }
 
-// Calls f(rows, dtype) with R (1..kDecodeRowBlock) and the K/V dtype as
+// Calls f(rows, dtype) with R (1..6) and the K/V dtype as
 // compile-time constants (std::integral_constant), chosen at run time.
 template <typename F>
 inline void with_decode_block(int R, DType dt, F&& f) {
     auto by_rows = [&](auto dtype) {
         switch (R) {
+            case 6: f(std::integral_constant<int, 6>{}, dtype); break;
+            case 5: f(std::integral_constant<int, 5>{}, dtype); break;
             case 4: f(std::integral_constant<int, 4>{}, dtype); break;
             case 3: f(std::integral_constant<int, 3>{}, dtype); break;
             case 2: f(std::integral_constant<int, 2>{}, dtype); break;
@@ -201,6 +225,29 @@ inline void decode_partials(DType dt, int R, const float* const* q_rows, const v
     with_decode_block(R, dt, [&](auto rows, auto dtype) {
         row_key_partials<rows.value, dtype.value>(q_rows, keys, key_stride, kv, Dp, partials);
     });
+}
+
+// Scores of R rows (1..6) against the first kv keys of a
+// packed K^T block (kv <= kDecodeKeys; the key vectors past kv are skipped).
+inline void decode_scores_from_k_t(int R, int kv, const float* const* q_rows, const float* k_t, int D,
+                                   float* const* score_rows) {
+    auto by_vectors = [&](auto rows) {
+        switch ((kv + kLanes - 1) / kLanes) {
+            case 1: row_scores_from_k_t<rows.value, 1>(q_rows, k_t, D, score_rows); break;
+            case 2: row_scores_from_k_t<rows.value, 2>(q_rows, k_t, D, score_rows); break;
+            case 3: row_scores_from_k_t<rows.value, 3>(q_rows, k_t, D, score_rows); break;
+            default: row_scores_from_k_t<rows.value, kDecodeKeyVectors>(q_rows, k_t, D, score_rows); break;
+        }
+    };
+    static_assert(kDecodeKeyVectors == 4, "decode_scores_from_k_t dispatches 1..4 key vectors");
+    switch (R) {
+        case 6: by_vectors(std::integral_constant<int, 6>{}); break;
+        case 5: by_vectors(std::integral_constant<int, 5>{}); break;
+        case 4: by_vectors(std::integral_constant<int, 4>{}); break;
+        case 3: by_vectors(std::integral_constant<int, 3>{}); break;
+        case 2: by_vectors(std::integral_constant<int, 2>{}); break;
+        default: by_vectors(std::integral_constant<int, 1>{}); break;
+    }
 }
 
 inline void decode_accumulate_pv(DType dt, int R, const float* const* p_rows, const void* values, int64_t value_stride,

@@ -94,10 +94,18 @@ int amx_parts(DType dtype_class) { return dtype_class == DType::bf16 ? 1 : (dtyp
 constexpr int64_t kAmxF32MinScores = 192 * 192;
 constexpr int64_t kAmxF32MinItemRows = 256;
 
+// f16 on tiles takes three products per product, in tiles of 16 query rows;
+// below 32 rows the vector build's row layout (no padding rows, f16 K and V
+// widened as read) is the faster (16-core Xeon, separate processes, medians
+// of three: (1,H,17,Skv,D) and GQA (1,32,8,17,768,80) 1.31-1.67x; 20 and 24
+// rows 0.96-1.2x; 32 rows 0.8-1.27x; from 48 rows on, tiles 1.2-2x).
+constexpr int64_t kAmxF16MinQueryRows = 32;
+
 // Whether a forward call runs on AMX tiles; `args` gives its lengths, batch
 // and mask (data is not read).
 bool forward_runs_on_amx(DType dtype_class, const SdpaForwardArgs& args) {
     if (!tiles_take(args.seq_q)) return false;
+    if (dtype_class == DType::f16) return args.seq_q >= kAmxF16MinQueryRows;
     if (dtype_class != DType::f32) return true;
     return args.seq_q * args.seq_kv >= kAmxF32MinScores && sdpa_forward_amx_item_rows(args) >= kAmxF32MinItemRows;
 }

@@ -45,17 +45,16 @@ inline int64_t key_split_count(int64_t pieces, int64_t items, int64_t keys) {
 // Splits of the first `keys` keys (those some query row sees) for `items`
 // work items on `threads` threads: none where the items fill the threads,
 // else about `per_thread` pieces of work per thread, in whole key blocks.
-// split_lone_item: a single item whose keys come to 1.5 minimum splits but
-// under two (768-1023 keys) takes two splits rather than one, since alone it
-// leaves every other thread idle.  16-core Xeon, in-process A/B, one item of
-// 17-64 rows and 768-1000 keys: the vector build's query blocks, f32,
-// 1.19-1.65x; the AMX plan, bf16 1.05-1.86x, f16 1.36-1.94x (once its split
-// packing stopped going through a zero-filled copy: 0.94-1.54x before).
-// Decode rows (0.63-1.09x) keep the plain rule.
-inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t block,
-                                 bool split_lone_item) {
+// A single item whose keys come to 1.5 minimum splits but under two
+// (768-1023 keys) takes two splits rather than one, since alone it leaves
+// every other thread idle.  16-core Xeon, in-process A/B, one item of 17-64
+// rows and 768-1000 keys: the vector build's query blocks, f32, 1.19-1.65x;
+// the AMX plan, bf16 1.05-1.86x, f16 1.36-1.94x (once its split packing
+// stopped going through a zero-filled copy: 0.94-1.54x before); the row
+// layout (1 to 16 rows, after its K^T packing), f32 1.09-1.57x.
+inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t block) {
     int64_t count = items < threads ? key_split_count(per_thread * threads, items, keys) : 1;
-    if (split_lone_item && items == 1 && count == 1 && threads > 1 && 2 * keys >= 3 * kMinKeysPerSplit) count = 2;
+    if (items == 1 && count == 1 && threads > 1 && 2 * keys >= 3 * kMinKeysPerSplit) count = 2;
     return even_key_splits(count, keys, block);
 }
 

@@ -393,7 +393,7 @@ ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t 
     for (const int rows : kItemRows) {
         const int64_t items = items_of(rows);
         if (items >= (rows == kBlockQ && skip_causal_blocks ? 2 : 1) * wanted)
-            return {rows, plan_key_splits(items, threads, 2, visible_keys, kBlockKV, true)};
+            return {rows, plan_key_splits(items, threads, 2, visible_keys, kBlockKV)};
         if (rows != kLargeItemRows || !split_keys_first || skip_causal_blocks) continue;
         for (const int large : {kBlockQ, kLargeItemRows}) {  // the large sizes again, now with split keys
             const int64_t n = items_of(large), splits = key_split_count(wanted, n, visible_keys);
@@ -401,7 +401,7 @@ ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t 
         }
     }
     const int64_t smallest = kItemRows[std::size(kItemRows) - 1];
-    return {smallest, plan_key_splits(items_of(smallest), threads, 2, visible_keys, kBlockKV, true)};
+    return {smallest, plan_key_splits(items_of(smallest), threads, 2, visible_keys, kBlockKV)};
 }
 
 // False (output unfinished) when split inputs held an infinity.

@@ -18,6 +18,10 @@
 // are fewer items than threads, the keys are split and the partial results
 // merged by their log-sum-exp, so small N*H still uses every core.  Memory
 // is O(block * head_dim) per thread, plus the partial rows of split items.
+//
+// Blocks whose rows would leave many lanes idle (decode; short query blocks,
+// sdpa_forward_select.hpp) take the row layout instead (attend_rows): the
+// same items, plan and merge, with the keys as the lanes of the scores.
 #pragma once
 
 #include <omp.h>
@@ -49,6 +53,7 @@ struct LanePlan {
     int64_t group = 1;          // size of the shared dimension
     int64_t rows_total = 0;     // group * seq_q rows per outer batch index
     int64_t row_blocks = 0;
+    int64_t block_rows = 0;     // rows per row block (the last may have fewer)
     int64_t outer_items = 0;    // outer batch indices x row blocks
     int64_t splits = 1;
     int64_t keys_per_split = 0;
@@ -68,7 +73,9 @@ inline int find_shared_dim(const SdpaForwardArgs& a, int64_t& group) {
 }
 
 // RV vectors of lanes per work item; NT broadcast operands per tile.
-template <int RV, int NT>
+// RowLayout: the items' RV * kLanes query rows are computed as rows, with the
+// keys as the lanes of the score vectors (attend_rows) instead.
+template <int RV, int NT, bool RowLayout = (RV == 1)>
 struct LaneForward {
     static constexpr int kBlockQ = RV * kLanes;
     static constexpr int kBlockKV = 128;
@@ -81,10 +88,10 @@ struct LaneForward {
     // row and the decode's K/V buffers with padding columns start at 0.
     struct Scratch {
         AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_rows, drop_t;
-        // Decode (RV == 1, attend_decode): rows of Q and O padded to whole vectors (Q's padding cleared
-        // per row), K/V rows likewise (padding zero); P rows and the row-key partials, each written before
-        // it is read.
-        AlignedFloats q_pad, o_pad, k_pad, v_pad, p_rows, mask_row, partials;
+        // Row layout (attend_rows): rows of Q and O padded to whole vectors (Q's padding cleared
+        // per row), K/V rows likewise (padding zero); P rows, the row-key partials and K^T, each written
+        // before it is read.
+        AlignedFloats q_pad, o_pad, k_pad, v_pad, p_rows, mask_row, partials, k_t;
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         uint64_t drop_base[kBlockQ];
         uint8_t keep[kBlockKV > kDecodeKeys ? kBlockKV : kDecodeKeys];
@@ -92,14 +99,15 @@ struct LaneForward {
         // copies of K or V rows, decode_reads_in_place): every call cleared 32-64 KiB of lanes per thread
         // (perf, f32 (2,16,16,17,17,64): memset 7% of the call, with O^T's and Q^T's padding fills).
         explicit Scratch(const SdpaForwardArgs& a)
-            : Scratch(int(a.head_dim_qk), int(a.head_dim_v), RV > 1 && a.mask_kind != MaskKind::none,
-                      RV > 1 && DropoutPlan(a).active, RV == 1 && !decode_reads_in_place(a.key, int(a.head_dim_qk)),
-                      RV == 1 && !decode_reads_in_place(a.value, int(a.head_dim_v))) {}
-        Scratch(int D, int Dv, bool mask_lanes, bool dropout_lanes, bool k_copies, bool v_copies)
-            : q_t(AlignedFloats::uninitialized(RV > 1 ? size_t(D) * kBlockQ : 0)),  // the row layout's (attend)
-              k_rows(AlignedFloats::uninitialized(RV > 1 ? size_t(kBlockKV) * D : 0)),
-              v_rows(AlignedFloats::uninitialized(RV > 1 ? size_t(kBlockKV) * Dv : 0)),
-              s_t(AlignedFloats::uninitialized(RV > 1 ? size_t(kBlockKV) * kBlockQ : 0)),
+            : Scratch(int(a.head_dim_qk), int(a.head_dim_v), !RowLayout && a.mask_kind != MaskKind::none,
+                      !RowLayout && DropoutPlan(a).active, RowLayout && copies_key_rows(a, most_rows(a)),
+                      RowLayout && !decode_reads_in_place(a.value, int(a.head_dim_v)),
+                      RowLayout && transposes_keys(a, most_rows(a))) {}
+        Scratch(int D, int Dv, bool mask_lanes, bool dropout_lanes, bool k_copies, bool v_copies, bool k_transposed)
+            : q_t(AlignedFloats::uninitialized(!RowLayout ? size_t(D) * kBlockQ : 0)),  // the lane layout's (attend)
+              k_rows(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * D : 0)),
+              v_rows(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * Dv : 0)),
+              s_t(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * kBlockQ : 0)),
               mask_t(mask_lanes ? size_t(kBlockKV) * kBlockQ : 0),
               o_t(AlignedFloats::uninitialized(size_t(Dv) * kBlockQ)),
               row_max(AlignedFloats::uninitialized(kBlockQ)),
@@ -107,13 +115,14 @@ struct LaneForward {
               query_index(AlignedFloats::uninitialized(kBlockQ)),
               out_rows(AlignedFloats::uninitialized(size_t(kTransposedRowsAtOnce) * Dv)),
               drop_t(dropout_lanes ? size_t(kBlockKV) * kBlockQ : 0),
-              q_pad(AlignedFloats::uninitialized(RV == 1 ? size_t(kBlockQ) * padded(D) : 0)),
-              o_pad(AlignedFloats::uninitialized(RV == 1 ? size_t(kBlockQ) * padded(Dv) : 0)),
+              q_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(D) : 0)),
+              o_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(Dv) : 0)),
               k_pad(k_copies ? size_t(kDecodeKeys) * padded(D) : 0),
               v_pad(v_copies ? size_t(kDecodeKeys) * padded(Dv) : 0),
-              p_rows(AlignedFloats::uninitialized(RV == 1 ? size_t(kBlockQ) * kDecodeKeys : 0)),
+              p_rows(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * kDecodeKeys : 0)),
               mask_row(kDecodeKeys),
-              partials(AlignedFloats::uninitialized(RV == 1 ? size_t(kDecodeRowBlock) * kDecodeKeys * kLanes : 0)) {}
+              partials(AlignedFloats::uninitialized(RowLayout ? size_t(kDecodeRowBlock) * kDecodeKeys * kLanes : 0)),
+              k_t(AlignedFloats::uninitialized(k_transposed ? size_t(D) * kDecodeKeys : 0)) {}
         static int padded(int n) { return int(round_up(n, kLanes)); }
     };
 
@@ -124,18 +133,62 @@ struct LaneForward {
         return t.strides[4] == 1 && Scratch::padded(cols) == cols;
     }
 
+    // Whether the row layout's row-key partials run on AVX512-BF16: bf16 Q and K read in place, rows
+    // of whole 32-value steps, and a CPU that has it (16-core Xeon, (1,32,8,1,Skv,128): 1.14-1.20x).
+    static bool bf16_dot_partials(const SdpaForwardArgs& a) {
+#if defined(__AVX512F__)
+        const TensorView &q = a.query, &k = a.key;
+        return cpu_features().avx512_bf16 && q.dtype == DType::bf16 && k.dtype == DType::bf16 && q.strides[4] == 1 &&
+               decode_reads_in_place(k, int(a.head_dim_qk)) && Scratch::padded(int(a.head_dim_qk)) % 32 == 0;
+#else
+        (void)a;
+        return false;
+#endif
+    }
+
+    // Row layout: on AVX-512, from 8 rows per item on, the scores come from one product with K^T
+    // packed per key block, not from row-key partials (2-core Xeon, one thread, in-process A/B,
+    // (1,4,Sq,768,D): 8-16 rows 1.08-1.47x at D = 64 or 80, 1.02-1.21x at D = 128, 0.98-1.13x at
+    // D = 256; 4 rows 0.97x, 2-3 rows 0.84-0.88x).  Against AVX512-BF16 partials, from 16 rows on
+    // (16-core Xeon, bf16: 8 rows 0.85-0.91x, 16 rows 1.13x).  The AVX2 build gained only from 16
+    // rows on, more than its row layout takes.
+    static bool transposes_keys(const SdpaForwardArgs& a, int rows) {
+        return kLanes >= 16 && rows >= (bf16_dot_partials(a) ? 16 : 8);
+    }
+
+    // Rows per register block of the K^T product and of P V after it: 6 rows of four key or column
+    // vectors keep 24 of AVX-512's 32 registers as sums (1.04-1.06x over 4 rows, 2-core Xeon).
+    static constexpr int kTransposedKeysRowBlock = 6;
+
+    // The most query rows of one item.
+    static int most_rows(const SdpaForwardArgs& a) {
+        int64_t group;
+        find_shared_dim(a, group);
+        return int(std::min<int64_t>(kBlockQ, group * a.seq_q));
+    }
+
+    // Whether an item of `rows` rows reads K through padded f32 copies of its rows (k_pad): where the
+    // partials cannot read them in place, or K^T is packed from rows that are not f32.
+    static bool copies_key_rows(const SdpaForwardArgs& a, int rows) {
+        return !decode_reads_in_place(a.key, int(a.head_dim_qk)) ||
+               (transposes_keys(a, rows) && a.key.dtype != DType::f32);
+    }
+
     static LanePlan plan(const SdpaForwardArgs& a) {
         LanePlan p;
         p.shared_dim = find_shared_dim(a, p.group);
         p.rows_total = p.group * a.seq_q;
         p.row_blocks = (p.rows_total + kBlockQ - 1) / kBlockQ;
+        // The row layout has no padding lanes to fill: its rows are shared evenly among the blocks
+        // (68 rows: two of 34, not 64 and 4).
+        p.block_rows = RowLayout ? (p.rows_total + p.row_blocks - 1) / p.row_blocks : kBlockQ;
         p.outer_items = a.batch[0] * a.batch[1] * a.batch[2] / p.group * p.row_blocks;
         // About four items per thread, so that dynamic scheduling can balance them.  Only the keys some
         // row sees are split: under a top-left causal mask with far more keys than query rows, splits of
         // all keys were mostly empty, and each still cost a thread (16-core Xeon, f32 (1,2,128,8192,128):
         // 0.54 -> 0.12 ms).
         const KeySplits splits =
-            plan_key_splits(p.outer_items, omp_get_max_threads(), 4, visible_keys_of(a), kBlockKV, RV > 1);
+            plan_key_splits(p.outer_items, omp_get_max_threads(), 4, visible_keys_of(a), kBlockKV);
         p.splits = splits.count;
         p.keys_per_split = splits.keys;
         return p;
@@ -144,7 +197,7 @@ struct LaneForward {
     // Outer batch index (shared dimension at 0) and first row of item `outer`.
     static void item_origin(const SdpaForwardArgs& a, const LanePlan& p, int64_t outer, int64_t b[kBatchDims],
                             int64_t& row0) {
-        row0 = (outer % p.row_blocks) * kBlockQ;
+        row0 = (outer % p.row_blocks) * p.block_rows;
         int64_t rest = outer / p.row_blocks;
         for (int d = kBatchDims - 1; d >= 0; --d) {
             const int64_t size = d == p.shared_dim ? 1 : a.batch[d];
@@ -156,7 +209,7 @@ struct LaneForward {
     // Per-lane element offsets of Q, O, mask and stats, and query indices.
     static int map_lanes(const SdpaForwardArgs& a, const LanePlan& p, Scratch& sc, const int64_t outer_b[kBatchDims],
                          int64_t row0) {
-        const int rows = int(std::min<int64_t>(kBlockQ, p.rows_total - row0));
+        const int rows = int(std::min<int64_t>(p.block_rows, p.rows_total - row0));
         int64_t b[kBatchDims] = {outer_b[0], outer_b[1], outer_b[2]};
         // Row i of group member g; the padding lanes repeat the last row.  The
         // batch offsets only change where a lane starts the next member.
@@ -241,7 +294,7 @@ struct LaneForward {
             static_cast<float*>(const_cast<void*>(a.stats.data))[sc.st_off[r]] = row_lse(a, row_max, row_sum);
     }
 
-    // The decode's rows (attend_decode leaves them in o_pad) written from there: through O^T, the
+    // The decode's rows (attend_rows leaves them in o_pad) written from there: through O^T, the
     // copy and transpose took an eighth of f32 (1,1,1,1,17,256) (perf: 12%).
     static void write_decode_rows(const SdpaForwardArgs& a, Scratch& sc, int rows, int Dv) {
         const int Dvp = Scratch::padded(Dv);
@@ -327,13 +380,15 @@ struct LaneForward {
         if (key_begin >= key_end) std::fill(o_t, o_t + size_t(Dv) * kBlockQ, 0.0f);  // no keys: an all-zero O
     }
 
-    // Decode form of attend for one vector of rows (a GQA group's heads, a few
-    // query rows): the keys are the lanes of the score vectors (row-key dot
-    // products reduced by one transposing sum per row and block), and P V runs
-    // over vectors of the head dim, instead of idling most lanes of the row
-    // layout.  Results land in sc.o_pad (rows) / row_max / row_sum.
-    static void attend_decode(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
-                              int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
+    // Row-layout form of attend (decode, short query blocks): the keys are
+    // the lanes of the score vectors and P V runs over vectors of the head
+    // dim, instead of idling the lanes a block's missing rows would fill in
+    // attend.  Scores come from a product with K^T packed per key block where
+    // the item has rows enough to share the packing, else from row-key dot
+    // products reduced by one transposing sum per row and block.  Results
+    // land in sc.o_pad (rows) / row_max / row_sum.
+    static void attend_rows(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
+                            int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
         const int Dp = Scratch::padded(D), Dvp = Scratch::padded(Dv);
         const TensorView &q = a.query, &k = a.key, &v = a.value;
@@ -342,22 +397,16 @@ struct LaneForward {
         float* q_pad = sc.q_pad.get();
         float* o_pad = sc.o_pad.get();
         const float* qi = sc.query_index.get();
-        const bool k_in_place = decode_reads_in_place(k, D), v_in_place = decode_reads_in_place(v, Dv);
-        const DType k_type = k_in_place ? k.dtype : DType::f32, v_type = v_in_place ? v.dtype : DType::f32;
-#if defined(__AVX512F__)
-        // bf16 Q and K read in place, rows of whole 32-value steps: the row-key dot products run on
-        // AVX512-BF16 where the CPU has it (16-core Xeon, (1,32,8,1,Skv,128): 1.14-1.20x), straight
-        // from Q's rows, and the scores are scaled after.
-        const bool bf16_dots = cpu_features().avx512_bf16 && k_type == DType::bf16 && q.dtype == DType::bf16 &&
-                               q.strides[4] == 1 && Dp % 32 == 0;
-#else
-        const bool bf16_dots = false;
-#endif
+        const bool k_transposed = transposes_keys(a, rows);
+        const bool bf16_dots = !k_transposed && bf16_dot_partials(a);
+        const bool k_copied = copies_key_rows(a, rows), v_in_place = decode_reads_in_place(v, Dv);
+        const DType k_type = k_copied ? DType::f32 : k.dtype, v_type = v_in_place ? v.dtype : DType::f32;
+        // bf16_dots: the partials come straight from Q's bf16 rows, and the scores are scaled after.
         const float score_scale = bf16_dots ? scale : 1.0f;
         [[maybe_unused]] const uint16_t* q_bf16[kBlockQ];  // bf16_dots: Q's own rows
         const float* q_rows[kBlockQ];
         float* o_rows[kBlockQ];
-        const float* p_rows[kBlockQ];
+        float* p_rows[kBlockQ];  // scores, then P in place
         for (int r = 0; r < rows; ++r) {
             q_rows[r] = q_pad + r * Dp;
             o_rows[r] = o_pad + r * Dvp;
@@ -379,10 +428,11 @@ struct LaneForward {
         const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kDecodeKeys) {
             const int kv = int(std::min<int64_t>(kDecodeKeys, key_end - j0));
+            const int key_vectors = (kv + kLanes - 1) / kLanes;
             const void* k_rows = element_ptr(k.data, k.dtype, k_base + j0 * k.strides[3]);
             const void* v_rows = element_ptr(v.data, v.dtype, v_base + j0 * v.strides[3]);
             int64_t k_stride = k.strides[3], v_stride = v.strides[3];
-            if (!k_in_place) {  // the padding columns of k_pad stay 0
+            if (k_copied) {  // the padding columns of k_pad stay 0
                 load_block(k_rows, k.dtype, k.strides[3], k.strides[4], kv, D, sc.k_pad.get(), Dp, 1);
                 k_rows = sc.k_pad.get();
                 k_stride = Dp;
@@ -392,27 +442,40 @@ struct LaneForward {
                 v_rows = sc.v_pad.get();
                 v_stride = Dvp;
             }
-            for (int r0 = 0; r0 < rows; r0 += kDecodeRowBlock) {
-                const int R = std::min(kDecodeRowBlock, rows - r0);
+            if (k_transposed) {  // K^T, its lanes past kv in the last key vector zero
+                const float* k_f32 = static_cast<const float*>(k_rows);
+                transpose_rows_f32([&](int j) { return k_f32 + j * k_stride; }, kv, D, sc.k_t.get(), kDecodeKeys, 1.0f,
+                                   key_vectors * kLanes);
+            }
+            const int row_block = k_transposed ? kTransposedKeysRowBlock : kDecodeRowBlock;
+            for (int r0 = 0; r0 < rows; r0 += row_block) {
+                const int R = std::min(row_block, rows - r0);
+                if (k_transposed) {
+                    decode_scores_from_k_t(R, kv, q_rows + r0, sc.k_t.get(), D, p_rows + r0);
+                } else {
+                    float* partials = sc.partials.get();
 #if defined(__AVX512F__)
-                if (bf16_dots)
-                    decode_partials_bf16(R, q_bf16 + r0, static_cast<const uint16_t*>(k_rows), k_stride, kv, Dp,
-                                         sc.partials.get());
-                else
+                    if (bf16_dots)
+                        decode_partials_bf16(R, q_bf16 + r0, static_cast<const uint16_t*>(k_rows), k_stride, kv, Dp,
+                                             partials);
+                    else
 #endif
-                    decode_partials(k_type, R, q_rows + r0, k_rows, k_stride, kv, Dp, sc.partials.get());
-                for (int r = r0; r < r0 + R; ++r)
-                    decode_softmax_row(a, dropout, sc, r, j0, kv, score_scale,
-                                       sc.partials.get() + (r - r0) * kDecodeKeys * kLanes, o_rows[r], Dvp);
+                        decode_partials(k_type, R, q_rows + r0, k_rows, k_stride, kv, Dp, partials);
+                    for (int r = r0; r < r0 + R; ++r)
+                        for (int t = 0; t < key_vectors; ++t)
+                            store(p_rows[r] + t * kLanes,
+                                  transposed_sums(partials + ((r - r0) * kDecodeKeys + t * kLanes) * kLanes) * score_scale);
+                }
+                for (int r = r0; r < r0 + R; ++r) decode_softmax_row(a, dropout, sc, r, j0, kv, p_rows[r], o_rows[r], Dvp);
                 decode_accumulate_pv(v_type, R, p_rows + r0, v_rows, v_stride, kv, Dvp, o_rows + r0);
             }
         }
     }
 
-    // Row r's scores of keys [j0, j0 + kv) from its partials, masked; its
-    // online softmax step; P (with dropout) into sc.p_rows.
-    static void decode_softmax_row(const SdpaForwardArgs& a, const DropoutPlan& dropout, Scratch& sc, int r, int64_t j0, int kv,
-                                   float score_scale, const float* partials, float* o_row, int Dvp) {
+    // Row r's scores of keys [j0, j0 + kv) in p_row, masked; its online
+    // softmax step; P (with dropout) in their place.
+    static void decode_softmax_row(const SdpaForwardArgs& a, const DropoutPlan& dropout, Scratch& sc, int r, int64_t j0,
+                                   int kv, float* p_row, float* o_row, int Dvp) {
         const TensorView& m = a.mask;
         const int vectors = (kv + kLanes - 1) / kLanes;
         const VecF neg_inf = splat(-__builtin_inff());
@@ -424,7 +487,7 @@ struct LaneForward {
         VecF score[kDecodeKeyVectors];
         VecF block_max = neg_inf;
         for (int t = 0; t < vectors; ++t) {
-            VecF s = transposed_sums(partials + t * kLanes * kLanes) * score_scale;
+            VecF s = load(p_row + t * kLanes);
             const VecF key = lanes + float(t * kLanes);  // key j0 + key of this lane
             if (a.mask_kind == MaskKind::additive) s += to_log2_units(load(mask + t * kLanes));
             else if (a.mask_kind == MaskKind::select)
@@ -441,7 +504,6 @@ struct LaneForward {
         float new_max = horizontal_max(block_max);
         new_max = new_max > old_max ? new_max : old_max;
         const float base = new_max == -__builtin_inff() ? 0.0f : new_max;
-        float* p_row = sc.p_rows.get() + r * kDecodeKeys;
         VecF sum{};
         for (int t = 0; t < vectors; ++t) {
             const VecF p = vexp2(score[t] - base);
@@ -499,17 +561,17 @@ struct LaneForward {
                 const int rows = map_lanes(a, p, sc, b, row0);
                 const int64_t key_begin = split * p.keys_per_split;
                 const int64_t key_end = std::min(a.seq_kv, key_begin + p.keys_per_split);
-                if constexpr (RV == 1)
-                    attend_decode(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
+                if constexpr (RowLayout)
+                    attend_rows(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
                 else
                     attend(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
                 if (p.splits == 1) {
-                    if constexpr (RV == 1)
+                    if constexpr (RowLayout)
                         write_decode_rows(a, sc, rows, Dv);
                     else
                         write_rows(a, sc, sc.o_t.get(), sc.row_max.get(), sc.row_sum.get(), rows, Dv);
                 } else {
-                    if constexpr (RV == 1) decode_rows_to_o_t(sc, rows, Dv);
+                    if constexpr (RowLayout) decode_rows_to_o_t(sc, rows, Dv);
                     float* part = partials.get() + (outer * p.splits + split) * partial_floats(Dv);
                     std::copy(sc.o_t.get(), sc.o_t.get() + size_t(Dv) * kBlockQ, part);
                     std::copy(sc.row_max.get(), sc.row_max.get() + kBlockQ, part + size_t(Dv) * kBlockQ);
