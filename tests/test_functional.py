@@ -32,8 +32,7 @@ CASES = {
     "decode_padded_rows": dict(q=(1, 4, 1, 72), k=(1, 2, 100, 72), v=(1, 2, 100, 72), enable_gqa=True),
     "decode_causal_rows": dict(q=(1, 6, 2, 64), k=(1, 2, 77, 64), v=(1, 2, 77, 64), enable_gqa=True,
                                is_causal=True, causal_alignment="bottom_right"),
-    # 68 query rows per K/V head (GQA, 4 x 17): on AVX-512 the row layout's two even blocks of 34 rows (lanes
-    # would be 68 of 96); elsewhere lane blocks, the last partial.
+    # 68 query rows per K/V head (GQA, 4 x 17): the vector build's three 32-row blocks, the last partial.
     # One item of query rows and 800 keys: two key splits (a lone item's rule), on the vector build and on tiles.
     "lone_item_two_splits": dict(q=(1, 1, 40, 64), k=(1, 1, 800, 64), v=(1, 1, 800, 48)),
     "gqa_rows_68": dict(q=(1, 8, 17, 64), k=(1, 2, 150, 64), v=(1, 2, 150, 64), enable_gqa=True),

@@ -53,7 +53,6 @@ struct LanePlan {
     int64_t group = 1;          // size of the shared dimension
     int64_t rows_total = 0;     // group * seq_q rows per outer batch index
     int64_t row_blocks = 0;
-    int64_t block_rows = 0;     // rows per row block (the last may have fewer)
     int64_t outer_items = 0;    // outer batch indices x row blocks
     int64_t splits = 1;
     int64_t keys_per_split = 0;
@@ -179,9 +178,6 @@ struct LaneForward {
         p.shared_dim = find_shared_dim(a, p.group);
         p.rows_total = p.group * a.seq_q;
         p.row_blocks = (p.rows_total + kBlockQ - 1) / kBlockQ;
-        // The row layout has no padding lanes to fill: its rows are shared evenly among the blocks
-        // (68 rows: two of 34, not 64 and 4).
-        p.block_rows = RowLayout ? (p.rows_total + p.row_blocks - 1) / p.row_blocks : kBlockQ;
         p.outer_items = a.batch[0] * a.batch[1] * a.batch[2] / p.group * p.row_blocks;
         // About four items per thread, so that dynamic scheduling can balance them.  Only the keys some
         // row sees are split: under a top-left causal mask with far more keys than query rows, splits of
@@ -197,7 +193,7 @@ struct LaneForward {
     // Outer batch index (shared dimension at 0) and first row of item `outer`.
     static void item_origin(const SdpaForwardArgs& a, const LanePlan& p, int64_t outer, int64_t b[kBatchDims],
                             int64_t& row0) {
-        row0 = (outer % p.row_blocks) * p.block_rows;
+        row0 = (outer % p.row_blocks) * kBlockQ;
         int64_t rest = outer / p.row_blocks;
         for (int d = kBatchDims - 1; d >= 0; --d) {
             const int64_t size = d == p.shared_dim ? 1 : a.batch[d];
@@ -209,7 +205,7 @@ struct LaneForward {
     // Per-lane element offsets of Q, O, mask and stats, and query indices.
     static int map_lanes(const SdpaForwardArgs& a, const LanePlan& p, Scratch& sc, const int64_t outer_b[kBatchDims],
                          int64_t row0) {
-        const int rows = int(std::min<int64_t>(p.block_rows, p.rows_total - row0));
+        const int rows = int(std::min<int64_t>(kBlockQ, p.rows_total - row0));
         int64_t b[kBatchDims] = {outer_b[0], outer_b[1], outer_b[2]};
         // Row i of group member g; the padding lanes repeat the last row.  The
         // batch offsets only change where a lane starts the next member.

@@ -15,22 +15,22 @@ namespace GRAPHATTN_ISA_NS {
 // RVShort < RV adds a middle tier: query blocks of RVShort vectors where they
 // leave fewer padding lanes in all than blocks of RV vectors (the rows of a
 // block being the query rows of all heads sharing K/V), so that short
-// sequences do not fill blocks mostly with padding lanes: 80 rows take three
+// sequences do not fill blocks mostly with padding lanes: 68 rows take three
 // blocks of 32 lanes, not two of 64.  16-core Xeon, in-process A/B, f32 GQA
 // (1,32,8,Sq,Skv,D) with 68 or 80 rows per K/V head: 1.18-1.26x; (1,4,1,40,
 // 4096,128) (160 rows) 1.53x.
 //
-// RowRVMax > 1 gives the row layout every call where the lane layout would
-// leave more than a quarter of its lanes as padding (17 rows fill 17 of 32
-// lanes, 40 rows 40 of 64, a GQA group of 4 x 17 rows 68 of 96), in blocks
-// of up to RowRVMax vectors of rows shared evenly (68 rows: two of 34), with
-// no padding rows.  At full lanes the row layout is the slower (2-core Xeon,
-// one thread, (1,4,Sq,768,D): 32 and 64 rows 1.21-1.33x faster in lanes),
-// so it takes only the poorly filled blocks: 17-20 rows 1.17-1.23x, 40 rows
-// 1.24x; 24 and 48 rows (three quarters) 1.03-1.04x; 68 rows ((1,32,8,17,
-// Skv,D), 2-core Xeon) 1.12-1.27x at 768-2048 keys.  AVX2's lane blocks won
-// at 16-24 rows (0.62-0.83x in rows), so it keeps the row layout to one
-// vector.
+// RowRVMax > 1 gives the row layout the calls of at most RowRVMax vectors of
+// rows where the lane layout would leave more than a quarter of its lanes as
+// padding (17 rows fill 17 of 32 lanes, 40 rows 40 of 64); it has no padding
+// rows.  At full lanes the row layout is the slower (2-core Xeon, one
+// thread, (1,4,Sq,768,D): 32 and 64 rows 1.21-1.33x faster in lanes), so it
+// takes only the poorly filled blocks: 17-20 rows 1.17-1.23x, 40 rows 1.24x;
+// 24 and 48 rows (three quarters) 1.03-1.04x.  Longer GQA groups in even
+// row-layout blocks (4 x 17 rows: two of 34 instead of lanes 68 of 96) were
+// no steady gain on the 16-core Xeon ((1,32,8,17,Skv,D) 0.97-1.45x, (1,8,2,
+// 17,2048,128) 0.80-0.98x).  AVX2's lane blocks won at 16-24 rows (0.62-0.83x
+// in rows), so it keeps the row layout to one vector.
 template <int RV, int NT, int NTSingle, int RVShort = RV, int NTShort = NT, int RowRVMax = 1>
 Status sdpa_forward_for_isa(const SdpaForwardArgs& args) {
     int64_t group;
@@ -39,7 +39,7 @@ Status sdpa_forward_for_isa(const SdpaForwardArgs& args) {
     if (rows <= kLanes) return LaneForward<1, NTSingle>::run(args);
     const int64_t lanes = std::min(round_up(rows, int64_t(RVShort) * kLanes), round_up(rows, int64_t(RV) * kLanes));
     if constexpr (RowRVMax > 1) {
-        if (4 * rows < 3 * lanes) {
+        if (rows <= RowRVMax * kLanes && 4 * rows < 3 * lanes) {
             if (rows <= 2 * kLanes) return LaneForward<2, NTSingle, true>::run(args);
             if constexpr (RowRVMax > 2) {
                 if (rows <= 3 * kLanes) return LaneForward<3, NTSingle, true>::run(args);
