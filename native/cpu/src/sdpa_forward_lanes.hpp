@@ -155,10 +155,6 @@ struct LaneForward {
         return kLanes >= 16 && rows >= (bf16_dot_partials(a) ? 16 : 8);
     }
 
-    // Rows per register block of the K^T product and of P V after it: 6 rows of four key or column
-    // vectors keep 24 of AVX-512's 32 registers as sums (1.04-1.06x over 4 rows, 2-core Xeon).
-    static constexpr int kTransposedKeysRowBlock = 6;
-
     // The most query rows of one item.
     static int most_rows(const SdpaForwardArgs& a) {
         int64_t group;
@@ -443,7 +439,7 @@ struct LaneForward {
                 transpose_rows_f32([&](int j) { return k_f32 + j * k_stride; }, kv, D, sc.k_t.get(), kDecodeKeys, 1.0f,
                                    key_vectors * kLanes);
             }
-            const int row_block = k_transposed ? kTransposedKeysRowBlock : kDecodeRowBlock;
+            const int row_block = k_transposed ? kKeyTransposeRowBlock : kDecodeRowBlock;
             for (int r0 = 0; r0 < rows; r0 += row_block) {
                 const int R = std::min(row_block, rows - r0);
                 if (k_transposed) {
