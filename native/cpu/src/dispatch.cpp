@@ -98,7 +98,7 @@ constexpr int64_t kAmxF32MinItemRows = 256;
 // below 32 rows the vector build's row layout (no padding rows, f16 K and V
 // widened as read) is the faster (16-core Xeon, separate processes, medians
 // of three: (1,H,17,Skv,D) and GQA (1,32,8,17,768,80) 1.31-1.67x; 20 and 24
-// rows 0.96-1.2x; 32 rows 0.8-1.27x; from 48 rows on, tiles 1.2-2x).
+// rows 0.96-1.2x; 32 rows 0.8-1.27x; from 48 rows on, tiles 1.16-2.1x).
 constexpr int64_t kAmxF16MinQueryRows = 32;
 
 // Whether a forward call runs on AMX tiles; `args` gives its lengths, batch
