@@ -79,13 +79,27 @@ struct LaneForward {
     static constexpr int kBlockQ = RV * kLanes;
     static constexpr int kBlockKV = 128;
 
+    // How the row layout reads K, decided once per call for its items' rows
+    // (a row-layout call has one block of rows per K/V head, so every item
+    // has as many).
+    struct KeyReads {
+        bool transposed = false;  // scores against K^T packed per key block (row_scores_from_k_t)
+        bool bf16_dots = false;   // row-key partials on AVX512-BF16, from Q's and K's own bf16 rows
+        bool copied = false;      // K rows through padded f32 copies (k_pad)
+    };
+
     // Scratch of one thread, allocated once per parallel region.  Buffers
     // that every item writes before it reads them (Q^T with its padding lanes,
     // K/V rows, S^T, O^T, the row statistics and indices) are not cleared: on
     // small calls clearing them cost more than the work (f32 (1,1,1,17,17,256):
     // 370 KiB per thread and call).  The mask and dropout lanes past the last
-    // row and the decode's K/V buffers with padding columns start at 0.
+    // row and the row layout's K/V copies with padding columns start at 0.
+    // Buffers only some calls use are sized for those alone (the mask and
+    // dropout lanes, the K/V copies, K^T): every call cleared 32-64 KiB of
+    // lanes per thread (perf, f32 (2,16,16,17,17,64): memset 7% of the call,
+    // with O^T's and Q^T's padding fills).
     struct Scratch {
+        KeyReads keys;  // the row layout's; first, as the buffers below are sized by it
         AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_rows, drop_t;
         // Row layout (attend_rows): rows of Q and O padded to whole vectors (Q's padding cleared
         // per row), K/V rows likewise (padding zero); P rows, the row-key partials and K^T, each written
@@ -94,79 +108,70 @@ struct LaneForward {
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         uint64_t drop_base[kBlockQ];
         uint8_t keep[kBlockKV > kDecodeKeys ? kBlockKV : kDecodeKeys];
-        // Buffers only some calls use are sized for those alone (the mask and dropout lanes; the decode's
-        // copies of K or V rows, decode_reads_in_place): every call cleared 32-64 KiB of lanes per thread
-        // (perf, f32 (2,16,16,17,17,64): memset 7% of the call, with O^T's and Q^T's padding fills).
         explicit Scratch(const SdpaForwardArgs& a)
-            : Scratch(int(a.head_dim_qk), int(a.head_dim_v), !RowLayout && a.mask_kind != MaskKind::none,
-                      !RowLayout && DropoutPlan(a).active, RowLayout && copies_key_rows(a, most_rows(a)),
-                      RowLayout && !decode_reads_in_place(a.value, int(a.head_dim_v)),
-                      RowLayout && transposes_keys(a, most_rows(a))) {}
-        Scratch(int D, int Dv, bool mask_lanes, bool dropout_lanes, bool k_copies, bool v_copies, bool k_transposed)
-            : q_t(AlignedFloats::uninitialized(!RowLayout ? size_t(D) * kBlockQ : 0)),  // the lane layout's (attend)
-              k_rows(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * D : 0)),
-              v_rows(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * Dv : 0)),
+            : keys(RowLayout ? key_reads(a) : KeyReads{}),
+              q_t(AlignedFloats::uninitialized(!RowLayout ? size_t(a.head_dim_qk) * kBlockQ : 0)),  // attend's
+              k_rows(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * a.head_dim_qk : 0)),
+              v_rows(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * a.head_dim_v : 0)),
               s_t(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * kBlockQ : 0)),
-              mask_t(mask_lanes ? size_t(kBlockKV) * kBlockQ : 0),
-              o_t(AlignedFloats::uninitialized(size_t(Dv) * kBlockQ)),
+              mask_t(!RowLayout && a.mask_kind != MaskKind::none ? size_t(kBlockKV) * kBlockQ : 0),
+              o_t(AlignedFloats::uninitialized(size_t(a.head_dim_v) * kBlockQ)),
               row_max(AlignedFloats::uninitialized(kBlockQ)),
               row_sum(AlignedFloats::uninitialized(kBlockQ)),
               query_index(AlignedFloats::uninitialized(kBlockQ)),
-              out_rows(AlignedFloats::uninitialized(size_t(kTransposedRowsAtOnce) * Dv)),
-              drop_t(dropout_lanes ? size_t(kBlockKV) * kBlockQ : 0),
-              q_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(D) : 0)),
-              o_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(Dv) : 0)),
-              k_pad(k_copies ? size_t(kDecodeKeys) * padded(D) : 0),
-              v_pad(v_copies ? size_t(kDecodeKeys) * padded(Dv) : 0),
+              out_rows(AlignedFloats::uninitialized(size_t(kTransposedRowsAtOnce) * a.head_dim_v)),
+              drop_t(!RowLayout && DropoutPlan(a).active ? size_t(kBlockKV) * kBlockQ : 0),
+              q_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_qk) : 0)),
+              o_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_v) : 0)),
+              k_pad(keys.copied ? size_t(kDecodeKeys) * padded(a.head_dim_qk) : 0),
+              v_pad(RowLayout && !row_layout_reads_in_place(a.value, int(a.head_dim_v))
+                        ? size_t(kDecodeKeys) * padded(a.head_dim_v)
+                        : 0),
               p_rows(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * kDecodeKeys : 0)),
               mask_row(kDecodeKeys),
               partials(AlignedFloats::uninitialized(RowLayout ? size_t(kDecodeRowBlock) * kDecodeKeys * kLanes : 0)),
-              k_t(AlignedFloats::uninitialized(k_transposed ? size_t(D) * kDecodeKeys : 0)) {}
-        static int padded(int n) { return int(round_up(n, kLanes)); }
+              k_t(AlignedFloats::uninitialized(keys.transposed ? size_t(a.head_dim_qk) * kDecodeKeys : 0)) {}
+        static int padded(int64_t n) { return int(round_up(n, kLanes)); }
     };
 
-    // Whether the decode reads rows of K or V (cols wide) in place, in their
-    // dtype: unit column stride and whole vectors; else it copies them into
-    // padded f32 rows.
-    static bool decode_reads_in_place(const TensorView& t, int cols) {
+    // Whether the row layout reads rows of K or V (cols wide) in place, in
+    // their dtype: unit column stride and whole vectors; else it copies them
+    // into padded f32 rows.
+    static bool row_layout_reads_in_place(const TensorView& t, int cols) {
         return t.strides[4] == 1 && Scratch::padded(cols) == cols;
     }
 
-    // Whether the row layout's row-key partials run on AVX512-BF16: bf16 Q and K read in place, rows
-    // of whole 32-value steps, and a CPU that has it (16-core Xeon, (1,32,8,1,Skv,128): 1.14-1.20x).
-    static bool bf16_dot_partials(const SdpaForwardArgs& a) {
-#if defined(__AVX512F__)
+    // How the row layout reads K for items of this call's rows.  The row-key
+    // partials run on AVX512-BF16 for bf16 Q and K read in place, rows of
+    // whole 32-value steps, on a CPU that has it (16-core Xeon,
+    // (1,32,8,1,Skv,128): 1.14-1.20x).  On AVX-512, from 8 rows per item on,
+    // the scores come from one product with K^T packed per key block instead
+    // (2-core Xeon, one thread, in-process A/B, (1,4,Sq,768,D): 8-16 rows
+    // 1.08-1.47x at D = 64 or 80, 1.02-1.21x at D = 128, 0.98-1.13x at
+    // D = 256; 4 rows 0.97x, 2-3 rows 0.84-0.88x); against AVX512-BF16
+    // partials from 16 rows on (16-core Xeon, bf16: 8 rows 0.85-0.91x, 16
+    // rows 1.13x).  The AVX2 build gained only from 16 rows on, more than its
+    // row layout takes.  K^T is packed from f32 rows, so other dtypes are
+    // copied first.
+    static KeyReads key_reads(const SdpaForwardArgs& a) {
         const TensorView &q = a.query, &k = a.key;
-        return cpu_features().avx512_bf16 && q.dtype == DType::bf16 && k.dtype == DType::bf16 && q.strides[4] == 1 &&
-               decode_reads_in_place(k, int(a.head_dim_qk)) && Scratch::padded(int(a.head_dim_qk)) % 32 == 0;
-#else
-        (void)a;
-        return false;
-#endif
-    }
-
-    // Row layout: on AVX-512, from 8 rows per item on, the scores come from one product with K^T
-    // packed per key block, not from row-key partials (2-core Xeon, one thread, in-process A/B,
-    // (1,4,Sq,768,D): 8-16 rows 1.08-1.47x at D = 64 or 80, 1.02-1.21x at D = 128, 0.98-1.13x at
-    // D = 256; 4 rows 0.97x, 2-3 rows 0.84-0.88x).  Against AVX512-BF16 partials, from 16 rows on
-    // (16-core Xeon, bf16: 8 rows 0.85-0.91x, 16 rows 1.13x).  The AVX2 build gained only from 16
-    // rows on, more than its row layout takes.
-    static bool transposes_keys(const SdpaForwardArgs& a, int rows) {
-        return kLanes >= 16 && rows >= (bf16_dot_partials(a) ? 16 : 8);
-    }
-
-    // The most query rows of one item.
-    static int most_rows(const SdpaForwardArgs& a) {
+        const int D = int(a.head_dim_qk);
         int64_t group;
         find_shared_dim(a, group);
-        return int(std::min<int64_t>(kBlockQ, group * a.seq_q));
-    }
-
-    // Whether an item of `rows` rows reads K through padded f32 copies of its rows (k_pad): where the
-    // partials cannot read them in place, or K^T is packed from rows that are not f32.
-    static bool copies_key_rows(const SdpaForwardArgs& a, int rows) {
-        return !decode_reads_in_place(a.key, int(a.head_dim_qk)) ||
-               (transposes_keys(a, rows) && a.key.dtype != DType::f32);
+        const int64_t rows = std::min<int64_t>(kBlockQ, group * a.seq_q);
+        const bool in_place = row_layout_reads_in_place(k, D);
+#if defined(__AVX512F__)
+        const bool bf16_dots = cpu_features().avx512_bf16 && q.dtype == DType::bf16 && k.dtype == DType::bf16 &&
+                               q.strides[4] == 1 && in_place && Scratch::padded(D) % 32 == 0;
+#else
+        const bool bf16_dots = false;
+        (void)q;
+#endif
+        KeyReads reads;
+        reads.transposed = kLanes >= 16 && rows >= (bf16_dots ? 16 : 8);
+        reads.bf16_dots = bf16_dots && !reads.transposed;
+        reads.copied = !in_place || (reads.transposed && k.dtype != DType::f32);
+        return reads;
     }
 
     static LanePlan plan(const SdpaForwardArgs& a) {
@@ -286,16 +291,16 @@ struct LaneForward {
             static_cast<float*>(const_cast<void*>(a.stats.data))[sc.st_off[r]] = row_lse(a, row_max, row_sum);
     }
 
-    // The decode's rows (attend_rows leaves them in o_pad) written from there: through O^T, the
-    // copy and transpose took an eighth of f32 (1,1,1,1,17,256) (perf: 12%).
-    static void write_decode_rows(const SdpaForwardArgs& a, Scratch& sc, int rows, int Dv) {
+    // The row layout's rows (attend_rows leaves them in o_pad) written from there: through O^T,
+    // the copy and transpose took an eighth of f32 (1,1,1,1,17,256) (perf: 12%).
+    static void write_rows_from_o_pad(const SdpaForwardArgs& a, Scratch& sc, int rows, int Dv) {
         const int Dvp = Scratch::padded(Dv);
         for (int r = 0; r < rows; ++r)
             write_row(a, sc, r, sc.o_pad.get() + r * Dvp, sc.row_max.get()[r], sc.row_sum.get()[r], Dv);
     }
 
-    // The decode's rows moved to O^T, where the merge of key splits reads every item's partials.
-    static void decode_rows_to_o_t(Scratch& sc, int rows, int Dv) {
+    // The row layout's rows moved to O^T, where the merge of key splits reads every item's partials.
+    static void o_pad_rows_to_o_t(Scratch& sc, int rows, int Dv) {
         const int Dvp = Scratch::padded(Dv);
         for (int r = 0; r < rows; ++r)
             for (int c = 0; c < Dv; ++c) sc.o_t.get()[c * kBlockQ + r] = sc.o_pad.get()[r * Dvp + c];
@@ -389,9 +394,8 @@ struct LaneForward {
         float* q_pad = sc.q_pad.get();
         float* o_pad = sc.o_pad.get();
         const float* qi = sc.query_index.get();
-        const bool k_transposed = transposes_keys(a, rows);
-        const bool bf16_dots = !k_transposed && bf16_dot_partials(a);
-        const bool k_copied = copies_key_rows(a, rows), v_in_place = decode_reads_in_place(v, Dv);
+        const bool k_transposed = sc.keys.transposed, bf16_dots = sc.keys.bf16_dots, k_copied = sc.keys.copied;
+        const bool v_in_place = row_layout_reads_in_place(v, Dv);
         const DType k_type = k_copied ? DType::f32 : k.dtype, v_type = v_in_place ? v.dtype : DType::f32;
         // bf16_dots: the partials come straight from Q's bf16 rows, and the scores are scaled after.
         const float score_scale = bf16_dots ? scale : 1.0f;
@@ -454,11 +458,13 @@ struct LaneForward {
 #endif
                         decode_partials(k_type, R, q_rows + r0, k_rows, k_stride, kv, Dp, partials);
                     for (int r = r0; r < r0 + R; ++r)
-                        for (int t = 0; t < key_vectors; ++t)
-                            store(p_rows[r] + t * kLanes,
-                                  transposed_sums(partials + ((r - r0) * kDecodeKeys + t * kLanes) * kLanes) * score_scale);
+                        for (int t = 0; t < key_vectors; ++t) {
+                            const float* row_key = partials + ((r - r0) * kDecodeKeys + t * kLanes) * kLanes;
+                            store(p_rows[r] + t * kLanes, transposed_sums(row_key) * score_scale);
+                        }
                 }
-                for (int r = r0; r < r0 + R; ++r) decode_softmax_row(a, dropout, sc, r, j0, kv, p_rows[r], o_rows[r], Dvp);
+                for (int r = r0; r < r0 + R; ++r)
+                    row_softmax_step(a, dropout, sc, r, j0, kv, p_rows[r], o_rows[r], Dvp);
                 decode_accumulate_pv(v_type, R, p_rows + r0, v_rows, v_stride, kv, Dvp, o_rows + r0);
             }
         }
@@ -466,7 +472,7 @@ struct LaneForward {
 
     // Row r's scores of keys [j0, j0 + kv) in p_row, masked; its online
     // softmax step; P (with dropout) in their place.
-    static void decode_softmax_row(const SdpaForwardArgs& a, const DropoutPlan& dropout, Scratch& sc, int r, int64_t j0,
+    static void row_softmax_step(const SdpaForwardArgs& a, const DropoutPlan& dropout, Scratch& sc, int r, int64_t j0,
                                    int kv, float* p_row, float* o_row, int Dvp) {
         const TensorView& m = a.mask;
         const int vectors = (kv + kLanes - 1) / kLanes;
@@ -530,7 +536,7 @@ struct LaneForward {
     }
 
     static Status run(const SdpaForwardArgs& a) {
-        const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
+        const int Dv = int(a.head_dim_v);
         const LanePlan p = plan(a);
         const bool skip_causal_blocks = skips_causal_blocks(a);
         const int64_t work_items = p.outer_items * p.splits;
@@ -559,11 +565,11 @@ struct LaneForward {
                     attend(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
                 if (p.splits == 1) {
                     if constexpr (RowLayout)
-                        write_decode_rows(a, sc, rows, Dv);
+                        write_rows_from_o_pad(a, sc, rows, Dv);
                     else
                         write_rows(a, sc, sc.o_t.get(), sc.row_max.get(), sc.row_sum.get(), rows, Dv);
                 } else {
-                    if constexpr (RowLayout) decode_rows_to_o_t(sc, rows, Dv);
+                    if constexpr (RowLayout) o_pad_rows_to_o_t(sc, rows, Dv);
                     float* part = partials.get() + (outer * p.splits + split) * partial_floats(Dv);
                     std::copy(sc.o_t.get(), sc.o_t.get() + size_t(Dv) * kBlockQ, part);
                     std::copy(sc.row_max.get(), sc.row_max.get() + kBlockQ, part + size_t(Dv) * kBlockQ);
