@@ -114,7 +114,9 @@ def test_infinite_f16_inputs_take_the_vector_build(where, rng):
     want = ga.scaled_dot_product_attention_backward(*wide, stats)
     assert any(np.isnan(w).any() for w in want)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        assert_grad_close(g, w, "f16", name)
+        # Rounded to f16 first: an f32 gradient past f16's range (about 6.5e4) is inf in the f16 call.
+        with np.errstate(over="ignore"):
+            assert_grad_close(g, w.astype(np.float16), "f16", name)
 
 
 def test_reference_gradients_match_finite_differences(rng):
