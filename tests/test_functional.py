@@ -43,11 +43,15 @@ CASES = {
     "short_rows_long_keys": dict(q=(1, 2, 30, 64), k=(1, 2, 1400, 64), v=(1, 2, 1400, 64)),
     # The row layout (keys as lanes) on AVX-512: 12 rows score against a packed K^T (bf16 with AVX512-BF16
     # takes row-key partials below 16 rows), causal, with a partial last key block; 16 rows, K^T for every dtype.
+    # (bf16 from 6 rows on runs on AMX tiles where it can; test_bf16_row_layout_on_the_vector_build below.)
     "row_layout_packed_keys": dict(q=(1, 3, 12, 80), k=(1, 3, 150, 80), v=(1, 3, 150, 40), is_causal=True,
                                    causal_alignment="bottom_right"),
     "row_layout_16_rows": dict(q=(1, 2, 16, 64), k=(1, 2, 90, 64), v=(1, 2, 90, 64)),
     # 40 rows would fill 40 of 64 lanes: a row-layout block of three vectors, in register blocks of 6 rows.
     "row_layout_40_rows": dict(q=(2, 2, 40, 64), k=(2, 2, 130, 64), v=(2, 2, 130, 72)),
+    # 7 query rows: bf16 takes AMX tiles (from 6 rows on), each tile mostly padding; GQA, causal, Dv < D.
+    "tiles_short_query_gqa": dict(q=(1, 4, 7, 80), k=(1, 2, 150, 80), v=(1, 2, 150, 48), enable_gqa=True,
+                                  is_causal=True, causal_alignment="bottom_right"),
     # Several full key and query blocks: the packed fast paths of the AMX and lane kernels.
     "long": dict(q=(1, 2, 130, 64), k=(1, 2, 200, 64), v=(1, 2, 200, 64)),
     "long_causal": dict(q=(1, 2, 150, 128), k=(1, 2, 150, 128), v=(1, 2, 150, 128), is_causal=True),
@@ -203,6 +207,32 @@ def test_f32_on_split_tiles_is_as_accurate_as_f32_arithmetic():
     assert {name for name, _ in runs["avx512"]} == {"avx512"}
     for (_, split_error), (_, vector_error) in zip(runs["amx"], runs["avx512"]):
         assert float(split_error) <= 2 * float(vector_error) + 1e-7
+
+
+BF16_ROW_LAYOUT_CASES = ("gqa", "mqa", "row_layout_packed_keys", "row_layout_16_rows", "tiles_short_query_gqa")
+
+
+def test_bf16_row_layout_on_the_vector_build():
+    """Where AMX tiles take bf16 calls from 6 query rows on, the vector build's bf16 row layout (AVX512-BF16
+    row-key partials, K^T from 16 rows) still runs for the calls that stay below: checked here on those
+    cases with the choice capped at the vector build."""
+    if ga.forward_isa("bf16", 12) != "amx_bf16":
+        pytest.skip("bf16 short query rows run on the vector build here already (the CASES above)")
+    cases = {name: CASES[name] for name in BF16_ROW_LAYOUT_CASES}
+    script = (
+        "import numpy as np, graphattn as ga\n"
+        "from graphattn.testing import assert_close, random_array, sdpa_reference\n"
+        "rng = np.random.default_rng(3)\n"
+        f"for name, case in {cases!r}.items():\n"
+        "    args = dict(case)\n"
+        "    arrays = [random_array(args.pop(n), 'bf16', rng) for n in ('q', 'k', 'v')]\n"
+        "    got = ga.scaled_dot_product_attention(*arrays, **args)\n"
+        "    assert_close(got, sdpa_reference(*arrays, **args), 'bf16', name)\n"
+        "print(ga.forward_isa('bf16', 12))\n")
+    env = dict(os.environ, GRAPHATTN_ISA="avx512")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "avx512"
 
 
 def test_scalar_zero_mask_means_none(rng):

@@ -70,11 +70,14 @@ Status forward_amx_or_vector(const SdpaForwardArgs& args) {
 // AMX tiles take bf16 Q, K and V, or f16 and f32 ones split into two or three
 // bf16 parts (three or six bf16 products in place of one; amx_split.hpp), in
 // blocks of query rows; short query sequences (decode) stay on the vector
-// build's row kernel.
-constexpr int64_t kAmxMinQueryRows = 16;
-
-// Whether AMX tiles may take a call of this query length at all.
-bool tiles_take(int64_t seq_q) { return seq_q >= kAmxMinQueryRows && amx_allowed(); }
+// build's row layout, each dtype from its own length on (below).
+//
+// bf16 tiles of 16 rows beat the row layout's AVX512-BF16 dot products from
+// 6 query rows on, though most of each tile is padding (16-core Xeon,
+// in-process A/B, (2,16,16,Sq,768,D): 6-8 rows 1.21-1.24x, 12-15 rows
+// 1.99-2.21x, 4 rows 0.90x; GQA (1,Hq,Hkv,8..12,2048,D) 1.19-2.08x, but for
+// (1,32,8,8,4096,128), whose 32 rows per K/V head fill the lanes, 0.93x).
+constexpr int64_t kAmxBf16MinQueryRows = 6;
 
 // bf16 parts per value of a dtype class on AMX tiles.
 int amx_parts(DType dtype_class) { return dtype_class == DType::bf16 ? 1 : (dtype_class == DType::f16 ? 2 : 3); }
@@ -104,9 +107,9 @@ constexpr int64_t kAmxF16MinQueryRows = 32;
 // Whether a forward call runs on AMX tiles; `args` gives its lengths, batch
 // and mask (data is not read).
 bool forward_runs_on_amx(DType dtype_class, const SdpaForwardArgs& args) {
-    if (!tiles_take(args.seq_q)) return false;
+    if (!amx_allowed()) return false;
+    if (dtype_class == DType::bf16) return args.seq_q >= kAmxBf16MinQueryRows;
     if (dtype_class == DType::f16) return args.seq_q >= kAmxF16MinQueryRows;
-    if (dtype_class != DType::f32) return true;
     return args.seq_q * args.seq_kv >= kAmxF32MinScores && sdpa_forward_amx_item_rows(args) >= kAmxF32MinItemRows;
 }
 
@@ -133,7 +136,7 @@ SdpaForwardArgs shape_only_args(int64_t batch, int64_t seq_q, int64_t seq_kv, bo
 int64_t amx_backward_min_length(DType dtype_class) { return dtype_class == DType::f16 ? 64 : 48; }
 
 bool backward_runs_on_amx(DType dtype_class, int64_t seq_q, int64_t seq_kv) {
-    return dtype_class != DType::f32 && tiles_take(seq_q) &&
+    return dtype_class != DType::f32 && amx_allowed() &&
            std::min(seq_q, seq_kv) >= amx_backward_min_length(dtype_class);
 }
 
