@@ -1,15 +1,14 @@
 """ga.scaled_dot_product_attention_backward against float64 gradients, which are in turn checked
 against finite differences."""
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import graphattn as ga
 from graphattn.testing import assert_grad_close, random_array, sdpa_reference, sdpa_reference_backward
+
+from subprocess_helpers import run_python
 
 pytestmark = pytest.mark.cpu
 
@@ -274,7 +273,4 @@ def test_deterministic_backward_repeats_bitwise():
     """GRAPHATTN_DETERMINISTIC=1: the backwards hand out whole items only (without it, their last items go
     in key-block pieces that may add to dQ in another order on each call), so twenty calls on four threads
     give bitwise the same gradients, bf16 (AMX where the CPU has it) and f32 (vector build)."""
-    env = dict(os.environ, GRAPHATTN_DETERMINISTIC="1", OMP_NUM_THREADS="4")
-    result = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT], env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "True"
+    assert run_python(DETERMINISM_SCRIPT, GRAPHATTN_DETERMINISTIC="1", OMP_NUM_THREADS="4").strip() == "True"

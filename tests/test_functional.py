@@ -1,7 +1,4 @@
 """ga.scaled_dot_product_attention against a float64 reference, and its argument checks."""
-import os
-import subprocess
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -9,6 +6,8 @@ import pytest
 
 import graphattn as ga
 from graphattn.testing import STATS_TOLERANCE, assert_close, random_array, sdpa_reference
+
+from subprocess_helpers import run_python
 
 pytestmark = pytest.mark.cpu
 
@@ -199,10 +198,8 @@ def test_f32_on_split_tiles_is_as_accurate_as_f32_arithmetic():
         pytest.skip("f32 runs on the vector build here")
     runs = {}
     for isa in ("amx", "avx512"):
-        env = dict(os.environ, GRAPHATTN_ISA=isa, OMP_NUM_THREADS="2")  # 8 heads fill 2 threads' items
-        result = subprocess.run([sys.executable, "-c", F32_ERROR_SCRIPT], env=env, capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
-        runs[isa] = [line.split() for line in result.stdout.splitlines()]
+        out = run_python(F32_ERROR_SCRIPT, GRAPHATTN_ISA=isa, OMP_NUM_THREADS="2")  # 8 heads fill 2 threads' items
+        runs[isa] = [line.split() for line in out.splitlines()]
     assert {name for name, _ in runs["amx"]} == {"amx_bf16x6"}
     assert {name for name, _ in runs["avx512"]} == {"avx512"}
     for (_, split_error), (_, vector_error) in zip(runs["amx"], runs["avx512"]):
@@ -229,10 +226,7 @@ def test_bf16_row_layout_on_the_vector_build():
         "    got = ga.scaled_dot_product_attention(*arrays, **args)\n"
         "    assert_close(got, sdpa_reference(*arrays, **args), 'bf16', name)\n"
         "print(ga.forward_isa('bf16', 12))\n")
-    env = dict(os.environ, GRAPHATTN_ISA="avx512")
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "avx512"
+    assert run_python(script, GRAPHATTN_ISA="avx512").strip() == "avx512"
 
 
 def test_scalar_zero_mask_means_none(rng):

@@ -3,15 +3,14 @@
 The reference is the same graph run op by op (policy="debug") in float64,
 rounded to each op's declared dtype.  Tolerances: graphattn.testing.TOLERANCES.
 """
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import graphattn as ga
 from graphattn.testing import STATS_TOLERANCE, SdpaGraphSpec, assert_close, run_into_padded_outputs
+
+from subprocess_helpers import run_python
 
 pytestmark = pytest.mark.cpu
 
@@ -186,10 +185,8 @@ def test_every_isa_build_matches(rng):
     for isa, needs in builds:
         if not needs <= features:
             continue
-        env = dict(os.environ, GRAPHATTN_ISA=isa)
-        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == ("amx_bf16 amx_bf16x3 amx_bf16x6" if isa == "amx" else f"{isa} {isa} {isa}")
+        out = run_python(script, GRAPHATTN_ISA=isa)
+        assert out.strip() == ("amx_bf16 amx_bf16x3 amx_bf16x6" if isa == "amx" else f"{isa} {isa} {isa}")
 
 
 def test_split_keys_merge_matches():
@@ -235,7 +232,4 @@ def test_split_keys_merge_matches():
         "                    sdpa_reference_backward(do, q, k, v, **kw)):\n"
         "        assert_grad_close(g, w, dt)\n"
         "print(ga.thread_count())\n")
-    env = dict(os.environ, OMP_NUM_THREADS="16")
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "16"
+    assert run_python(script, OMP_NUM_THREADS="16").strip() == "16"
