@@ -51,7 +51,8 @@ CASES = {
     # 7 query rows: bf16 takes AMX tiles (from 6 rows on), each tile mostly padding; GQA, causal, Dv < D.
     "tiles_short_query_gqa": dict(q=(1, 4, 7, 80), k=(1, 2, 150, 80), v=(1, 2, 150, 48), enable_gqa=True,
                                   is_causal=True, causal_alignment="bottom_right"),
-    # One head of 64 rows would be one 64-lane item, leaving the second thread idle: two 32-lane items instead.
+    # One head of 64 rows would be one item, leaving the second thread idle: two items of 32 rows instead (the
+    # vector build's 32-lane blocks, the AMX kernel's row-tile pairs for bf16 and f16).
     "short_blocks_for_idle_threads": dict(q=(1, 1, 64, 80), k=(1, 1, 150, 80), v=(1, 1, 150, 48), is_causal=True,
                                           causal_alignment="bottom_right"),
     # Several full key and query blocks: the packed fast paths of the AMX and lane kernels.

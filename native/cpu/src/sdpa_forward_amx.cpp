@@ -375,7 +375,12 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
 // small N*H.  Under a causal mask items differ in work, so the largest size
 // also needs twice the items, to even out the threads' last ones.  Where
 // even the smallest items leave threads idle, their keys are split too
-// (about two pieces of work per thread) and merged by their log-sum-exp.
+// (about two pieces of work per thread) and merged by their log-sum-exp;
+// where threads stay idle even then (keys too few to split), items shrink to
+// one pair of row tiles (16-core Xeon, separate processes, medians of four:
+// (1,8,8,Sq,Skv,D) with 48-64 rows and 300-768 keys, bf16 1.38-1.54x, f16
+// 1.28-1.32x; (1,4,4,100,1000,64) bf16 1.21x; calls it leaves alone
+// 0.96-1.06x).
 // split_keys_first: where no item of kLargeItemRows rows or more gives the
 // threads enough work alone, such items with their keys split are taken
 // before smaller ones (f16, whose per-item packing splits each K/V value in
@@ -401,7 +406,10 @@ ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t 
         }
     }
     const int64_t smallest = kItemRows[std::size(kItemRows) - 1];
-    return {smallest, plan_key_splits(items_of(smallest), threads, 2, visible_keys, kBlockKV)};
+    const KeySplits splits = plan_key_splits(items_of(smallest), threads, 2, visible_keys, kBlockKV);
+    if (items_of(smallest) * splits.count < threads)  // threads idle even so: items of one row-tile pair
+        return {kPairRows, plan_key_splits(items_of(kPairRows), threads, 2, visible_keys, kBlockKV)};
+    return {smallest, splits};
 }
 
 // False (output unfinished) when split inputs held an infinity.
