@@ -113,7 +113,7 @@ def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backwar
             times[name] += time_call(fn, min_seconds / rounds, max_reps=10)
     flops = attention_flops(n, hq, sq, skv, d, causal=causal, backward=backward)
     row = {"bench": "sdpa_backward" if backward else "sdpa_forward", "shape": [n, hq, hkv, sq, skv, d], "dtype": dtype, "causal": causal,
-           "isa": ga.backward_isa(dtype, sq, skv) if backward else ga.forward_isa(dtype, sq, skv, n * hq, causal), "threads": ga.thread_count(), "cpu": cpu_model()}
+           "isa": ga.backward_isa(dtype, sq, skv) if backward else ga.forward_isa(dtype, sq, skv, n * hq, causal, d), "threads": ga.thread_count(), "cpu": cpu_model()}
     for name, t in times.items():
         ms = median(t) * 1e3
         row[f"{name}_ms"] = round(ms, 4)

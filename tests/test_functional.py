@@ -79,6 +79,8 @@ CASES = {
     # f16 on two threads: two 256-row AMX items (the second partial) with their keys split in three
     # (plan_items' split_keys_first); the last key block partial.
     "large_items_split_keys": dict(q=(1, 1, 300, 64), k=(1, 1, 2100, 64), v=(1, 1, 2100, 64)),
+    # The same for f32 from D = 96 on: two 512-row AMX items (the second of 8 rows) in four key splits each.
+    "f32_large_items_split_keys": dict(q=(1, 1, 520, 96), k=(1, 1, 2100, 96), v=(1, 1, 2100, 80)),
     # Two threads: eight 512-row AMX items, the last wave (two items) in 128-row pieces; the last item holds
     # 88 rows, so one of its pieces is partial and three are empty.
     # Top-left causal with many more keys than query rows: only the first 20 keys are visible, and key

@@ -61,7 +61,8 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
 
     Status sdpa_forward(const SdpaForwardArgs& args) nogil
     Status sdpa_backward(const SdpaBackwardArgs& args) nogil
-    const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, int64_t batch, bint causal)
+    const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, int64_t batch, bint causal,
+                                 int64_t head_dim)
     const char* sdpa_forward_isa_for(const SdpaForwardArgs& args)
     const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv)
     DType sdpa_dtype_class(const DType* dtypes, int count)

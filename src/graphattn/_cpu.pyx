@@ -123,14 +123,15 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
         raise ValueError(status.message.decode())
 
 
-def forward_isa(dtype="f32", seq_q=1 << 20, seq_kv=None, batch=1, causal=False):
+def forward_isa(dtype="f32", seq_q=1 << 20, seq_kv=None, batch=1, causal=False, head_dim=64):
     """Name of the kernel build the forward kernel uses on this CPU for inputs of this dtype ("f32",
-    "bf16" or "f16"), query length, key length (default: the query length) and batch size (N * Hq),
-    with or without the implicit causal mask and no other mask or dropout, e.g. "amx_bf16" or
-    "avx512"."""
+    "bf16" or "f16"), query length, key length (default: the query length), batch size (N * Hq) and
+    head size, with or without the implicit causal mask and no other mask or dropout, e.g. "amx_bf16"
+    or "avx512"."""
     if seq_kv is None:
         seq_kv = seq_q
-    return sdpa_forward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q, seq_kv, batch, causal).decode()
+    code = <DType>(<int>DTYPE_CODES[str(dtype)])
+    return sdpa_forward_isa(code, seq_q, seq_kv, batch, causal, head_dim).decode()
 
 
 def backward_isa(dtype="f32", seq_q=1 << 20, seq_kv=None):

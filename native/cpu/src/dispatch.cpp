@@ -115,12 +115,13 @@ bool forward_runs_on_amx(DType dtype_class, const SdpaForwardArgs& args) {
 
 // A call's shape for the kernel choice alone: `batch` batch indices, no mask
 // but the implicit causal one if asked.
-SdpaForwardArgs shape_only_args(int64_t batch, int64_t seq_q, int64_t seq_kv, bool causal) {
+SdpaForwardArgs shape_only_args(int64_t batch, int64_t seq_q, int64_t seq_kv, bool causal, int64_t head_dim) {
     SdpaForwardArgs args;
     args.batch[0] = batch;
     args.batch[1] = args.batch[2] = 1;
     args.seq_q = seq_q;
     args.seq_kv = seq_kv;
+    args.head_dim_qk = args.head_dim_v = head_dim;
     args.causal = causal;
     return args;
 }
@@ -210,8 +211,9 @@ const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv) 
     return vector_kernel().isa;
 }
 
-const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, int64_t batch, bool causal) {
-    return forward_kernel_for(input_dtype, shape_only_args(batch, seq_q, seq_kv, causal)).isa;
+const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, int64_t batch, bool causal,
+                             int64_t head_dim) {
+    return forward_kernel_for(input_dtype, shape_only_args(batch, seq_q, seq_kv, causal, head_dim)).isa;
 }
 
 const char* sdpa_forward_isa_for(const SdpaForwardArgs& args) {

@@ -370,6 +370,17 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     }
 }
 
+// Whether large items split their keys before smaller items are tried (see
+// plan_items): f16, and f32 from head size 96 on, where f32's six products
+// per product make the tiles worth their per-item packing (16-core Xeon, f32
+// (1,H,Sq,Skv,D) for H = 2-4, Sq = Skv = 2048, D = 96-256, two runs each:
+// 0.99-1.44x in separate processes, 0.98-1.26x in one process beside torch;
+// at D = 64 and 80 the vector build runs near its FMA peak, and beside torch
+// the tiles read 0.94-1.10x).
+bool splits_keys_first(const SdpaForwardArgs& a, int parts) {
+    return parts == 2 || (parts == 3 && a.head_dim_qk >= 96);
+}
+
 // Query rows per work item and key splits per item.  Larger items pack each
 // K/V block for more query rows; smaller ones keep every thread busy on
 // small N*H.  Under a causal mask items differ in work, so the largest size
@@ -385,7 +396,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
 // threads enough work alone, such items with their keys split are taken
 // before smaller ones (f16, whose per-item packing splits each K/V value in
 // two: 16-core Xeon, (1,2,2048,64) 1.14-1.24x, (1,2,4096,64) 1.08-1.14x;
-// bf16 gained nothing there, 0.97-1.03x).
+// bf16 gained nothing there, 0.97-1.03x; f32 see splits_keys_first).
 struct ItemPlan {
     int64_t rows;
     KeySplits splits;
@@ -418,7 +429,8 @@ bool run_forward(const SdpaForwardArgs& a) {
     const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
     const int64_t threads = omp_get_max_threads();
     const bool skip_causal_blocks = skips_causal_blocks(a);
-    const ItemPlan item_plan = plan_items(batch, a.seq_q, visible_keys_of(a), threads, skip_causal_blocks, Parts == 2);
+    const ItemPlan item_plan = plan_items(batch, a.seq_q, visible_keys_of(a), threads, skip_causal_blocks,
+                                            splits_keys_first(a, Parts));
     const int64_t block_q = item_plan.rows;
     const int64_t q_blocks = (a.seq_q + block_q - 1) / block_q;
     const int64_t items = batch * q_blocks;
@@ -477,9 +489,9 @@ bool run_forward(const SdpaForwardArgs& a) {
 
 int64_t sdpa_forward_amx_item_rows(const SdpaForwardArgs& a) {
     const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
-    // Only f32 calls ask (dispatch.cpp), and their items never split keys first.
+    // Only f32 calls ask (dispatch.cpp).
     const int64_t rows = isa_amx::plan_items(batch, a.seq_q, isa_amx::visible_keys_of(a), omp_get_max_threads(),
-                                             isa_amx::skips_causal_blocks(a), false).rows;
+                                             isa_amx::skips_causal_blocks(a), isa_amx::splits_keys_first(a, 3)).rows;
     return std::min(rows, a.seq_q);
 }
 

@@ -123,11 +123,12 @@ const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv);
 DType sdpa_dtype_class(const DType* dtypes, int count);
 
 // Name of the kernel build sdpa_forward uses on this machine for inputs of
-// this dtype, query length, key length and batch size (all batch dimensions
-// together: N * Hq), with or without the implicit causal mask and with no
-// other mask or dropout (for example "amx_bf16", "avx512" or "portable").
+// this dtype, query length, key length, batch size (all batch dimensions
+// together: N * Hq) and head size, with or without the implicit causal mask
+// and with no other mask or dropout (for example "amx_bf16", "avx512" or
+// "portable").
 const char* sdpa_forward_isa(DType input_dtype = DType::f32, int64_t seq_q = 1 << 20, int64_t seq_kv = 1 << 20,
-                             int64_t batch = 1, bool causal = false);
+                             int64_t batch = 1, bool causal = false, int64_t head_dim = 64);
 
 // Name of the kernel build sdpa_forward uses for these arguments (their
 // dtypes, lengths, batch, causal mask and dropout, and the thread count;
