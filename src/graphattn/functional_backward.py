@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import _cpu
 from .dtypes import DTYPES, from_numpy as dtype_of
 from . import sycl_runtime
-from .functional import _check_inputs, _normalize_mask, _s64, _strides, _sycl_inputs
+from .functional import _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
 from .interop import from_numpy, to_numpy
 from .ops.broadcast import broadcast_shapes
 
@@ -57,6 +59,127 @@ def _reduce_to(full: np.ndarray, shape: tuple) -> np.ndarray:
     return full.astype(np.float32).sum(axis=axes, keepdims=True).reshape(shape)
 
 
+def _contiguous_strides(shape: tuple) -> tuple:
+    """Element strides of a fresh C-contiguous array of this shape."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _broadcast_strides(shape: tuple, strides: tuple, batch: tuple) -> tuple:
+    """Element strides of an operand of this shape and strides broadcast to batch + its last two dims (0 along
+    broadcast dims; all 0 for an empty operand)."""
+    if 0 in shape:
+        return (0,) * (len(batch) + 2)
+    lead = len(batch) - (len(shape) - 2)
+    return (0,) * lead + tuple(0 if n == 1 and b != 1 else s
+                               for n, s, b in zip(shape[:-2], strides[:-2], batch[lead:])) + tuple(strides[-2:])
+
+
+@dataclass
+class _BackwardPlan:
+    """What one signature (layouts, dtypes and flags of the operands) fixes of a backward call: the checks
+    passed, the kernel's batch, lengths and per-role strides, and the shapes of the gradient buffers."""
+    kernel_batch: tuple
+    seq_q: int
+    seq_kv: int
+    head_dim: int
+    head_dim_v: int
+    roles: tuple              # (role, dtype code, 5 kernel strides) per kernel operand
+    query_copy: tuple | None  # full shape Q is copied to when broadcast in a way the kernel does not reduce
+    kv_copy: tuple | None     # full shapes of K and V when they are broadcast differently
+    grouped: tuple            # Q, K, V and mask shapes with the GQA heads split ((..., Hkv, rep, rows, cols))
+    grad_shapes: tuple        # dQ, dK, dV buffers the kernel writes
+    grad_mask_shape: tuple | None
+    mask_kind: int
+    causal_offset: int
+    default_scale: float
+
+
+_PLAN_CACHE_SIZE = 256
+_plans: "OrderedDict[tuple, _BackwardPlan]" = OrderedDict()
+
+
+def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad):
+    """Checks a new signature and derives its _BackwardPlan (the arrays' data are not read)."""
+    gqa = _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment)
+    hq, hkv = q.shape[-3], k.shape[-3]
+    lead = [q.shape[:-3], k.shape[:-3], v.shape[:-3]] if gqa else [q.shape[:-2], k.shape[:-2], v.shape[:-2]]
+    out_shape = broadcast_shapes(lead, "batch") + ((hq,) if gqa else ()) + (q.shape[-2], v.shape[-1])
+    for name, a in (("out", o), ("grad_out", do)):
+        if tuple(a.shape) != out_shape:
+            raise ValueError(f"{name} must have the forward output's shape {out_shape}, got {a.shape}")
+        if a.dtype != q.dtype:
+            raise TypeError(f"{name} dtype {a.dtype} differs from query's {q.dtype}")
+    if tuple(st.shape) != out_shape[:-1] + (1,) or st.dtype != np.float32:
+        raise ValueError(f"stats must be float32 of shape {out_shape[:-1] + (1,)} (the forward's return_stats), "
+                         f"got {st.dtype} {st.shape}")
+
+    if gqa:
+        members = hq // hkv
+        q2, o2, do2, st2 = (_split_heads(a, hkv, members) for a in (q, o, do, st))
+        k2, v2 = _split_heads(k, hkv, 1), _split_heads(v, hkv, 1)
+    else:
+        q2, k2, v2, o2, do2, st2 = q, k, v, o, do, st
+    m2 = None
+    if mask is not None:
+        m2 = mask
+        if gqa:
+            full = (1,) * (q.ndim - mask.ndim) + mask.shape
+            heads = (hkv, hq // hkv) if full[-3] == hq else (1, 1)
+            m2 = mask.reshape(full[:-3] + heads + full[-2:])
+    shapes = [a.shape[:-2] for a in (q2, k2, v2, o2, do2, st2) + ((m2,) if m2 is not None else ())]
+    batch = broadcast_shapes(shapes, "batch")
+
+    def is_broadcast(a) -> list[bool]:
+        padded = (1,) * (len(batch) - (a.ndim - 2)) + a.shape[:-2]
+        return [p == 1 and b > 1 for p, b in zip(padded, batch)]
+
+    # The kernel reduces dK/dV over dims where K and V are both broadcast; any
+    # other broadcast operand is given to it in full and its gradient summed after.
+    query_copy = batch + tuple(q2.shape[-2:]) if any(is_broadcast(q2)) else None
+    kv_alike = is_broadcast(k2) == is_broadcast(v2)
+    kv_copy = None if kv_alike else (batch + tuple(k2.shape[-2:]), batch + tuple(v2.shape[-2:]))
+    grad_shapes = (batch + tuple(q2.shape[-2:]), kv_copy[0] if kv_copy else tuple(k2.shape),
+                   kv_copy[1] if kv_copy else tuple(v2.shape))
+    grad_mask_shape = None
+    if return_mask_grad and m2 is not None and m2.dtype != np.bool_:
+        grad_mask_shape = batch + (q.shape[-2], k.shape[-2])
+
+    # (shape, element strides, dtype) per kernel operand; copies and gradient buffers are fresh C-contiguous
+    # arrays on every call.
+    def fresh(shape, dtype):
+        return shape, _contiguous_strides(shape), dtype
+    layouts = {"query": fresh(query_copy, q.dtype) if query_copy else (q2.shape, _strides(q2), q.dtype),
+               "key": fresh(kv_copy[0], k.dtype) if kv_copy else (k2.shape, _strides(k2), k.dtype),
+               "value": fresh(kv_copy[1], v.dtype) if kv_copy else (v2.shape, _strides(v2), v.dtype),
+               "output": (o2.shape, _strides(o2), o.dtype), "stats": (st2.shape, _strides(st2), st.dtype),
+               "grad_output": (do2.shape, _strides(do2), do.dtype), "grad_query": fresh(grad_shapes[0], q.dtype),
+               "grad_key": fresh(grad_shapes[1], k.dtype), "grad_value": fresh(grad_shapes[2], v.dtype)}
+    if m2 is not None:
+        layouts["mask"] = (m2.shape, _strides(m2), m2.dtype)
+    if grad_mask_shape is not None:
+        layouts["grad_mask"] = fresh(grad_mask_shape, np.dtype(np.float32))
+    broadcast = {name: _broadcast_strides(tuple(shape), tuple(strides), batch)
+                 for name, (shape, strides, _) in layouts.items()}
+    kernel_batch, kernel_strides = _merge_batch_dims(batch, [list(st[:-2]) for st in broadcast.values()])
+    kernel_roles = {name: tuple(bst) + st[-2:] for (name, st), bst in zip(broadcast.items(), kernel_strides)}
+    codes = {name: DTYPES[dtype_of(dtype)].kernel_code for name, (_, _, dtype) in layouts.items()}
+    if m2 is not None:  # a mask broadcast along its rows or columns
+        m_rows, m_cols = m2.shape[-2:]
+        bst = kernel_roles["mask"]
+        kernel_roles["mask"] = bst[:3] + (bst[3] if m_rows != 1 else 0, bst[4] if m_cols != 1 else 0)
+    seq_q, seq_kv = q.shape[-2], k.shape[-2]
+    mask_kind = _cpu.MASK_KIND_CODES["none" if m2 is None else ("select" if m2.dtype == np.bool_ else "additive")]
+    return _BackwardPlan(
+        kernel_batch, seq_q, seq_kv, q.shape[-1], v.shape[-1],
+        tuple((name, codes[name], st) for name, st in kernel_roles.items()), query_copy, kv_copy,
+        (q2.shape, k2.shape, v2.shape, None if m2 is None else m2.shape), grad_shapes, grad_mask_shape, mask_kind,
+        (seq_kv - seq_q) if causal_alignment == "bottom_right" else 0, 1.0 / math.sqrt(q.shape[-1]))
+
+
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stats, attn_mask=None,
                                           dropout_p: float = 0.0, is_causal: bool = False,
                                           scale: float | None = None, enable_gqa: bool = False, *,
@@ -90,110 +213,67 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         do, _ = to_numpy(grad_out, "grad_out")
         st, _ = to_numpy(stats, "stats")
         user_mask = None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0]
+    mask = _normalize_mask(user_mask)
+    dropout_p = float(dropout_p)
+    if dropout_p > 0 and dropout_seed is None:
+        raise ValueError("dropout_p > 0 needs the forward's dropout_seed (and dropout_offset) to rebuild its mask")
+    # A signature seen before was checked when its plan was made: repeated calls only bind data (a small call
+    # spent most of its time in these checks and stride walks).
+    signature = (tuple(_layout(a) for a in (q, k, v, o, do, st)), _layout(mask) if mask is not None else None,
+                 bool(enable_gqa), bool(is_causal), causal_alignment, dropout_p, bool(return_mask_grad), queue)
+    plan = _plans.get(signature)
+    if plan is None:
+        plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
+                     return_mask_grad)
+        _plans[signature] = plan
+        if len(_plans) > _PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
+    else:
+        _plans.move_to_end(signature)
 
     def empty(shape, dtype):
         return np.empty(shape, dtype) if queue is None else xp.empty(shape, dtype=dtype, sycl_queue=queue)
-    mask = _normalize_mask(user_mask)
-    gqa = _check_inputs(q, k, v, mask, float(dropout_p), is_causal, enable_gqa, causal_alignment)
-    if dropout_p > 0 and dropout_seed is None:
-        raise ValueError("dropout_p > 0 needs the forward's dropout_seed (and dropout_offset) to rebuild its mask")
-    hq, hkv = q.shape[-3], k.shape[-3]
-    lead = [q.shape[:-3], k.shape[:-3], v.shape[:-3]] if gqa else [q.shape[:-2], k.shape[:-2], v.shape[:-2]]
-    out_shape = broadcast_shapes(lead, "batch") + ((hq,) if gqa else ()) + (q.shape[-2], v.shape[-1])
-    for name, a in (("out", o), ("grad_out", do)):
-        if tuple(a.shape) != out_shape:
-            raise ValueError(f"{name} must have the forward output's shape {out_shape}, got {a.shape}")
-        if a.dtype != q.dtype:
-            raise TypeError(f"{name} dtype {a.dtype} differs from query's {q.dtype}")
-    if tuple(st.shape) != out_shape[:-1] + (1,) or st.dtype != np.float32:
-        raise ValueError(f"stats must be float32 of shape {out_shape[:-1] + (1,)} (the forward's return_stats), "
-                         f"got {st.dtype} {st.shape}")
-
-    if gqa:
-        members = hq // hkv
-        q2, o2, do2, st2 = (_split_heads(a, hkv, members) for a in (q, o, do, st))
-        k2, v2 = _split_heads(k, hkv, 1), _split_heads(v, hkv, 1)
-    else:
-        q2, k2, v2, o2, do2, st2 = q, k, v, o, do, st
-    m2 = None
-    if mask is not None:
-        m2 = mask
-        if gqa:
-            full = (1,) * (q.ndim - mask.ndim) + mask.shape
-            heads = (hkv, hq // hkv) if full[-3] == hq else (1, 1)
-            m2 = mask.reshape(full[:-3] + heads + full[-2:])
-    shapes = [a.shape[:-2] for a in (q2, k2, v2, o2, do2, st2) + ((m2,) if m2 is not None else ())]
-    batch = broadcast_shapes(shapes, "batch")
-
-    def full_view(a):
-        return xp.broadcast_to(a, batch + tuple(a.shape[-2:]))
-
-    def is_broadcast(a) -> list[bool]:
-        padded = (1,) * (len(batch) - (a.ndim - 2)) + a.shape[:-2]
-        return [p == 1 and b > 1 for p, b in zip(padded, batch)]
-
-    # The kernel reduces dK/dV over dims where K and V are both broadcast; any
-    # other broadcast operand is given to it in full and its gradient summed here.
-    q_in = xp.ascontiguousarray(full_view(q2)) if any(is_broadcast(q2)) else q2
-    kv_alike = is_broadcast(k2) == is_broadcast(v2)
-    k_in = k2 if kv_alike else xp.ascontiguousarray(full_view(k2))
-    v_in = v2 if kv_alike else xp.ascontiguousarray(full_view(v2))
-    dq_full = empty(batch + tuple(q2.shape[-2:]), q.dtype)
-    dk_own = empty(tuple(k_in.shape), k.dtype)
-    dv_own = empty(tuple(v_in.shape), v.dtype)
-    dmask_full = None
-    if return_mask_grad and m2 is not None and m2.dtype != np.bool_:
-        dmask_full = empty(batch + (q.shape[-2], k.shape[-2]), np.float32)
-
-    roles = {"query": q_in, "key": k_in, "value": v_in, "output": o2, "stats": st2, "grad_output": do2,
-             "grad_query": dq_full, "grad_key": dk_own, "grad_value": dv_own}
-    if m2 is not None:
-        roles["mask"] = m2
-    if dmask_full is not None:
-        roles["grad_mask"] = dmask_full
-    views = {name: full_view(a) for name, a in roles.items()}
-    strides = [list(_strides(a)[:-2]) if a.size else [0] * len(batch) for a in views.values()]
-    kernel_batch, kernel_strides = _merge_batch_dims(batch, strides)
-    specs = {}
-    for (name, a), bst in zip(views.items(), kernel_strides):
-        matrix = _strides(a)[-2:] if a.size else (0, 0)
-        specs[name] = (DTYPES[dtype_of(a.dtype)].kernel_code, tuple(bst) + tuple(matrix), a)
-    seq_q, seq_kv = q.shape[-2], k.shape[-2]
-    if m2 is not None:  # a mask broadcast along its rows or columns
-        m_rows, m_cols = m2.shape[-2:]
-        code, bst, a = specs["mask"]
-        specs["mask"] = (code, bst[:3] + (bst[3] if m_rows != 1 else 0, bst[4] if m_cols != 1 else 0), a)
-    if seq_q == 0 or seq_kv == 0:  # no score exists: every gradient is zero (and the kernel takes no empty views)
+    q_shape2, k_shape2, v_shape2, m_shape2 = plan.grouped
+    q_in = q if plan.query_copy is None else xp.ascontiguousarray(xp.broadcast_to(q.reshape(q_shape2),
+                                                                                   plan.query_copy))
+    k_in, v_in = k, v
+    if plan.kv_copy is not None:
+        k_in = xp.ascontiguousarray(xp.broadcast_to(k.reshape(k_shape2), plan.kv_copy[0]))
+        v_in = xp.ascontiguousarray(xp.broadcast_to(v.reshape(v_shape2), plan.kv_copy[1]))
+    dq_full, dk_own, dv_own = (empty(shape, a.dtype) for shape, a in zip(plan.grad_shapes, (q, k, v)))
+    dmask_full = None if plan.grad_mask_shape is None else empty(plan.grad_mask_shape, np.float32)
+    arrays = {"query": q_in, "key": k_in, "value": v_in, "output": o, "stats": st, "grad_output": do,
+              "grad_query": dq_full, "grad_key": dk_own, "grad_value": dv_own, "mask": mask, "grad_mask": dmask_full}
+    if plan.seq_q == 0 or plan.seq_kv == 0:  # no score exists: every gradient is zero (the kernel takes no empty views)
         for a in (dq_full, dk_own, dv_own, dmask_full):
             if a is not None:
                 a[...] = 0
     else:
-        scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        scale_value = plan.default_scale if scale is None else float(scale)
+        specs = {name: (code, strides, arrays[name]) for name, code, strides in plan.roles}
         if queue is not None:
-            sycl_runtime.wait_for_producers(views.values())
+            sycl_runtime.wait_for_producers([a for a in arrays.values() if a is not None])
             specs = {name: (code, strides, sycl_runtime.usm_address(a)) for name, (code, strides, a) in specs.items()}
             run_backward = functools.partial(sycl_runtime.plugin().backward, queue)
         else:
             run_backward = _cpu.backward
-        run_backward(kernel_batch, seq_q, seq_kv, q.shape[-1], v.shape[-1], specs,
-                      mask_kind=_cpu.MASK_KIND_CODES["none" if m2 is None else
-                                                     ("select" if m2.dtype == np.bool_ else "additive")],
-                      has_scale=True, scale=scale_value, causal=bool(is_causal),
-                      causal_offset=(seq_kv - seq_q) if causal_alignment == "bottom_right" else 0,
-                      inf_as_zero=True, dropout_p=float(dropout_p),
-                      dropout_seed=_s64(dropout_seed or 0, "dropout_seed") & 0xFFFFFFFFFFFFFFFF,
-                      dropout_offset=_s64(dropout_offset, "dropout_offset") & 0xFFFFFFFFFFFFFFFF)
+        run_backward(plan.kernel_batch, plan.seq_q, plan.seq_kv, plan.head_dim, plan.head_dim_v, specs,
+                     mask_kind=plan.mask_kind, has_scale=True, scale=scale_value, causal=bool(is_causal),
+                     causal_offset=plan.causal_offset, inf_as_zero=True, dropout_p=dropout_p,
+                     dropout_seed=_s64(dropout_seed or 0, "dropout_seed") & 0xFFFFFFFFFFFFFFFF,
+                     dropout_offset=_s64(dropout_offset, "dropout_offset") & 0xFFFFFFFFFFFFFFFF)
         if queue is not None:
             queue.wait()  # the gradients are ready on return, as on the CPU
 
-    dq = _reduce_to(dq_full, q2.shape).astype(q.dtype, copy=False).reshape(q.shape)
-    dk = (dk_own if kv_alike else _reduce_to(dk_own, k2.shape).astype(k.dtype, copy=False)).reshape(k.shape)
-    dv = (dv_own if kv_alike else _reduce_to(dv_own, v2.shape).astype(v.dtype, copy=False)).reshape(v.shape)
+    dq = _reduce_to(dq_full, q_shape2).astype(q.dtype, copy=False).reshape(q.shape)
+    kv_alike = plan.kv_copy is None
+    dk = (dk_own if kv_alike else _reduce_to(dk_own, k_shape2).astype(k.dtype, copy=False)).reshape(k.shape)
+    dv = (dv_own if kv_alike else _reduce_to(dv_own, v_shape2).astype(v.dtype, copy=False)).reshape(v.shape)
     grads = (from_numpy(dq, kind), from_numpy(dk, kind), from_numpy(dv, kind))
     if not return_mask_grad:
         return grads
     dmask = None
     if dmask_full is not None:
-        dmask = _reduce_to(dmask_full, m2.shape).astype(m2.dtype, copy=False).reshape(user_mask.shape)
+        dmask = _reduce_to(dmask_full, m_shape2).astype(mask.dtype, copy=False).reshape(user_mask.shape)
         dmask = from_numpy(dmask, kind)
     return grads + (dmask,)
