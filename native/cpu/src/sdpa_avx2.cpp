@@ -3,11 +3,11 @@
 // (8-wide for one vector of lanes).
 #define GRAPHATTN_ISA_NS isa_avx2
 #define GRAPHATTN_LANES 8
-#include "sdpa_backward_lanes.hpp"
+#include "sdpa_backward_select.hpp"
 #include "sdpa_forward_select.hpp"
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
 Status sdpa_forward_avx2(const SdpaForwardArgs& args) { return isa_avx2::sdpa_forward_for_isa<3, 4, 8>(args); }
-Status sdpa_backward_avx2(const SdpaBackwardArgs& args) { return isa_avx2::LaneBackward<3, 4>::run(args); }
+Status sdpa_backward_avx2(const SdpaBackwardArgs& args) { return isa_avx2::sdpa_backward_for_isa<3, 4>(args); }
 }  // namespace graphattn

@@ -1,14 +1,15 @@
 // The forward and backward kernels built for the avx512 target (flags set in CMakeLists.txt):
 // 16 floats per vector, 4 vectors of query rows per block, 6-wide register tiles
 // (2 vectors and 10-wide tiles where those leave fewer padding lanes, 12-wide for one vector of lanes);
-// blocks of up to 4 vectors of rows in the row layout where more than a quarter of the lanes would be padding.
+// blocks of up to 4 vectors of rows in the row layout where more than a quarter of the lanes would be padding;
+// backward blocks of 2 vectors where both sequences fit them.
 #define GRAPHATTN_ISA_NS isa_avx512
 #define GRAPHATTN_LANES 16
-#include "sdpa_backward_lanes.hpp"
+#include "sdpa_backward_select.hpp"
 #include "sdpa_forward_select.hpp"
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
 Status sdpa_forward_avx512(const SdpaForwardArgs& args) { return isa_avx512::sdpa_forward_for_isa<4, 6, 12, 2, 10, 4>(args); }
-Status sdpa_backward_avx512(const SdpaBackwardArgs& args) { return isa_avx512::LaneBackward<4, 6>::run(args); }
+Status sdpa_backward_avx512(const SdpaBackwardArgs& args) { return isa_avx512::sdpa_backward_for_isa<4, 6, 2, 10>(args); }
 }  // namespace graphattn

@@ -3,11 +3,11 @@
 // (8-wide for one vector of lanes).
 #define GRAPHATTN_ISA_NS isa_portable
 #define GRAPHATTN_LANES 4
-#include "sdpa_backward_lanes.hpp"
+#include "sdpa_backward_select.hpp"
 #include "sdpa_forward_select.hpp"
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
 Status sdpa_forward_portable(const SdpaForwardArgs& args) { return isa_portable::sdpa_forward_for_isa<3, 4, 8>(args); }
-Status sdpa_backward_portable(const SdpaBackwardArgs& args) { return isa_portable::LaneBackward<3, 4>::run(args); }
+Status sdpa_backward_portable(const SdpaBackwardArgs& args) { return isa_portable::sdpa_backward_for_isa<3, 4>(args); }
 }  // namespace graphattn
