@@ -123,8 +123,7 @@ struct Backward {
         delta = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
         lse2 = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
         dq_sum = AlignedFloats::uninitialized(size_t(splits) * batch_total * Sqp * Dp);
-#pragma omp parallel
-        {
+        run_on_team(team_for_floats(batch_total * Sqp, Parts * (Dp + Dvp)), [&] {
             AlignedFloats row{size_t(std::max(Dp, Dvp))}, o_row{size_t(Dvp)};
             __mmask16 infinite = 0;
 #pragma omp for schedule(static)
@@ -168,7 +167,7 @@ struct Backward {
                 lse2.get()[x] = lse;
             }
             if (infinite) saw_infinity.store(true, std::memory_order_relaxed);
-        }
+        });
     }
 
     static void load_row(const TensorView& t, const int64_t b[kBatchDims], int64_t i, int cols, float* dst) {
@@ -365,8 +364,7 @@ struct Backward {
         // 16-core Xeon, in-process A/B of KeyBlockWave's pieces against whole items: bf16 1.02-1.39x,
         // f16 1.03-1.72x (the most at (1,2,2048,64)); this machine 1.00-1.16x.
         const KeyBlockWave work(kv.outer_items * splits, splits, key_blocks, omp_get_max_threads());
-#pragma omp parallel
-        {
+        run_on_team(team_for_items(work.units()), [&] {
             Scratch sc(Dp, Dvp);
             configure_tiles();
 #pragma omp for schedule(dynamic, 1)
@@ -395,7 +393,7 @@ struct Backward {
                 sum_split_row(dq_sum.get() + row * Dp, batch_total * Sqp * Dp, splits, D, scale, out);
                 store_view_row(out, D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
             }
-        }
+        });
         return !saw_infinity.load();
     }
 };

@@ -91,8 +91,10 @@ struct LaneBackward {
             dq_sum = AlignedFloats::uninitialized(size_t(dq_splits * dq_plane));
             float* sum = dq_sum.get();
             const int64_t rows = dq_splits * batch_total * a.seq_q, width = d_padded;
-#pragma omp parallel for schedule(static)
-            for (int64_t x = 0; x < rows; ++x) std::fill(sum + x * width, sum + (x + 1) * width, 0.0f);
+            run_on_team(team_for_floats(rows, width), [&] {
+#pragma omp for schedule(static)
+                for (int64_t x = 0; x < rows; ++x) std::fill(sum + x * width, sum + (x + 1) * width, 0.0f);
+            });
         }
         // Every row of Q and dO is read once per key block and every row of K
         // and V once per query block: convert them to f32 once, up front.
@@ -122,15 +124,17 @@ struct LaneBackward {
         storage = AlignedFloats::uninitialized(size_t(size));
         float* dst = storage.get();
         const TensorView src = t;
-#pragma omp parallel for schedule(static)
-        for (int64_t x = 0; x < batch_total * rows; ++x) {
-            int64_t b[kBatchDims];
-            unflatten_batch(a.batch, x / rows, b);
-            const int64_t i = x % rows;
-            const int64_t to = b[0] * strides[0] + b[1] * strides[1] + b[2] * strides[2] + i * cols;
-            load_block(element_ptr(src.data, src.dtype, view_batch_offset(src, b) + i * src.strides[3]), src.dtype, 0,
-                       src.strides[4], 1, cols, dst + to, cols, 1);
-        }
+        run_on_team(team_for_floats(batch_total * rows, cols), [&] {
+#pragma omp for schedule(static)
+            for (int64_t x = 0; x < batch_total * rows; ++x) {
+                int64_t b[kBatchDims];
+                unflatten_batch(a.batch, x / rows, b);
+                const int64_t i = x % rows;
+                const int64_t to = b[0] * strides[0] + b[1] * strides[1] + b[2] * strides[2] + i * cols;
+                load_block(element_ptr(src.data, src.dtype, view_batch_offset(src, b) + i * src.strides[3]),
+                           src.dtype, 0, src.strides[4], 1, cols, dst + to, cols, 1);
+            }
+        });
         t.data = dst;
         t.dtype = DType::f32;
         for (int d = 0; d < kBatchDims + 2; ++d) t.strides[d] = strides[d];
@@ -147,8 +151,7 @@ struct LaneBackward {
     // ---- pass 1 --------------------------------------------------------------------------
     void row_deltas() {
         const int64_t rows = batch_total * a.seq_q;
-#pragma omp parallel
-        {
+        run_on_team(team_for_floats(rows, 2 * Dv), [&] {
             AlignedFloats o_row{size_t(Dv)}, do_row{size_t(Dv)};
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < rows; ++x) {
@@ -162,7 +165,7 @@ struct LaneBackward {
                            g.strides[4], 1, Dv, do_row.get(), Dv, 1);
                 row_delta.get()[x] = dot(o_row.get(), do_row.get(), Dv);
             }
-        }
+        });
     }
 
     // ---- pass 2: dK, dV with keys as lanes -------------------------------------------------
@@ -286,8 +289,7 @@ struct LaneBackward {
         // at (1,16,1024,64), (1,16,2048,128) and (4,32,512,64), 0.99-1.02x elsewhere; this machine
         // 1.00-1.08x.
         const KeyBlockWave fused(fused_dq ? items : 0, dq_splits, key_blocks, omp_get_max_threads());
-#pragma omp parallel
-        {
+        run_on_team(team_for_items(fused_dq ? fused.units() : items), [&] {
             KeyScratch sc(D, Dv, d_padded);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t u = 0; u < (fused_dq ? fused.units() : items); ++u) {
@@ -305,15 +307,14 @@ struct LaneBackward {
                 kv.outer_index(x.batch, b);
                 key_item(sc, b, x.rank * kLaneBlock, nullptr);
             }
-        }
+        });
         if (fused_dq) write_fused_dq();
     }
 
     // dQ = scale * (the sum of the dQ buffers), into the gradient's layout and dtype.
     void write_fused_dq() {
         const TensorView& dq = args.grad_query;
-#pragma omp parallel
-        {
+        run_on_team(team_for_floats(batch_total * a.seq_q, dq_splits * D), [&] {
             AlignedFloats out{size_t(D)};
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < batch_total * a.seq_q; ++x) {
@@ -323,7 +324,7 @@ struct LaneBackward {
                 sum_split_row(dq_sum.get() + x * d_padded, dq_plane, dq_splits, D, scale, out.get());
                 store_view_row(out.get(), D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
             }
-        }
+        });
     }
 
     // ---- pass 3: dQ with query rows as lanes ---------------------------------------------
@@ -399,8 +400,7 @@ struct LaneBackward {
         const int64_t query_blocks = (a.seq_q + kLaneBlock - 1) / kLaneBlock;
         const int64_t items = batch_total * query_blocks;
         const bool by_rank = longest_first(skip_causal, items, omp_get_max_threads());
-#pragma omp parallel
-        {
+        run_on_team(team_for_items(items), [&] {
             QueryScratch sc(D, Dv);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < items; ++w) {
@@ -409,7 +409,7 @@ struct LaneBackward {
                 unflatten_batch(a.batch, x.batch, b);
                 query_item(sc, b, (skip_causal ? query_blocks - 1 - x.rank : x.rank) * kLaneBlock);
             }
-        }
+        });
     }
 
     static Status run(const SdpaBackwardArgs& backward) {

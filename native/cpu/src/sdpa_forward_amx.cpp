@@ -450,10 +450,7 @@ bool run_forward(const SdpaForwardArgs& a) {
     // Key splits make small pieces of work already; the last wave goes in pieces otherwise.
     const LastWave wave =
         last_wave_in_pieces(items, block_q, threads, kLastWavePieceRows, splits == 1 && !skip_causal_blocks);
-    // No more threads than work items: each thread sets up its own scratch, so
-    // idle ones would only add to a small call's cost.
-    const int team = int(std::clamp<int64_t>(items * splits, 1, threads));
-    run_on_team(team, [&] {
+    run_on_team(team_for_items(items * splits), [&] {
         Scratch scratch(int(a.head_dim_qk), Dv, Parts, std::min(block_q, a.seq_q));
         configure_tiles();
 #pragma omp for schedule(dynamic, 1)

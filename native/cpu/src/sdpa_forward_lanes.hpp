@@ -545,9 +545,7 @@ struct LaneForward {
         AlignedFloats partials =
             AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 0);
 
-        // No more threads than work items: each sets up its own scratch.
-        const int team = int(std::clamp<int64_t>(work_items, 1, omp_get_max_threads()));
-        run_on_team(team, [&] {
+        run_on_team(team_for_items(work_items), [&] {
             Scratch sc(a);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < work_items; ++w) {

@@ -20,6 +20,8 @@
 #include <memory>
 #include <mutex>
 
+#include <omp.h>
+
 #include "isa_namespace.hpp"
 
 namespace graphattn {
@@ -39,6 +41,18 @@ void run_on_team(int team, Body&& body) {
     }
 #pragma omp parallel num_threads(team)
     body();
+}
+
+// Threads for `items` work items: no more than there are items, since each
+// thread sets up its own scratch.
+inline int team_for_items(int64_t items) { return int(std::clamp<int64_t>(items, 1, omp_get_max_threads())); }
+
+// Threads for a loop of `units` equal pieces of `unit_floats` floats each
+// (copies, row sums): about kMinFloatsPerThread or more each, so that small
+// calls do not wake threads that would cost more to start than their share.
+constexpr int64_t kMinFloatsPerThread = 16384;
+inline int team_for_floats(int64_t units, int64_t unit_floats) {
+    return team_for_items(std::min(units, units * unit_floats / kMinFloatsPerThread));
 }
 
 // Whether `items` work items of unequal work go longest first (see above).
