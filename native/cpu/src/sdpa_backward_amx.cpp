@@ -79,6 +79,7 @@ struct Backward {
     DropoutPlan dropout;
     KvGrouping kv;            // batch dims K and V ignore (their gradients sum over them)
     int64_t key_blocks = 0, splits = 1;
+    int team = 1;  // threads of both parallel regions (team_for_items)
     // Per flat batch index: Q and dO as padded bf16 rows and transposed (one
     // plane per part, the *_plane words apart), D, lse in base 2.
     AlignedFloats q_rows, q_cols, do_rows, do_cols, delta, lse2, dq_sum;
@@ -106,6 +107,7 @@ struct Backward {
         key_blocks = (Skv + kKeys - 1) / kKeys;
         const int64_t threads = omp_get_max_threads();
         splits = kv.key_splits(threads, 1, key_blocks);
+        team = team_for_items(kv.outer_items * splits);
     }
 
     int64_t flat(const int64_t b[kBatchDims]) const { return (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]; }
@@ -123,7 +125,7 @@ struct Backward {
         delta = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
         lse2 = AlignedFloats::uninitialized(size_t(batch_total) * Sqp);
         dq_sum = AlignedFloats::uninitialized(size_t(splits) * batch_total * Sqp * Dp);
-        run_on_team(team_for_floats(batch_total * Sqp, Parts * (Dp + Dvp)), [&] {
+        run_on_team(team, [&] {
             AlignedFloats row{size_t(std::max(Dp, Dvp))}, o_row{size_t(Dvp)};
             __mmask16 infinite = 0;
 #pragma omp for schedule(static)
@@ -364,7 +366,7 @@ struct Backward {
         // 16-core Xeon, in-process A/B of KeyBlockWave's pieces against whole items: bf16 1.02-1.39x,
         // f16 1.03-1.72x (the most at (1,2,2048,64)); this machine 1.00-1.16x.
         const KeyBlockWave work(kv.outer_items * splits, splits, key_blocks, omp_get_max_threads());
-        run_on_team(team_for_items(work.units()), [&] {
+        run_on_team(team, [&] {
             Scratch sc(Dp, Dvp);
             configure_tiles();
 #pragma omp for schedule(dynamic, 1)

@@ -68,6 +68,7 @@ struct LaneBackward {
     int d_padded = 0;         // D rounded up to whole vectors: the row length of dq_sum
     int64_t dq_plane = 0;     // floats per dQ buffer
     AlignedFloats dq_sum;     // dq_splits buffers of f32 dQ / scale, rows (flat batch * Sq + i), when fused_dq
+    int team = 1;             // threads of every parallel region of the call (team_for_items)
 
     explicit LaneBackward(const SdpaBackwardArgs& backward)
         : args(backward),
@@ -84,14 +85,16 @@ struct LaneBackward {
         const int64_t threads = omp_get_max_threads();
         fused_dq = kv.outer_items >= threads;
         d_padded = int(round_up(D, kLanes));
+        const int64_t key_blocks = (a.seq_kv + kLaneBlock - 1) / kLaneBlock;
+        const int64_t query_blocks = (a.seq_q + kLaneBlock - 1) / kLaneBlock;
+        team = team_for_items(std::max(kv.outer_items * key_blocks, batch_total * query_blocks));
         if (fused_dq) {
-            const int64_t key_blocks = (a.seq_kv + kLaneBlock - 1) / kLaneBlock;
             dq_splits = kv.key_splits(threads, skip_causal ? 1 : kItemsPerThread, key_blocks);
             dq_plane = batch_total * a.seq_q * d_padded;
             dq_sum = AlignedFloats::uninitialized(size_t(dq_splits * dq_plane));
             float* sum = dq_sum.get();
             const int64_t rows = dq_splits * batch_total * a.seq_q, width = d_padded;
-            run_on_team(team_for_floats(rows, width), [&] {
+            run_on_team(team, [&] {
 #pragma omp for schedule(static)
                 for (int64_t x = 0; x < rows; ++x) std::fill(sum + x * width, sum + (x + 1) * width, 0.0f);
             });
@@ -124,7 +127,7 @@ struct LaneBackward {
         storage = AlignedFloats::uninitialized(size_t(size));
         float* dst = storage.get();
         const TensorView src = t;
-        run_on_team(team_for_floats(batch_total * rows, cols), [&] {
+        run_on_team(team, [&] {
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < batch_total * rows; ++x) {
                 int64_t b[kBatchDims];
@@ -151,7 +154,7 @@ struct LaneBackward {
     // ---- pass 1 --------------------------------------------------------------------------
     void row_deltas() {
         const int64_t rows = batch_total * a.seq_q;
-        run_on_team(team_for_floats(rows, 2 * Dv), [&] {
+        run_on_team(team, [&] {
             AlignedFloats o_row{size_t(Dv)}, do_row{size_t(Dv)};
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < rows; ++x) {
@@ -289,7 +292,7 @@ struct LaneBackward {
         // at (1,16,1024,64), (1,16,2048,128) and (4,32,512,64), 0.99-1.02x elsewhere; this machine
         // 1.00-1.08x.
         const KeyBlockWave fused(fused_dq ? items : 0, dq_splits, key_blocks, omp_get_max_threads());
-        run_on_team(team_for_items(fused_dq ? fused.units() : items), [&] {
+        run_on_team(team, [&] {
             KeyScratch sc(D, Dv, d_padded);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t u = 0; u < (fused_dq ? fused.units() : items); ++u) {
@@ -314,7 +317,7 @@ struct LaneBackward {
     // dQ = scale * (the sum of the dQ buffers), into the gradient's layout and dtype.
     void write_fused_dq() {
         const TensorView& dq = args.grad_query;
-        run_on_team(team_for_floats(batch_total * a.seq_q, dq_splits * D), [&] {
+        run_on_team(team, [&] {
             AlignedFloats out{size_t(D)};
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < batch_total * a.seq_q; ++x) {
@@ -400,7 +403,7 @@ struct LaneBackward {
         const int64_t query_blocks = (a.seq_q + kLaneBlock - 1) / kLaneBlock;
         const int64_t items = batch_total * query_blocks;
         const bool by_rank = longest_first(skip_causal, items, omp_get_max_threads());
-        run_on_team(team_for_items(items), [&] {
+        run_on_team(team, [&] {
             QueryScratch sc(D, Dv);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < items; ++w) {
