@@ -31,7 +31,7 @@
 #include <cstdint>
 
 #include "block_io.hpp"
-#include "decode_blocks.hpp"
+#include "row_layout_blocks.hpp"
 #include "dropout.hpp"
 #include "graphattn/cpu_features.hpp"
 #include "graphattn/sdpa.hpp"
@@ -107,7 +107,7 @@ struct LaneForward {
         AlignedFloats q_pad, o_pad, k_pad, v_pad, p_rows, mask_row, partials, k_t;
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         uint64_t drop_base[kBlockQ];
-        uint8_t keep[kBlockKV > kDecodeKeys ? kBlockKV : kDecodeKeys];
+        uint8_t keep[kBlockKV > kRowLayoutKeys ? kBlockKV : kRowLayoutKeys];
         explicit Scratch(const SdpaForwardArgs& a)
             : keys(RowLayout ? key_reads(a) : KeyReads{}),
               q_t(AlignedFloats::uninitialized(!RowLayout ? size_t(a.head_dim_qk) * kBlockQ : 0)),  // attend's
@@ -123,14 +123,15 @@ struct LaneForward {
               drop_t(!RowLayout && DropoutPlan(a).active ? size_t(kBlockKV) * kBlockQ : 0),
               q_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_qk) : 0)),
               o_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_v) : 0)),
-              k_pad(keys.copied ? size_t(kDecodeKeys) * padded(a.head_dim_qk) : 0),
+              k_pad(keys.copied ? size_t(kRowLayoutKeys) * padded(a.head_dim_qk) : 0),
               v_pad(RowLayout && !row_layout_reads_in_place(a.value, int(a.head_dim_v))
-                        ? size_t(kDecodeKeys) * padded(a.head_dim_v)
+                        ? size_t(kRowLayoutKeys) * padded(a.head_dim_v)
                         : 0),
-              p_rows(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * kDecodeKeys : 0)),
-              mask_row(kDecodeKeys),
-              partials(AlignedFloats::uninitialized(RowLayout ? size_t(kDecodeRowBlock) * kDecodeKeys * kLanes : 0)),
-              k_t(AlignedFloats::uninitialized(keys.transposed ? size_t(a.head_dim_qk) * kDecodeKeys : 0)) {}
+              p_rows(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * kRowLayoutKeys : 0)),
+              mask_row(kRowLayoutKeys),
+              partials(AlignedFloats::uninitialized(
+                  RowLayout ? size_t(kPartialsRowBlock) * kRowLayoutKeys * kLanes : 0)),
+              k_t(AlignedFloats::uninitialized(keys.transposed ? size_t(a.head_dim_qk) * kRowLayoutKeys : 0)) {}
         static int padded(int64_t n) { return int(round_up(n, kLanes)); }
     };
 
@@ -406,7 +407,7 @@ struct LaneForward {
         for (int r = 0; r < rows; ++r) {
             q_rows[r] = q_pad + r * Dp;
             o_rows[r] = o_pad + r * Dvp;
-            p_rows[r] = sc.p_rows.get() + r * kDecodeKeys;
+            p_rows[r] = sc.p_rows.get() + r * kRowLayoutKeys;
             if (bf16_dots) {
                 q_bf16[r] = static_cast<const uint16_t*>(q.data) + sc.q_off[r];
             } else {  // Q as scaled f32 rows
@@ -422,8 +423,8 @@ struct LaneForward {
         if (skip_causal_blocks)
             key_end = std::min(key_end, causal_key_end(int64_t(*std::max_element(qi, qi + rows)), a.causal_offset, a.seq_kv));
         const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
-        for (int64_t j0 = key_begin; j0 < key_end; j0 += kDecodeKeys) {
-            const int kv = int(std::min<int64_t>(kDecodeKeys, key_end - j0));
+        for (int64_t j0 = key_begin; j0 < key_end; j0 += kRowLayoutKeys) {
+            const int kv = int(std::min<int64_t>(kRowLayoutKeys, key_end - j0));
             const int key_vectors = (kv + kLanes - 1) / kLanes;
             const void* k_rows = element_ptr(k.data, k.dtype, k_base + j0 * k.strides[3]);
             const void* v_rows = element_ptr(v.data, v.dtype, v_base + j0 * v.strides[3]);
@@ -440,32 +441,32 @@ struct LaneForward {
             }
             if (k_transposed) {  // K^T, its lanes past kv in the last key vector zero
                 const float* k_f32 = static_cast<const float*>(k_rows);
-                transpose_rows_f32([&](int j) { return k_f32 + j * k_stride; }, kv, D, sc.k_t.get(), kDecodeKeys, 1.0f,
-                                   key_vectors * kLanes);
+                transpose_rows_f32([&](int j) { return k_f32 + j * k_stride; }, kv, D, sc.k_t.get(), kRowLayoutKeys,
+                                   1.0f, key_vectors * kLanes);
             }
-            const int row_block = k_transposed ? kKeyTransposeRowBlock : kDecodeRowBlock;
+            const int row_block = k_transposed ? kKeyTransposeRowBlock : kPartialsRowBlock;
             for (int r0 = 0; r0 < rows; r0 += row_block) {
                 const int R = std::min(row_block, rows - r0);
                 if (k_transposed) {
-                    decode_scores_from_k_t(R, kv, q_rows + r0, sc.k_t.get(), D, p_rows + r0);
+                    scores_from_k_t_in_row_blocks(R, kv, q_rows + r0, sc.k_t.get(), D, p_rows + r0);
                 } else {
                     float* partials = sc.partials.get();
 #if defined(__AVX512F__)
                     if (bf16_dots)
-                        decode_partials_bf16(R, q_bf16 + r0, static_cast<const uint16_t*>(k_rows), k_stride, kv, Dp,
-                                             partials);
+                        partials_bf16_in_row_blocks(R, q_bf16 + r0, static_cast<const uint16_t*>(k_rows), k_stride,
+                                                    kv, Dp, partials);
                     else
 #endif
-                        decode_partials(k_type, R, q_rows + r0, k_rows, k_stride, kv, Dp, partials);
+                        partials_in_row_blocks(k_type, R, q_rows + r0, k_rows, k_stride, kv, Dp, partials);
                     for (int r = r0; r < r0 + R; ++r)
                         for (int t = 0; t < key_vectors; ++t) {
-                            const float* row_key = partials + ((r - r0) * kDecodeKeys + t * kLanes) * kLanes;
+                            const float* row_key = partials + ((r - r0) * kRowLayoutKeys + t * kLanes) * kLanes;
                             store(p_rows[r] + t * kLanes, transposed_sums(row_key) * score_scale);
                         }
                 }
                 for (int r = r0; r < r0 + R; ++r)
                     row_softmax_step(a, dropout, sc, r, j0, kv, p_rows[r], o_rows[r], Dvp);
-                decode_accumulate_pv(v_type, R, p_rows + r0, v_rows, v_stride, kv, Dvp, o_rows + r0);
+                accumulate_pv_in_row_blocks(v_type, R, p_rows + r0, v_rows, v_stride, kv, Dvp, o_rows + r0);
             }
         }
     }
@@ -482,7 +483,7 @@ struct LaneForward {
         if (a.mask_kind != MaskKind::none)
             load_block(element_ptr(m.data, m.dtype, sc.m_off[r] + j0 * m.strides[4]), m.dtype, 0, m.strides[4], 1, kv, mask,
                        kv, 1);
-        VecF score[kDecodeKeyVectors];
+        VecF score[kRowLayoutKeyVectors];
         VecF block_max = neg_inf;
         for (int t = 0; t < vectors; ++t) {
             VecF s = load(p_row + t * kLanes);

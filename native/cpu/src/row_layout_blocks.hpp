@@ -20,13 +20,13 @@
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
-constexpr int kDecodeRowBlock = 4;          // rows per register block of the row-key partials
+constexpr int kPartialsRowBlock = 4;          // rows per register block of the row-key partials
 // Rows per register block of the K^T product and of P V after it: 6 rows of
 // four key or column vectors keep 24 of AVX-512's 32 registers as sums
 // (1.04-1.06x over 4 rows, 2-core Xeon).
 constexpr int kKeyTransposeRowBlock = 6;
-constexpr int kDecodeKeyVectors = 4;                    // score vectors per softmax step
-constexpr int kDecodeKeys = kDecodeKeyVectors * kLanes;  // keys per block
+constexpr int kRowLayoutKeyVectors = 4;                    // score vectors per softmax step
+constexpr int kRowLayoutKeys = kRowLayoutKeyVectors * kLanes;  // keys per block
 
 // Calls f(std::integral_constant<int, n>) for n in 1..Max, chosen at run time
 // (values past Max give Max).
@@ -103,7 +103,7 @@ inline const void* element_at(const void* base, int64_t index) {
     return static_cast<const char*>(base) + index * (DT == DType::f32 ? 4 : 2);
 }
 
-// partials[(r * kDecodeKeys + t) * kLanes ...] = lane-wise products of query
+// partials[(r * kRowLayoutKeys + t) * kLanes ...] = lane-wise products of query
 // row r and key t summed over the head dim (Dp, a multiple of kLanes,
 // zero-padded), for the key vectors that hold keys < kv; keys past kv give
 // zero vectors.  transposed_sums of the kLanes partials of keys
@@ -121,7 +121,7 @@ inline void row_key_partials(const float* const* q_rows, const void* keys, int64
                 for (int r = 0; r < R; ++r) acc[r] += load(q_rows[r] + c) * k;
             }
         }
-        for (int r = 0; r < R; ++r) store(partials + (r * kDecodeKeys + t) * kLanes, acc[r]);
+        for (int r = 0; r < R; ++r) store(partials + (r * kRowLayoutKeys + t) * kLanes, acc[r]);
     }
 }
 
@@ -149,19 +149,19 @@ __attribute__((target("avx512bf16"))) inline void row_key_partials_bf16(const ui
                     acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(q_rows[r] + c), k);
             }
         }
-        for (int r = 0; r < R; ++r) _mm512_storeu_ps(partials + (r * kDecodeKeys + t) * kLanes, acc[r]);
+        for (int r = 0; r < R; ++r) _mm512_storeu_ps(partials + (r * kRowLayoutKeys + t) * kLanes, acc[r]);
     }
 }
 
-inline void decode_partials_bf16(int R, const uint16_t* const* q_rows, const uint16_t* keys, int64_t key_stride, int kv,
-                                 int Dp, float* partials) {
-    with_count<kDecodeRowBlock>(
+inline void partials_bf16_in_row_blocks(int R, const uint16_t* const* q_rows, const uint16_t* keys,
+                                        int64_t key_stride, int kv, int Dp, float* partials) {
+    with_count<kPartialsRowBlock>(
         R, [&](auto rows) { row_key_partials_bf16<rows.value>(q_rows, keys, key_stride, kv, Dp, partials); });
 }
 #endif
 
 // score_rows[r][0, NV * kLanes) = sum over d < D of q_rows[r][d] * k_t[d][...]:
-// R rows against NV vectors of keys packed as K^T (rows kDecodeKeys apart),
+// R rows against NV vectors of keys packed as K^T (rows kRowLayoutKeys apart),
 // the keys as lanes.  Each K^T vector loaded serves all R rows, and no
 // horizontal sums are needed, unlike row_key_partials.
 template <int R, int NV>
@@ -171,7 +171,7 @@ inline void row_scores_from_k_t(const float* const* q_rows, const float* k_t, in
         for (int i = 0; i < NV; ++i) acc[r][i] = VecF{};
     for (int d = 0; d < D; ++d) {
         VecF k[NV];
-        for (int i = 0; i < NV; ++i) k[i] = load(k_t + d * kDecodeKeys + i * kLanes);
+        for (int i = 0; i < NV; ++i) k[i] = load(k_t + d * kRowLayoutKeys + i * kLanes);
         for (int r = 0; r < R; ++r) {
             const VecF q = splat(q_rows[r][d]);
             for (int i = 0; i < NV; ++i) acc[r][i] += q * k[i];
@@ -216,7 +216,7 @@ inline void accumulate_pv(const float* const* p_rows, const void* values, int64_
 // Calls f(rows, dtype) with R (1..MaxRows) and the K/V dtype as
 // compile-time constants (std::integral_constant), chosen at run time.
 template <int MaxRows, typename F>
-inline void with_decode_block(int R, DType dt, F&& f) {
+inline void with_row_block(int R, DType dt, F&& f) {
     auto by_rows = [&](auto dtype) { with_count<MaxRows>(R, [&](auto rows) { f(rows, dtype); }); };
     switch (dt) {
         case DType::bf16: by_rows(std::integral_constant<DType, DType::bf16>{}); break;
@@ -225,27 +225,27 @@ inline void with_decode_block(int R, DType dt, F&& f) {
     }
 }
 
-inline void decode_partials(DType dt, int R, const float* const* q_rows, const void* keys, int64_t key_stride, int kv,
-                            int Dp, float* partials) {
-    with_decode_block<kDecodeRowBlock>(R, dt, [&](auto rows, auto dtype) {
+inline void partials_in_row_blocks(DType dt, int R, const float* const* q_rows, const void* keys,
+                                   int64_t key_stride, int kv, int Dp, float* partials) {
+    with_row_block<kPartialsRowBlock>(R, dt, [&](auto rows, auto dtype) {
         row_key_partials<rows.value, dtype.value>(q_rows, keys, key_stride, kv, Dp, partials);
     });
 }
 
 // Scores of R rows (1..kKeyTransposeRowBlock) against the first kv keys of a
-// packed K^T block (kv <= kDecodeKeys; the key vectors past kv are skipped).
-inline void decode_scores_from_k_t(int R, int kv, const float* const* q_rows, const float* k_t, int D,
-                                   float* const* score_rows) {
+// packed K^T block (kv <= kRowLayoutKeys; the key vectors past kv are skipped).
+inline void scores_from_k_t_in_row_blocks(int R, int kv, const float* const* q_rows, const float* k_t, int D,
+                                          float* const* score_rows) {
     with_count<kKeyTransposeRowBlock>(R, [&](auto rows) {
-        with_count<kDecodeKeyVectors>((kv + kLanes - 1) / kLanes, [&](auto vectors) {
+        with_count<kRowLayoutKeyVectors>((kv + kLanes - 1) / kLanes, [&](auto vectors) {
             row_scores_from_k_t<rows.value, vectors.value>(q_rows, k_t, D, score_rows);
         });
     });
 }
 
-inline void decode_accumulate_pv(DType dt, int R, const float* const* p_rows, const void* values, int64_t value_stride,
-                                 int kv, int Dvp, float* const* o_rows) {
-    with_decode_block<kKeyTransposeRowBlock>(R, dt, [&](auto rows, auto dtype) {
+inline void accumulate_pv_in_row_blocks(DType dt, int R, const float* const* p_rows, const void* values,
+                                        int64_t value_stride, int kv, int Dvp, float* const* o_rows) {
+    with_row_block<kKeyTransposeRowBlock>(R, dt, [&](auto rows, auto dtype) {
         accumulate_pv<rows.value, dtype.value>(p_rows, values, value_stride, kv, Dvp, o_rows);
     });
 }
