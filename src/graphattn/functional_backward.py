@@ -22,6 +22,7 @@ from . import sycl_runtime
 from .functional import _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
 from .interop import from_numpy, to_numpy
 from .ops.broadcast import broadcast_shapes
+from .ops.philox import bits64
 
 KERNEL_BATCH_DIMS = 3
 
@@ -260,8 +261,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         run_backward(plan.kernel_batch, plan.seq_q, plan.seq_kv, plan.head_dim, plan.head_dim_v, specs,
                      mask_kind=plan.mask_kind, has_scale=True, scale=scale_value, causal=bool(is_causal),
                      causal_offset=plan.causal_offset, inf_as_zero=True, dropout_p=dropout_p,
-                     dropout_seed=_s64(dropout_seed or 0, "dropout_seed") & 0xFFFFFFFFFFFFFFFF,
-                     dropout_offset=_s64(dropout_offset, "dropout_offset") & 0xFFFFFFFFFFFFFFFF)
+                     dropout_seed=bits64(_s64(dropout_seed or 0, "dropout_seed")),
+                     dropout_offset=bits64(_s64(dropout_offset, "dropout_offset")))
         if queue is not None:
             queue.wait()  # the gradients are ready on return, as on the CPU
 

@@ -17,6 +17,7 @@ import numpy as np
 from .. import _cpu, sycl_runtime
 from ..dtypes import DTYPES, DataType, FLOAT_TYPES
 from ..ops import OpKind
+from ..ops.philox import bits64
 from ..patterns.sdpa import InputChain, SdpaMatch
 from ..views import reshape_strides, transpose_strides, untranspose_strides
 
@@ -116,8 +117,8 @@ def _scalar(array) -> float:
 
 
 def _u64(array) -> int:
-    """An s64 seed or offset as the 64-bit pattern the Philox key/counter takes."""
-    return int(_host(array).reshape(-1)[0]) & 0xFFFFFFFFFFFFFFFF
+    """An s64 seed or offset tensor's value as the 64-bit pattern the Philox key/counter takes."""
+    return bits64(_host(array).reshape(-1)[0])
 
 
 def usm_address(array, name: str) -> int:

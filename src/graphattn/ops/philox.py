@@ -31,6 +31,12 @@ def philox4x32_10(counter: tuple[np.ndarray, ...], key: tuple[int, int]) -> tupl
     return c0, c1, c2, c3
 
 
+def bits64(value: int) -> int:
+    """The 64-bit pattern a seed or offset stands for (a signed value's two's complement): what the
+    Philox key and counter take, here and in every kernel."""
+    return int(value) & 0xFFFFFFFFFFFFFFFF
+
+
 def keep_threshold(p: float) -> int:
     """An element is kept when its 32-bit random word is >= this threshold."""
     return min(int(p * 4294967296.0), 4294967295)
@@ -41,7 +47,7 @@ def dropout_keep_mask(shape: tuple[int, ...], p: float, seed: int, offset: int) 
     n = int(np.prod(shape, dtype=np.int64))
     index = np.arange(n, dtype=np.uint64)
     block = index >> np.uint64(2)
-    seed_u, offset_u = int(seed) & 0xFFFFFFFFFFFFFFFF, int(offset) & 0xFFFFFFFFFFFFFFFF
+    seed_u, offset_u = bits64(seed), bits64(offset)
     words = philox4x32_10(
         ((block & _LOW).astype(np.uint32), (block >> _SHIFT).astype(np.uint32),
          np.full(n, offset_u & 0xFFFFFFFF, np.uint32), np.full(n, offset_u >> 32, np.uint32)),
