@@ -58,6 +58,10 @@ inline void transpose_rows_f32(RowAddress row, int rows, int cols, float* dst, i
     const __m512 f = _mm512_set1_ps(factor);
     for (; r0 + 16 <= padded_rows; r0 += 16) {
         const int real = std::clamp(rows - r0, 0, 16);  // source rows in this group; the rest are zeros
+        if (real == 0) {  // padding only: nothing to transpose
+            for (int c = 0; c < cols; ++c) _mm512_storeu_ps(dst + c * dst_ld + r0, _mm512_setzero_ps());
+            continue;
+        }
         const float* src[16];
         for (int i = 0; i < real; ++i) src[i] = row(r0 + i);
         int c0 = 0;
