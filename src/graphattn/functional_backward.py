@@ -19,7 +19,7 @@ import numpy as np
 from . import _cpu
 from .dtypes import DTYPES, from_numpy as dtype_of
 from . import sycl_runtime
-from .functional import _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
+from .functional import _CACHE_SIZE, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
 from .interop import from_numpy, to_numpy
 from .ops.broadcast import broadcast_shapes
 from .ops.philox import bits64
@@ -99,7 +99,6 @@ class _BackwardPlan:
     default_scale: float
 
 
-_PLAN_CACHE_SIZE = 256
 _plans: "OrderedDict[tuple, _BackwardPlan]" = OrderedDict()
 
 
@@ -227,7 +226,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
                      return_mask_grad)
         _plans[signature] = plan
-        if len(_plans) > _PLAN_CACHE_SIZE:
+        if len(_plans) > _CACHE_SIZE:
             _plans.popitem(last=False)
     else:
         _plans.move_to_end(signature)

@@ -23,11 +23,11 @@ namespace GRAPHATTN_ISA_NS {
 // Blocks of RV vectors that would leave threads idle even with their keys
 // split (few heads, keys too few to split) go in blocks of RVShort too: twice
 // the work items for the same lanes or fewer.  16-core Xeon, separate
-// processes, f32: (1,1,1,48,300,80) 1.77x, (1,8,8,64,768,64) 1.61x,
-// (1,4,4,100,1000,64) 1.60x, (1,1,1,128,1024,64) 1.45x, causal (1,2,2,250,
-// 2048,64) 1.42x, f16 (1,16,4,16,768,80) 1.31x; where the keys split
-// enough, shorter blocks only read K/V more often: (1,8,8,40,1024,128) 0.94x,
-// (1,8,8,64,4096,64) 0.96x.
+// processes, two runs: f32 (1,1,1,48,300,80) 1.26-1.77x, (1,8,8,64,768,64)
+// 1.49-1.61x, (1,4,4,100,1000,64) 1.49-1.60x, (1,1,1,128,1024,64)
+// 1.45-1.50x, causal (1,2,2,250,2048,64) 1.17-1.42x, f16 (1,16,4,16,768,80)
+// 1.27-1.31x; where the keys split enough, shorter blocks only read K/V more
+// often: (1,8,8,40,1024,128) 0.94x, (1,8,8,64,4096,64) 0.96x.
 //
 // RowRVMax > 1 gives the row layout the calls of at most RowRVMax vectors of
 // rows where the lane layout would leave more than a quarter of its lanes as
