@@ -50,6 +50,14 @@ SUITES["decode"] = [(1, 32, 8, 1, s, 128) for s in (4096, 16384, 32768)]
 # Few heads and short prompts: fewer query blocks than threads, so the keys are split too.
 SUITES["small"] = [(1, 1, 1, 64, 4096, 128), (1, 1, 1, 256, 4096, 128), (1, 2, 2, 128, 8192, 128),
                    (1, 4, 1, 512, 2048, 64)]
+# Odd shapes where a kernel choice can fall off a cliff: 1 to 63 query rows (decode without GQA, GQA groups of
+# 17-row heads, short prompts against long keys), single heads, short key sequences; a fixed sample of the grid.
+_CLIFF_GRID = [(n, hq, hkv, sq, skv, d) for n, hq, hkv in ((1, 1, 1), (1, 8, 8), (2, 16, 16), (1, 32, 8), (1, 16, 4))
+               for sq, skv in ((1, 17), (1, 300), (4, 768), (8, 300), (12, 2048), (17, 17), (17, 768), (24, 300),
+                               (48, 300), (64, 768), (200, 1500), (1000, 1000))
+               for d in (64, 80, 128)]
+SUITES["cliffs"] = [_CLIFF_GRID[i] for i in sorted(np.random.default_rng(1).choice(len(_CLIFF_GRID), 48,
+                                                                                     replace=False))]
 SUITES["full"] = SUITES["standard"] + [(8, 16, 16, s, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096)] + [
     (1, 32, 8, 1, s, 128) for s in (8192, 32768)]
 
@@ -187,6 +195,14 @@ def print_table(rows: list[dict], peaks: dict) -> None:
     if peaks:
         print("practical peak (2048^3 GEMM, measured after the cases; %peak = graphattn's share of it): "
               + ", ".join(f"{dt} {gf:.0f} GFLOP/s" for dt, gf in peaks.items()))
+    for peer in peers:
+        ratios = sorted(((row["vs_" + peer], row) for row in rows if "vs_" + peer in row), key=lambda x: x[0])
+        if not ratios:
+            continue
+        worst = ", ".join(f"{r:.2f} {row['bench'][5:]} {tuple(row['shape'])} {row['dtype']}"
+                          f"{' causal' if row['causal'] else ''}" for r, row in ratios[:3])
+        print(f"vs {peer}: {sum(r < 1.0 for r, _ in ratios)} of {len(ratios)} cases below 1.0, "
+              f"{sum(r < 1.3 for r, _ in ratios)} below 1.3; lowest: {worst}")
 
 
 def plot(rows: list[dict], path: str) -> None:
