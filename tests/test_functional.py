@@ -55,6 +55,9 @@ CASES = {
     # vector build's 32-lane blocks, the AMX kernel's row-tile pairs for bf16 and f16).
     "short_blocks_for_idle_threads": dict(q=(1, 1, 64, 80), k=(1, 1, 150, 80), v=(1, 1, 150, 48), is_causal=True,
                                           causal_alignment="bottom_right"),
+    # One K/V head's 12 row-layout rows (4 heads x 3) in two items of 6 on two threads: items cross heads.
+    "row_items_for_idle_threads": dict(q=(1, 4, 3, 64), k=(1, 1, 200, 64), v=(1, 1, 200, 64), enable_gqa=True,
+                                       is_causal=True, causal_alignment="bottom_right"),
     # Several full key and query blocks: the packed fast paths of the AMX and lane kernels.
     "long": dict(q=(1, 2, 130, 64), k=(1, 2, 200, 64), v=(1, 2, 200, 64)),
     "long_causal": dict(q=(1, 2, 150, 128), k=(1, 2, 150, 128), v=(1, 2, 150, 128), is_causal=True),

@@ -52,6 +52,7 @@ struct LanePlan {
     int shared_dim = -1;
     int64_t group = 1;          // size of the shared dimension
     int64_t rows_total = 0;     // group * seq_q rows per outer batch index
+    int64_t item_rows = 0;      // rows per item: the block's lanes, or fewer in the row layout (plan)
     int64_t row_blocks = 0;
     int64_t outer_items = 0;    // outer batch indices x row blocks
     int64_t splits = 1;
@@ -78,10 +79,10 @@ template <int RV, int NT, bool RowLayout = (RV == 1)>
 struct LaneForward {
     static constexpr int kBlockQ = RV * kLanes;
     static constexpr int kBlockKV = 128;
+    static constexpr int64_t kMinRowItemRows = 4;  // rows per row-layout item at least (see plan)
 
     // How the row layout reads K, decided once per call for its items' rows
-    // (a row-layout call has one block of rows per K/V head, so every item
-    // has as many).
+    // (LanePlan::item_rows; only a K/V head's last item may have fewer).
     struct KeyReads {
         bool transposed = false;  // scores against K^T packed per key block (row_scores_from_k_t)
         bool bf16_dots = false;   // row-key partials on AVX512-BF16, from Q's and K's own bf16 rows
@@ -108,8 +109,8 @@ struct LaneForward {
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         uint64_t drop_base[kBlockQ];
         uint8_t keep[kBlockKV > kRowLayoutKeys ? kBlockKV : kRowLayoutKeys];
-        explicit Scratch(const SdpaForwardArgs& a)
-            : keys(RowLayout ? key_reads(a) : KeyReads{}),
+        Scratch(const SdpaForwardArgs& a, int64_t item_rows)
+            : keys(RowLayout ? key_reads(a, item_rows) : KeyReads{}),
               q_t(AlignedFloats::uninitialized(!RowLayout ? size_t(a.head_dim_qk) * kBlockQ : 0)),  // attend's
               k_rows(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * a.head_dim_qk : 0)),
               v_rows(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * a.head_dim_v : 0)),
@@ -154,12 +155,12 @@ struct LaneForward {
     // rows 1.13x).  The AVX2 build gained only from 16 rows on, more than its
     // row layout takes.  K^T is packed from f32 rows, so other dtypes are
     // copied first.
-    static KeyReads key_reads(const SdpaForwardArgs& a) {
+    static KeyReads key_reads(const SdpaForwardArgs& a, int64_t item_rows) {
         const TensorView &q = a.query, &k = a.key;
         const int D = int(a.head_dim_qk);
         int64_t group;
         find_shared_dim(a, group);
-        const int64_t rows = std::min<int64_t>(kBlockQ, group * a.seq_q);
+        const int64_t rows = std::min<int64_t>(item_rows, group * a.seq_q);
         const bool in_place = row_layout_reads_in_place(k, D);
 #if defined(__AVX512F__)
         const bool bf16_dots = cpu_features().avx512_bf16 && q.dtype == DType::bf16 && k.dtype == DType::bf16 &&
@@ -179,23 +180,37 @@ struct LaneForward {
         LanePlan p;
         p.shared_dim = find_shared_dim(a, p.group);
         p.rows_total = p.group * a.seq_q;
-        p.row_blocks = (p.rows_total + kBlockQ - 1) / kBlockQ;
-        p.outer_items = a.batch[0] * a.batch[1] * a.batch[2] / p.group * p.row_blocks;
-        // About four items per thread, so that dynamic scheduling can balance them.  Only the keys some
-        // row sees are split: under a top-left causal mask with far more keys than query rows, splits of
-        // all keys were mostly empty, and each still cost a thread (16-core Xeon, f32 (1,2,128,8192,128):
-        // 0.54 -> 0.12 ms).
-        const KeySplits splits =
-            plan_key_splits(p.outer_items, omp_get_max_threads(), 4, visible_keys_of(a), kBlockKV);
-        p.splits = splits.count;
-        p.keys_per_split = splits.keys;
+        const int64_t heads = a.batch[0] * a.batch[1] * a.batch[2] / p.group;  // outer batch indices
+        const int64_t threads = omp_get_max_threads();
+        auto with_item_rows = [&](int64_t item_rows) {
+            p.item_rows = item_rows;
+            p.row_blocks = (p.rows_total + item_rows - 1) / item_rows;
+            p.outer_items = heads * p.row_blocks;
+            // About four items per thread, so that dynamic scheduling can balance them.  Only the keys
+            // some row sees are split: under a top-left causal mask with far more keys than query rows,
+            // splits of all keys were mostly empty, and each still cost a thread (16-core Xeon, f32
+            // (1,2,128,8192,128): 0.54 -> 0.12 ms).
+            const KeySplits splits = plan_key_splits(p.outer_items, threads, 4, visible_keys_of(a), kBlockKV);
+            p.splits = splits.count;
+            p.keys_per_split = splits.keys;
+        };
+        with_item_rows(kBlockQ);
+        // Row layout: where threads would idle even with the keys split, a K/V head's rows go in several
+        // items (each reads the K/V again, from cache).  16-core Xeon, separate processes, two runs:
+        // (1,16,4,4,768,128) f32 1.67-1.78x, bf16 1.68-1.96x, (1,1,1,20,300,80) 1.47-1.66x,
+        // (1,8,2,2,2048,128) 1.22-1.50x, (1,32,8,2,300,128) 1.22-1.25x, f16 (1,4,4,12,1000,64) 1.84x;
+        // (1,8,8,12,300,64) f16 0.88-1.07x, (1,8,8,17,768,64) 0.99-1.12x.
+        if (RowLayout && p.outer_items * p.splits < threads && p.rows_total > kMinRowItemRows) {
+            const int64_t blocks = (threads + heads * p.splits - 1) / (heads * p.splits);  // per K/V head
+            with_item_rows(std::max<int64_t>(kMinRowItemRows, (p.rows_total + blocks - 1) / blocks));
+        }
         return p;
     }
 
     // Outer batch index (shared dimension at 0) and first row of item `outer`.
     static void item_origin(const SdpaForwardArgs& a, const LanePlan& p, int64_t outer, int64_t b[kBatchDims],
                             int64_t& row0) {
-        row0 = (outer % p.row_blocks) * kBlockQ;
+        row0 = (outer % p.row_blocks) * p.item_rows;
         int64_t rest = outer / p.row_blocks;
         for (int d = kBatchDims - 1; d >= 0; --d) {
             const int64_t size = d == p.shared_dim ? 1 : a.batch[d];
@@ -207,7 +222,7 @@ struct LaneForward {
     // Per-lane element offsets of Q, O, mask and stats, and query indices.
     static int map_lanes(const SdpaForwardArgs& a, const LanePlan& p, Scratch& sc, const int64_t outer_b[kBatchDims],
                          int64_t row0) {
-        const int rows = int(std::min<int64_t>(kBlockQ, p.rows_total - row0));
+        const int rows = int(std::min<int64_t>(p.item_rows, p.rows_total - row0));
         int64_t b[kBatchDims] = {outer_b[0], outer_b[1], outer_b[2]};
         // Row i of group member g; the padding lanes repeat the last row.  The
         // batch offsets only change where a lane starts the next member.
@@ -547,7 +562,7 @@ struct LaneForward {
             AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 0);
 
         run_on_team(team_for_items(work_items), [&] {
-            Scratch sc(a);
+            Scratch sc(a, p.item_rows);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t w = 0; w < work_items; ++w) {
                 const WorkItem x = work_item(w / p.splits, p.outer_items / p.row_blocks, p.row_blocks, by_rank);
