@@ -24,7 +24,31 @@ from .tensor import Tensor, element_strides
 _ENGINE = Engine("cpu")
 _STREAM = Stream(_ENGINE)
 _CACHE_SIZE = 256
-_cache: "OrderedDict[tuple, _Compiled]" = OrderedDict()
+
+
+class SignatureCache:
+    """Entries by call signature (layouts, dtypes, flags): the last _CACHE_SIZE used are kept."""
+
+    def __init__(self):
+        self._entries: OrderedDict = OrderedDict()
+
+    def get(self, signature):
+        """The entry, now the most recently used, or None."""
+        entry = self._entries.get(signature)
+        if entry is not None:
+            self._entries.move_to_end(signature)
+        return entry
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, signature, entry) -> None:
+        self._entries[signature] = entry
+        if len(self._entries) > _CACHE_SIZE:
+            self._entries.popitem(last=False)
+
+
+_cache = SignatureCache()  # compiled partitions of the forward
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -288,11 +312,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             raise TypeError(f"a float attn_mask must be float32 or the query's dtype {q.dtype}, got {mask.dtype}")
         entry = _build(qc, kc, vc, mask, gqa, bool(is_causal), causal_alignment, return_stats, dropout_p,
                        _engine_for(queue)[0])
-        _cache[signature] = entry
-        if len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    else:
-        _cache.move_to_end(signature)
+        _cache.put(signature, entry)
 
     scale_value = entry.default_scale if scale is None else float(scale)
     seed = offset = 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +18,7 @@ import numpy as np
 from . import _cpu
 from .dtypes import DTYPES, from_numpy as dtype_of
 from . import sycl_runtime
-from .functional import _CACHE_SIZE, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
+from .functional import SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
 from .interop import from_numpy, to_numpy
 from .ops.broadcast import broadcast_shapes
 from .ops.philox import bits64
@@ -99,7 +98,7 @@ class _BackwardPlan:
     default_scale: float
 
 
-_plans: "OrderedDict[tuple, _BackwardPlan]" = OrderedDict()
+_plans = SignatureCache()
 
 
 def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad):
@@ -225,11 +224,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     if plan is None:
         plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
                      return_mask_grad)
-        _plans[signature] = plan
-        if len(_plans) > _CACHE_SIZE:
-            _plans.popitem(last=False)
-    else:
-        _plans.move_to_end(signature)
+        _plans.put(signature, plan)
 
     def empty(shape, dtype):
         return np.empty(shape, dtype) if queue is None else xp.empty(shape, dtype=dtype, sycl_queue=queue)
