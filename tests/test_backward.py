@@ -39,6 +39,10 @@ CASES = {
     "many_key_blocks": dict(q=(1, 4, 90, 48), k=(1, 4, 650, 48), v=(1, 4, 650, 40)),
     "many_key_blocks_causal": dict(q=(1, 4, 300, 32), k=(1, 4, 600, 32), v=(1, 4, 600, 32), is_causal=True,
                                    causal_alignment="bottom_right"),
+    # One head of 12 query rows against 11 key blocks: no pass 3; pass 2 sums dQ in a buffer per key split.
+    "short_queries_split_keys": dict(q=(1, 1, 12, 40), k=(1, 1, 700, 40), v=(1, 1, 700, 24)),
+    "short_queries_split_keys_causal": dict(q=(1, 1, 12, 40), k=(1, 1, 700, 40), v=(1, 1, 700, 40), is_causal=True,
+                                            causal_alignment="bottom_right"),
     "many_key_blocks_gqa_causal": dict(q=(1, 8, 130, 32), k=(1, 2, 700, 32), v=(1, 2, 700, 32), enable_gqa=True,
                                        is_causal=True),
 }

@@ -42,14 +42,22 @@ struct KvGrouping {
             if (!shared[d]) b[d] = outer_b[d];
     }
 
-    // Items per outer index for a backward pass whose items own whole outer
-    // indices: enough for `per_thread` items per thread, at most 4 and one per
-    // key block.  Split s takes key blocks s, s + splits, ... (under a causal
-    // mask a key block's work falls with its index, and interleaving gives
-    // the splits equal shares) and sums its dQ into a buffer of its own.
-    int64_t key_splits(int64_t threads, int64_t per_thread, int64_t key_blocks) const {
+    // Items per outer index for a backward pass whose items own the whole
+    // group of an outer index: enough for `per_thread` items per thread and at
+    // most one per key block.  Split s takes key blocks s, s + splits, ...
+    // (under a causal mask a key block's work falls with its index, and
+    // interleaving gives the splits equal shares) and sums its dQ into a buffer
+    // of its own, of dq_plane floats: splits beyond kMinDqSplits only while all
+    // the buffers fit kDqBufferFloats (16 MiB).  16-core Xeon, separate
+    // processes, against at most four splits: lane backward f32 (1,1,1,256,4096,128)
+    // 2.4x, (1,8,8,200,1500,80) 1.2x; AMX backward bf16 (1,1,1,2048,2048,64) 1.5x,
+    // (1,2,2,2048,2048,64) 1.2x (with its team sized by key blocks, not splits).
+    static constexpr int64_t kMinDqSplits = 4;
+    static constexpr int64_t kDqBufferFloats = int64_t(4) << 20;
+    int64_t key_splits(int64_t threads, int64_t per_thread, int64_t key_blocks, int64_t dq_plane) const {
         const int64_t wanted = (per_thread * threads + outer_items - 1) / outer_items;
-        return std::max<int64_t>(1, std::min<int64_t>({wanted, 4, key_blocks}));
+        const int64_t most = std::max(kMinDqSplits, kDqBufferFloats / std::max<int64_t>(1, dq_plane));
+        return std::max<int64_t>(1, std::min<int64_t>({wanted, most, key_blocks}));
     }
 };
 

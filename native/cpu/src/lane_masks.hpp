@@ -85,25 +85,6 @@ void mask_query_lanes(const SdpaForwardArgs& a, float* s_t, float* mask_t, const
     }
 }
 
-// Query lanes: g_t[j][lanes] = 0 where a Select or the causal mask replaced
-// the score (mask_t as left by mask_query_lanes).
-template <int RV>
-void zero_unkept_query_lanes(const SdpaForwardArgs& a, float* g_t, const float* mask_t, const float* query_index,
-                             int kv_rows, int64_t j0) {
-    constexpr int kRow = RV * kLanes;
-    const VecF keep = splat(a.select_keep_value ? 1.0f : 0.0f);
-    for (int j = 0; j < kv_rows; ++j) {
-        const VecF first_masked_query = splat(float(j0 + j - a.causal_offset));
-        for (int v = 0; v < RV; ++v) {
-            float* g = g_t + j * kRow + v * kLanes;
-            VecF x = load(g);
-            if (a.mask_kind == MaskKind::select) x = load(mask_t + j * kRow + v * kLanes) == keep ? x : VecF{};
-            if (a.causal) x = load(query_index + v * kLanes) < first_masked_query ? VecF{} : x;
-            store(g, x);
-        }
-    }
-}
-
 // Key lanes.  s[r][lanes] for keys j0 + lane, first multiplied by
 // score_scale; row r reads its mask at m_off[r] and has query index qi[r].
 // Lanes past kv_rows become -inf.  Only the first `vecs` vectors of each row

@@ -106,8 +106,10 @@ struct Backward {
           kv(a) {
         key_blocks = (Skv + kKeys - 1) / kKeys;
         const int64_t threads = omp_get_max_threads();
-        splits = kv.key_splits(threads, 1, key_blocks);
-        team = team_for_items(kv.outer_items * splits);
+        splits = kv.key_splits(threads, 1, key_blocks, batch_total * Sqp * Dp);
+        // A team as large as the key blocks: the last wave's pieces run on it.
+        // Sized by splits, single heads ran on four threads (KvGrouping's figures).
+        team = team_for_items(kv.outer_items * key_blocks);
     }
 
     int64_t flat(const int64_t b[kBatchDims]) const { return (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]; }
