@@ -16,8 +16,11 @@ namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
 // Keys per split at least: shorter splits cost more in per-item set-up and
-// merging than they gain in threads.
+// merging than they gain in threads.  Items of the row layout (at most 16
+// rows each) set up and merge little, and where threads idle even once their
+// rows are spread over items, they split down to kMinRowLayoutKeysPerSplit.
 constexpr int64_t kMinKeysPerSplit = 512;
+constexpr int64_t kMinRowLayoutKeysPerSplit = 256;
 
 struct KeySplits {
     int64_t count = 1;  // splits of each work item's keys
@@ -37,24 +40,25 @@ inline KeySplits even_key_splits(int64_t count, int64_t keys, int64_t block) {
 }
 
 // Splits per item for `items` work items to make about `pieces` pieces of
-// work, each split at least kMinKeysPerSplit of the `keys` keys long.
-inline int64_t key_split_count(int64_t pieces, int64_t items, int64_t keys) {
-    return std::max<int64_t>(1, std::min((pieces + items - 1) / items, keys / kMinKeysPerSplit));
+// work, each split at least min_keys of the `keys` keys long.
+inline int64_t key_split_count(int64_t pieces, int64_t items, int64_t keys, int64_t min_keys) {
+    return std::max<int64_t>(1, std::min((pieces + items - 1) / items, keys / min_keys));
 }
 
 // Splits of the first `keys` keys (those some query row sees) for `items`
 // work items on `threads` threads: none where the items fill the threads,
 // else about `per_thread` pieces of work per thread, in whole key blocks.
 // A single item whose keys come to 1.5 minimum splits but under two
-// (768-1023 keys) takes two splits rather than one, since alone it leaves
+// (768-1023 keys for kMinKeysPerSplit) takes two splits rather than one, since alone it leaves
 // every other thread idle.  16-core Xeon, in-process A/B, one item of 17-64
 // rows and 768-1000 keys: the vector build's query blocks, f32, 1.19-1.65x;
 // the AMX plan, bf16 1.05-1.86x, f16 1.36-1.94x (once its split packing
 // stopped going through a zero-filled copy: 0.94-1.54x before); the row
 // layout (1 to 16 rows, after its K^T packing), f32 1.09-1.57x.
-inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t block) {
-    int64_t count = items < threads ? key_split_count(per_thread * threads, items, keys) : 1;
-    if (items == 1 && count == 1 && threads > 1 && 2 * keys >= 3 * kMinKeysPerSplit) count = 2;
+inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t block,
+                                 int64_t min_keys = kMinKeysPerSplit) {
+    int64_t count = items < threads ? key_split_count(per_thread * threads, items, keys, min_keys) : 1;
+    if (items == 1 && count == 1 && threads > 1 && 2 * keys >= 3 * min_keys) count = 2;
     return even_key_splits(count, keys, block);
 }
 

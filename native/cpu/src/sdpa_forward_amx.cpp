@@ -412,7 +412,7 @@ ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t 
             return {rows, plan_key_splits(items, threads, 2, visible_keys, kBlockKV)};
         if (rows != kLargeItemRows || !split_keys_first || skip_causal_blocks) continue;
         for (const int large : {kBlockQ, kLargeItemRows}) {  // the large sizes again, now with split keys
-            const int64_t n = items_of(large), splits = key_split_count(wanted, n, visible_keys);
+            const int64_t n = items_of(large), splits = key_split_count(wanted, n, visible_keys, kMinKeysPerSplit);
             if (n * splits >= wanted) return {large, even_key_splits(splits, visible_keys, kBlockKV)};
         }
     }

@@ -182,7 +182,7 @@ struct LaneForward {
         p.rows_total = p.group * a.seq_q;
         const int64_t heads = a.batch[0] * a.batch[1] * a.batch[2] / p.group;  // outer batch indices
         const int64_t threads = omp_get_max_threads();
-        auto with_item_rows = [&](int64_t item_rows) {
+        auto with_item_rows = [&](int64_t item_rows, int64_t min_keys) {
             p.item_rows = item_rows;
             p.row_blocks = (p.rows_total + item_rows - 1) / item_rows;
             p.outer_items = heads * p.row_blocks;
@@ -190,19 +190,26 @@ struct LaneForward {
             // some row sees are split: under a top-left causal mask with far more keys than query rows,
             // splits of all keys were mostly empty, and each still cost a thread (16-core Xeon, f32
             // (1,2,128,8192,128): 0.54 -> 0.12 ms).
-            const KeySplits splits = plan_key_splits(p.outer_items, threads, 4, visible_keys_of(a), kBlockKV);
+            const KeySplits splits = plan_key_splits(p.outer_items, threads, 4, visible_keys_of(a), kBlockKV, min_keys);
             p.splits = splits.count;
             p.keys_per_split = splits.keys;
         };
-        with_item_rows(kBlockQ);
-        // Row layout: where threads would idle even with the keys split, a K/V head's rows go in several
-        // items (each reads the K/V again, from cache).  16-core Xeon, separate processes, two runs:
-        // (1,16,4,4,768,128) f32 1.67-1.78x, bf16 1.68-1.96x, (1,1,1,20,300,80) 1.47-1.66x,
-        // (1,8,2,2,2048,128) 1.22-1.50x, (1,32,8,2,300,128) 1.22-1.25x, f16 (1,4,4,12,1000,64) 1.84x;
-        // (1,8,8,12,300,64) f16 0.88-1.07x, (1,8,8,17,768,64) 0.99-1.12x.
-        if (RowLayout && p.outer_items * p.splits < threads && p.rows_total > kMinRowItemRows) {
-            const int64_t blocks = (threads + heads * p.splits - 1) / (heads * p.splits);  // per K/V head
-            with_item_rows(std::max<int64_t>(kMinRowItemRows, (p.rows_total + blocks - 1) / blocks));
+        with_item_rows(kBlockQ, kMinKeysPerSplit);
+        if constexpr (RowLayout) {
+            // Where threads would idle even with the keys split, a K/V head's rows go in several items
+            // (each reads the K/V again, from cache).  16-core Xeon, separate processes, two runs:
+            // (1,16,4,4,768,128) f32 1.67-1.78x, bf16 1.68-1.96x, (1,1,1,20,300,80) 1.47-1.66x,
+            // (1,8,2,2,2048,128) 1.22-1.50x, (1,32,8,2,300,128) 1.22-1.25x, f16 (1,4,4,12,1000,64) 1.84x;
+            // (1,8,8,12,300,64) f16 0.88-1.07x, (1,8,8,17,768,64) 0.99-1.12x.
+            if (p.outer_items * p.splits < threads && p.rows_total > kMinRowItemRows) {
+                const int64_t blocks = (threads + heads * p.splits - 1) / (heads * p.splits);  // per K/V head
+                with_item_rows(std::max<int64_t>(kMinRowItemRows, (p.rows_total + blocks - 1) / blocks),
+                               kMinKeysPerSplit);
+            }
+            // Still idle: shorter key splits (key_splits.hpp), f32 (1,8,8,4,768,128) 1.09-1.32x,
+            // (1,4,4,4,1500,128) 1.23x (16-core Xeon, separate processes).  Keys before rows lost where
+            // the rows alone fill the threads ((1,16,4,4,768,D) 0.75-0.89x).
+            if (p.outer_items * p.splits < threads) with_item_rows(p.item_rows, kMinRowLayoutKeysPerSplit);
         }
         return p;
     }

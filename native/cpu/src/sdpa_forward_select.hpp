@@ -40,15 +40,29 @@ namespace GRAPHATTN_ISA_NS {
 // no steady gain on the 16-core Xeon ((1,32,8,17,Skv,D) 0.97-1.45x, (1,8,2,
 // 17,2048,128) 0.80-0.98x).  AVX2's lane blocks won at 16-24 rows (0.62-0.83x
 // in rows), so it keeps the row layout to one vector.
+//
+// The row layout also takes 17-64 rows that fill the lanes well where the
+// lane blocks would leave threads idle: it spreads a K/V head's rows over
+// several items (LaneForward::plan).  16-core Xeon, separate processes, two
+// runs: f32 (1,8,2,8,900,128) 1.81-2.11x, (1,1,1,24,300,80) 1.24-1.66x,
+// (1,8,8,24,768,64) 1.21-1.42x, (1,2,2,32,1024,128) 1.25-1.38x,
+// (1,16,4,8,300,80) 1.06-1.16x, f16 1.17-1.21x.
 template <int RV, int NT, int NTSingle, int RVShort = RV, int NTShort = NT, int RowRVMax = 1>
 Status sdpa_forward_for_isa(const SdpaForwardArgs& args) {
     int64_t group;
     find_shared_dim(args, group);
     const int64_t rows = group * args.seq_q;
     if (rows <= kLanes) return LaneForward<1, NTSingle>::run(args);
+    const int64_t threads = omp_get_max_threads();
     const int64_t lanes = std::min(round_up(rows, int64_t(RVShort) * kLanes), round_up(rows, int64_t(RV) * kLanes));
+    auto idles_threads = [&](const LanePlan& p) { return p.outer_items * p.splits < threads; };
+    bool short_blocks = false;
+    if constexpr (RVShort < RV)
+        short_blocks = lanes < round_up(rows, int64_t(RV) * kLanes) || idles_threads(LaneForward<RV, NT>::plan(args));
     if constexpr (RowRVMax > 1) {
-        if (rows <= RowRVMax * kLanes && 4 * rows < 3 * lanes) {
+        if (rows <= RowRVMax * kLanes &&
+            (4 * rows < 3 * lanes || idles_threads(short_blocks ? LaneForward<RVShort, NTShort>::plan(args)
+                                                                : LaneForward<RV, NT>::plan(args)))) {
             if (rows <= 2 * kLanes) return LaneForward<2, NTSingle, true>::run(args);
             if constexpr (RowRVMax > 2) {
                 if (rows <= 3 * kLanes) return LaneForward<3, NTSingle, true>::run(args);
@@ -56,12 +70,7 @@ Status sdpa_forward_for_isa(const SdpaForwardArgs& args) {
             }
         }
     }
-    if constexpr (RVShort < RV) {
-        if (lanes < round_up(rows, int64_t(RV) * kLanes)) return LaneForward<RVShort, NTShort>::run(args);
-        const LanePlan long_blocks = LaneForward<RV, NT>::plan(args);
-        if (long_blocks.outer_items * long_blocks.splits < omp_get_max_threads())
-            return LaneForward<RVShort, NTShort>::run(args);
-    }
+    if (short_blocks) return LaneForward<RVShort, NTShort>::run(args);
     return LaneForward<RV, NT>::run(args);
 }
 
