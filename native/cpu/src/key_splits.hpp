@@ -16,9 +16,10 @@ namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
 // Keys per split at least: shorter splits cost more in per-item set-up and
-// merging than they gain in threads.  Items of the row layout (at most 16
-// rows each) set up and merge little, and where threads idle even once their
-// rows are spread over items, they split down to kMinRowLayoutKeysPerSplit.
+// merging than they gain in threads.  The row layout's items (at most 64
+// rows, no padding ones) set up and merge little, and where threads idle even
+// once their rows are spread over items, they split down to
+// kMinRowLayoutKeysPerSplit.
 constexpr int64_t kMinKeysPerSplit = 512;
 constexpr int64_t kMinRowLayoutKeysPerSplit = 256;
 
@@ -49,8 +50,8 @@ inline int64_t key_split_count(int64_t pieces, int64_t items, int64_t keys, int6
 // work items on `threads` threads: none where the items fill the threads,
 // else about `per_thread` pieces of work per thread, in whole key blocks.
 // A single item whose keys come to 1.5 minimum splits but under two
-// (768-1023 keys for kMinKeysPerSplit) takes two splits rather than one, since alone it leaves
-// every other thread idle.  16-core Xeon, in-process A/B, one item of 17-64
+// (768-1023 keys of kMinKeysPerSplit) takes two splits rather than one, since
+// alone it leaves every other thread idle.  16-core Xeon, in-process A/B, one item of 17-64
 // rows and 768-1000 keys: the vector build's query blocks, f32, 1.19-1.65x;
 // the AMX plan, bf16 1.05-1.86x, f16 1.36-1.94x (once its split packing
 // stopped going through a zero-filled copy: 0.94-1.54x before); the row

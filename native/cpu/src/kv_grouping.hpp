@@ -49,9 +49,10 @@ struct KvGrouping {
     // interleaving gives the splits equal shares) and sums its dQ into a buffer
     // of its own, of dq_plane floats: splits beyond kMinDqSplits only while all
     // the buffers fit kDqBufferFloats (16 MiB).  16-core Xeon, separate
-    // processes, against at most four splits: lane backward f32 (1,1,1,256,4096,128)
-    // 2.4x, (1,8,8,200,1500,80) 1.2x; AMX backward bf16 (1,1,1,2048,2048,64) 1.5x,
-    // (1,2,2,2048,2048,64) 1.2x (with its team sized by key blocks, not splits).
+    // processes: against at most four splits, the AMX backward bf16
+    // (1,1,1,2048,2048,64) 1.55x, (1,4,1,512,2048,64) 1.61x, (1,2,2,2048,2048,64)
+    // 1.20x; splits up to one per key block without the budget ran the lane
+    // backward's f32 (1,2,2,2048,2048,64) and (1,4,4,1024,1024,128) at 0.56x.
     static constexpr int64_t kMinDqSplits = 4;
     static constexpr int64_t kDqBufferFloats = int64_t(4) << 20;
     int64_t key_splits(int64_t threads, int64_t per_thread, int64_t key_blocks, int64_t dq_plane) const {

@@ -108,7 +108,9 @@ struct Backward {
         const int64_t threads = omp_get_max_threads();
         splits = kv.key_splits(threads, 1, key_blocks, batch_total * Sqp * Dp);
         // A team as large as the key blocks: the last wave's pieces run on it.
-        // Sized by splits, single heads ran on four threads (KvGrouping's figures).
+        // Sized by splits, few heads ran on four threads per head (16-core Xeon,
+        // separate processes, bf16: (1,2,2,128,8192,128) 1.51x, (1,1,1,64,4096,128)
+        // 1.42x, causal (1,2,2,2048,2048,64) 1.37x).
         team = team_for_items(kv.outer_items * key_blocks);
     }
 

@@ -12,12 +12,13 @@
 // A K/V batch index's key blocks are split among items (KvGrouping::key_splits)
 // until every thread has kItemsPerThread of them (one under a causal mask,
 // whose skipped blocks halve the work for the same buffers), as far as the
-// buffers' memory budget allows.  A third pass
-// that recomputed S and dP with query rows as lanes for dQ, instead of the
-// buffers, was 1.0-4.8x slower (16-core Xeon, separate processes:
-// (1,1,1,17,768,128) 4.1x, (1,2,2,128,8192,128) 2.8x, (1,8,8,1000,1000,128)
-// 1.4x, (1,2,2,2048,2048,64) 1.35x), most of all at few query rows, whose
-// lanes it padded.  Causal blocks that the mask removes entirely are skipped.
+// buffers' memory budget allows.  A third pass that recomputed S and dP with
+// query rows as lanes for dQ, taken where K/V batch indices were fewer than
+// threads, was 1.08-4.98x slower (16-core Xeon, separate processes:
+// (1,1,1,64,4096,128) 4.98x, (1,1,1,17,768,128) 4.1x, (1,2,2,128,8192,128)
+// 2.8x, (1,8,8,1000,1000,128) 1.4x, (1,2,2,2048,2048,64) 1.35x), most of all
+// at few query rows, whose lanes it padded.  Causal blocks that the mask
+// removes entirely are skipped.
 // The last item per thread is handed out a key block at a time
 // (KeyBlockWave, work_order.hpp).
 #pragma once
