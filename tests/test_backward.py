@@ -278,3 +278,27 @@ def test_deterministic_backward_repeats_bitwise():
     in key-block pieces that may add to dQ in another order on each call), so twenty calls on four threads
     give bitwise the same gradients, bf16 (AMX where the CPU has it) and f32 (vector build)."""
     assert run_python(DETERMINISM_SCRIPT, GRAPHATTN_DETERMINISTIC="1", OMP_NUM_THREADS="4").strip() == "True"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_operands_go_to_the_kernel_directly(dtype, rng):
+    """torch operands without a mask reach the kernel as they are once their signature has a plan: the first
+    call (planned through NumPy views) and the next ones (direct) give gradients of the operands' own shapes,
+    GQA's dK/dV included, also where one operand requires grad; a mask gradient asked for is None."""
+    torch = pytest.importorskip("torch")
+    from graphattn.interop import to_numpy
+
+    tdt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    q = torch.randn(1, 8, 20, 48).to(tdt)
+    k = torch.randn(1, 2, 70, 48).to(tdt).requires_grad_()
+    v = torch.randn(1, 2, 70, 32).to(tdt)
+    out, stats = ga.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_stats=True)
+    grad_out = torch.randn(out.shape).to(tdt)
+    want = sdpa_reference_backward(*(to_numpy(x, "operand")[0] for x in (grad_out, q, k, v)), enable_gqa=True)
+    for _ in range(3):
+        *grads, dmask = ga.scaled_dot_product_attention_backward(grad_out, q, k, v, out, stats, enable_gqa=True,
+                                                                 return_mask_grad=True)
+        assert dmask is None
+        for name, g, w, src in zip(("dq", "dk", "dv"), grads, want, (q, k, v)):
+            assert isinstance(g, torch.Tensor) and g.shape == src.shape and g.dtype == tdt, name
+            assert_grad_close(to_numpy(g, name)[0], w, dtype, name)

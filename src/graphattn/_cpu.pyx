@@ -109,11 +109,10 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
              uint64_t dropout_seed=0, uint64_t dropout_offset=0):
     """Run the fused backward kernel.  views maps query, key, value, output, stats, grad_output,
     grad_query, grad_key, grad_value and optionally mask and grad_mask to (dtype code, 5 strides,
-    ndarray); raises ValueError on bad arguments."""
+    NumPy array or torch CPU tensor); raises ValueError on bad arguments."""
     cdef SdpaBackwardArgs args
     cdef Status status
-    addresses = {name: (code, strides, <uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>array))
-                 for name, (code, strides, array) in views.items()}
+    addresses = {name: (code, strides, _host_address(array)) for name, (code, strides, array) in views.items()}
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, addresses, mask_kind, select_keep_value,
                        has_scale, scale, causal, causal_offset, select_fill, causal_fill, inf_as_zero, dropout_p,
                        dropout_seed, dropout_offset)

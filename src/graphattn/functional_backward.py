@@ -19,7 +19,7 @@ from . import _cpu
 from .dtypes import DTYPES, from_numpy as dtype_of
 from . import sycl_runtime
 from .functional import SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
-from .interop import from_numpy, to_numpy
+from .interop import from_numpy, is_torch_tensor, to_numpy, torch_empty, torch_layout
 from .ops.broadcast import broadcast_shapes
 from .ops.philox import bits64
 
@@ -96,6 +96,14 @@ class _BackwardPlan:
     mask_kind: int
     causal_offset: int
     default_scale: float
+    operand_shapes: tuple     # shapes of Q, K, V (and of their gradients)
+    grad_dtypes: tuple        # NumPy dtypes of dQ, dK, dV
+
+    @property
+    def direct(self) -> bool:
+        """Whether the kernel's gradient buffers are the gradients themselves (no copied operand to sum back)
+        and it has work: then torch tensors can go to it as they are."""
+        return self.query_copy is None and self.kv_copy is None and self.seq_q > 0 and self.seq_kv > 0
 
 
 _plans = SignatureCache()
@@ -176,7 +184,20 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
         kernel_batch, seq_q, seq_kv, q.shape[-1], v.shape[-1],
         tuple((name, codes[name], st) for name, st in kernel_roles.items()), query_copy, kv_copy,
         (q2.shape, k2.shape, v2.shape, None if m2 is None else m2.shape), grad_shapes, grad_mask_shape, mask_kind,
-        (seq_kv - seq_q) if causal_alignment == "bottom_right" else 0, 1.0 / math.sqrt(q.shape[-1]))
+        (seq_kv - seq_q) if causal_alignment == "bottom_right" else 0, 1.0 / math.sqrt(q.shape[-1]),
+        (q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype))
+
+
+def _run_kernel(run_backward, plan: _BackwardPlan, arrays: dict, scale, is_causal, dropout_p, dropout_seed,
+                dropout_offset) -> None:
+    """One kernel call on the plan's views of `arrays` (NumPy arrays, torch CPU tensors or USM addresses)."""
+    scale_value = plan.default_scale if scale is None else float(scale)
+    specs = {name: (code, strides, arrays[name]) for name, code, strides in plan.roles}
+    run_backward(plan.kernel_batch, plan.seq_q, plan.seq_kv, plan.head_dim, plan.head_dim_v, specs,
+                 mask_kind=plan.mask_kind, has_scale=True, scale=scale_value, causal=bool(is_causal),
+                 causal_offset=plan.causal_offset, inf_as_zero=True, dropout_p=dropout_p,
+                 dropout_seed=bits64(_s64(dropout_seed or 0, "dropout_seed")),
+                 dropout_offset=bits64(_s64(dropout_offset, "dropout_offset")))
 
 
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stats, attn_mask=None,
@@ -194,6 +215,25 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     With dropout, pass the forward's dropout_p, dropout_seed and
     dropout_offset: the kernel regenerates the same keep-mask.
     """
+    dropout_p = float(dropout_p)
+    if dropout_p > 0 and dropout_seed is None:
+        raise ValueError("dropout_p > 0 needs the forward's dropout_seed (and dropout_offset) to rebuild its mask")
+    # torch tensors without a mask go to the kernel as they are once their signature has a plan, as in the
+    # forward: the NumPy views of six operands and wraps of three gradients cost a small call more than its
+    # kernel.  A new signature is checked and planned through NumPy first.
+    tensors = (grad_out, query, key, value, out, stats)
+    torch_signature = None
+    if attn_mask is None and all(is_torch_tensor(x) for x in tensors):
+        torch_signature = (torch_layout(*tensors), bool(enable_gqa), bool(is_causal), causal_alignment, dropout_p,
+                           bool(return_mask_grad))
+        plan = _plans.get(torch_signature)
+        if plan is not None:  # direct: the kernel's contiguous gradient buffers have the operands' own shapes
+            grads = tuple(torch_empty(shape, dtype) for shape, dtype in zip(plan.operand_shapes, plan.grad_dtypes))
+            arrays = {"query": query, "key": key, "value": value, "output": out, "stats": stats,
+                      "grad_output": grad_out, "grad_query": grads[0], "grad_key": grads[1], "grad_value": grads[2]}
+            _run_kernel(_cpu.backward, plan, arrays, scale, is_causal, dropout_p, dropout_seed, dropout_offset)
+            return grads + (None,) if return_mask_grad else grads
+
     on_sycl = _sycl_inputs(query, key, value, attn_mask)
     if on_sycl is not None:  # dpnp / usm_ndarray in: the same steps with dpnp, the SYCL kernels, USM out
         import dpnp as xp
@@ -213,9 +253,6 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         st, _ = to_numpy(stats, "stats")
         user_mask = None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0]
     mask = _normalize_mask(user_mask)
-    dropout_p = float(dropout_p)
-    if dropout_p > 0 and dropout_seed is None:
-        raise ValueError("dropout_p > 0 needs the forward's dropout_seed (and dropout_offset) to rebuild its mask")
     # A signature seen before was checked when its plan was made: repeated calls only bind data (a small call
     # spent most of its time in these checks and stride walks).
     signature = (tuple(_layout(a) for a in (q, k, v, o, do, st)), _layout(mask) if mask is not None else None,
@@ -225,6 +262,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
                      return_mask_grad)
         _plans.put(signature, plan)
+        if torch_signature is not None and plan.direct:
+            _plans.put(torch_signature, plan)
 
     def empty(shape, dtype):
         return np.empty(shape, dtype) if queue is None else xp.empty(shape, dtype=dtype, sycl_queue=queue)
@@ -244,19 +283,13 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
             if a is not None:
                 a[...] = 0
     else:
-        scale_value = plan.default_scale if scale is None else float(scale)
-        specs = {name: (code, strides, arrays[name]) for name, code, strides in plan.roles}
         if queue is not None:
             sycl_runtime.wait_for_producers([a for a in arrays.values() if a is not None])
-            specs = {name: (code, strides, sycl_runtime.usm_address(a)) for name, (code, strides, a) in specs.items()}
+            arrays = {name: None if a is None else sycl_runtime.usm_address(a) for name, a in arrays.items()}
             run_backward = functools.partial(sycl_runtime.plugin().backward, queue)
         else:
             run_backward = _cpu.backward
-        run_backward(plan.kernel_batch, plan.seq_q, plan.seq_kv, plan.head_dim, plan.head_dim_v, specs,
-                     mask_kind=plan.mask_kind, has_scale=True, scale=scale_value, causal=bool(is_causal),
-                     causal_offset=plan.causal_offset, inf_as_zero=True, dropout_p=dropout_p,
-                     dropout_seed=bits64(_s64(dropout_seed or 0, "dropout_seed")),
-                     dropout_offset=bits64(_s64(dropout_offset, "dropout_offset")))
+        _run_kernel(run_backward, plan, arrays, scale, is_causal, dropout_p, dropout_seed, dropout_offset)
         if queue is not None:
             queue.wait()  # the gradients are ready on return, as on the CPU
 

@@ -46,11 +46,10 @@ def to_numpy(x, name: str) -> tuple[np.ndarray, str]:
     raise TypeError(f"{name} must be a NumPy array, a torch CPU tensor or a DLPack producer, got {type(x).__name__}")
 
 
-def torch_layout(q, k, v) -> tuple:
-    """What pins the memory layout of torch tensors q, k and v for a compiled call: the shape, element strides,
+def torch_layout(*tensors) -> tuple:
+    """What pins the memory layout of torch tensors for a compiled call or a plan: the shape, element strides,
     dtype and whether on the CPU of each, in one tuple."""
-    return (q.shape, q.stride(), q.dtype, q.is_cpu, k.shape, k.stride(), k.dtype, k.is_cpu,
-            v.shape, v.stride(), v.dtype, v.is_cpu)
+    return tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in tensors)
 
 
 def torch_empty(shape: tuple, dtype: np.dtype):
