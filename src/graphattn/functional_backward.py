@@ -20,6 +20,7 @@ from .dtypes import DTYPES, from_numpy as dtype_of
 from . import sycl_runtime
 from .functional import SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
 from .interop import from_numpy, is_torch_tensor, to_numpy, torch_empty, torch_layout
+from .logical_tensor import dense_strides
 from .ops.broadcast import broadcast_shapes
 from .ops.philox import bits64
 
@@ -57,15 +58,6 @@ def _reduce_to(full: np.ndarray, shape: tuple) -> np.ndarray:
     if not axes:
         return full.reshape(shape)
     return full.astype(np.float32).sum(axis=axes, keepdims=True).reshape(shape)
-
-
-def _contiguous_strides(shape: tuple) -> tuple:
-    """Element strides of a fresh C-contiguous array of this shape."""
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def _broadcast_strides(shape: tuple, strides: tuple, batch: tuple) -> tuple:
@@ -158,7 +150,7 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
     # (shape, element strides, dtype) per kernel operand; copies and gradient buffers are fresh C-contiguous
     # arrays on every call.
     def fresh(shape, dtype):
-        return shape, _contiguous_strides(shape), dtype
+        return shape, dense_strides(shape), dtype
     layouts = {"query": fresh(query_copy, q.dtype) if query_copy else (q2.shape, _strides(q2), q.dtype),
                "key": fresh(kv_copy[0], k.dtype) if kv_copy else (k2.shape, _strides(k2), k.dtype),
                "value": fresh(kv_copy[1], v.dtype) if kv_copy else (v2.shape, _strides(v2), v.dtype),

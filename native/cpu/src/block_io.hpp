@@ -108,22 +108,6 @@ inline void load_block(const void* src, DType dt, int64_t row_stride, int64_t co
     }
 }
 
-// Rows [row0, row0 + rows) of view t (batch offset base) transposed into a
-// cols x lanes f32 block: dst[c * lanes + r] = t(row0 + r, c); the lanes past
-// `rows` are zero.
-inline void load_rows_transposed(const TensorView& t, int64_t base, int64_t row0, int rows, int cols, float* dst,
-                                 int lanes) {
-    if (t.dtype == DType::f32 && t.strides[4] == 1) {
-        transpose_f32(static_cast<const float*>(t.data) + base + row0 * t.strides[3], t.strides[3], rows, cols, dst,
-                      lanes);
-        for (int c = 0; c < cols; ++c) std::fill(dst + c * lanes + rows, dst + (c + 1) * lanes, 0.0f);
-        return;
-    }
-    std::fill(dst, dst + size_t(cols) * lanes, 0.0f);
-    load_block(element_ptr(t.data, t.dtype, base + row0 * t.strides[3]), t.dtype, t.strides[3], t.strides[4], rows, cols,
-               dst, 1, lanes);
-}
-
 // f32 to contiguous f16 with F16C, round to nearest even: scalar
 // conversions of whole output rows took a tenth of small half-precision calls.
 inline void f16_from_f32_contiguous(const float* s, uint16_t* d, int cols) {
