@@ -243,6 +243,33 @@ def test_bf16_row_layout_on_the_vector_build():
     assert twelve_rows == one_row and not twelve_rows.startswith("amx")  # the vector build, as decode
 
 
+OVERSUBSCRIBED_SCRIPT = """
+import numpy as np, graphattn as ga
+from graphattn.testing import assert_close, random_array, sdpa_reference
+rng = np.random.default_rng(11)
+cases = {  # name: (q shape, k/v shape, dtype, gqa)
+    "lane_blocks": ((2, 5, 70, 48), (2, 5, 90, 48), "f32", False),
+    "row_layout_split_keys": ((1, 6, 1, 64), (1, 3, 2000, 64), "f32", True),
+    "row_layout_gqa": ((1, 8, 5, 80), (1, 2, 300, 80), "f16", True),
+    "tiles": ((2, 3, 40, 64), (2, 3, 300, 64), "bf16", False),
+}
+for name, (qs, ks, dtype, gqa) in cases.items():
+    q, k, v = (random_array(s, dtype, rng) for s in (qs, ks, ks))
+    first = ga.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    assert_close(first, sdpa_reference(q, k, v, enable_gqa=gqa), dtype, name)
+    for _ in range(5):  # whichever thread runs a unit, it computes the same rows
+        assert np.array_equal(ga.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), first), name
+print("ok")
+"""
+
+
+def test_threads_taking_each_others_units():
+    """The forward hands each thread its own units first and lets threads out of work take the others' from
+    the back: on 7 threads of a 2-core machine most threads wait descheduled while others take their units.
+    Every row is computed (checked against the reference) and comes out the same whichever thread runs it."""
+    assert run_python(OVERSUBSCRIBED_SCRIPT, OMP_NUM_THREADS="7").strip() == "ok"
+
+
 def test_scalar_zero_mask_means_none(rng):
     q = random_array((1, 2, 5, 16), "f32", rng)
     assert np.array_equal(ga.scaled_dot_product_attention(q, q, q, attn_mask=np.float32(0.0)),

@@ -450,31 +450,35 @@ bool run_forward(const SdpaForwardArgs& a) {
     // Key splits make small pieces of work already; the last wave goes in pieces otherwise.
     const LastWave wave =
         last_wave_in_pieces(items, block_q, threads, kLastWavePieceRows, splits == 1 && !skip_causal_blocks);
-    run_on_team(team_for_items(items * splits), [&] {
+    const int team = team_for_items(items * splits);
+    HomeFirstUnits units(wave.units() * splits, team, !skip_causal_blocks && wave.pieces == 1);
+    run_on_team(team, [&] {
         Scratch scratch(int(a.head_dim_qk), Dv, Parts, std::min(block_q, a.seq_q));
         configure_tiles();
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t w = 0; w < wave.units() * splits; ++w) {
-            if (saw_infinity.load(std::memory_order_relaxed)) continue;
+        units.for_each([&](int64_t w) {
+            if (saw_infinity.load(std::memory_order_relaxed)) return;
             int64_t b[kBatchDims];
             const LastWave::Unit unit = wave.unit(w / splits);
             const int64_t split = w % splits, i0 = item_origin(unit.item, b) + unit.first_row;
-            if (i0 >= a.seq_q) continue;  // a piece past a short last item
+            if (i0 >= a.seq_q) return;  // a piece past a short last item
             const int64_t key_begin = split * keys_per_split;
             run_item<Parts>(a, scratch, b, i0, int(std::min<int64_t>(unit.rows, a.seq_q - i0)), key_begin,
                             std::min(a.seq_kv, key_begin + keys_per_split), skip_causal_blocks,
                             layout, splits > 1 ? partials.get() + w * layout.floats() : nullptr);
             if (scratch.infinite) saw_infinity.store(true, std::memory_order_relaxed);
-        }
+        });
         _tile_release();
-        if (splits > 1 && !saw_infinity.load()) {
+        if (splits > 1) {
+#pragma omp barrier  // every split's partial is written before the merge reads it
+            if (!saw_infinity.load()) {
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t item = 0; item < items; ++item) {
-                int64_t b[kBatchDims];
-                const int64_t i0 = item_origin(item, b);
-                merge_and_write(a, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)),
-                                layout, partials.get() + item * splits * layout.floats(), splits, scratch.o_store.get(),
-                                scratch.out_store.get());
+                for (int64_t item = 0; item < items; ++item) {
+                    int64_t b[kBatchDims];
+                    const int64_t i0 = item_origin(item, b);
+                    merge_and_write(a, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)), layout,
+                                    partials.get() + item * splits * layout.floats(), splits, scratch.o_store.get(),
+                                    scratch.out_store.get());
+                }
             }
         }
     });

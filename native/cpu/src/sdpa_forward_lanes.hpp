@@ -568,10 +568,11 @@ struct LaneForward {
         AlignedFloats partials =
             AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 0);
 
-        run_on_team(team_for_items(work_items), [&] {
+        const int team = team_for_items(work_items);
+        HomeFirstUnits units(work_items, team, !skip_causal_blocks);
+        run_on_team(team, [&] {
             Scratch sc(a, p.item_rows);
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t w = 0; w < work_items; ++w) {
+            units.for_each([&](int64_t w) {
                 const WorkItem x = work_item(w / p.splits, p.outer_items / p.row_blocks, p.row_blocks, by_rank);
                 const int64_t outer = x.batch * p.row_blocks + (skip_causal_blocks ? p.row_blocks - 1 - x.rank : x.rank);
                 const int64_t split = w % p.splits;
@@ -596,8 +597,9 @@ struct LaneForward {
                     std::copy(sc.row_max.get(), sc.row_max.get() + kBlockQ, part + size_t(Dv) * kBlockQ);
                     std::copy(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, part + size_t(Dv + 1) * kBlockQ);
                 }
-            }
+            });
             if (p.splits > 1) {
+#pragma omp barrier  // every split's partial is written before the merge reads it
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t outer = 0; outer < p.outer_items; ++outer) {
                     int64_t b[kBatchDims], row0;

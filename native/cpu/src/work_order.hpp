@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -54,6 +55,73 @@ inline int team_for_items(int64_t items) { return int(std::clamp<int64_t>(items,
 inline bool longest_first(bool unequal_work, int64_t items, int64_t threads) {
     return unequal_work && items < kLongestFirstMaxItemsPerThread * threads;
 }
+
+// Units [0, units) handed out home first: thread t of a team of T owns the
+// units [t * units / T, (t + 1) * units / T), takes them from the front and,
+// out of its own, takes the other threads' units from the back.  With one
+// shared counter (schedule(dynamic, 1)) whichever thread comes first takes
+// the next unit, so a call repeated on the same K/V finds its blocks in
+// another core's cache; home units go to the same thread call after call,
+// and neighbouring units (the query blocks of one batch index) to one thread,
+// which reads their K/V once.  Taking from the others still evens out
+// threads that run slower, at the end of their work, not the start.
+// 16-core Xeon, forward, in-process blocks of calls: (2,16,16,1,300,80)
+// 1.24x, (1,8,8,4,768,128) 1.16x, (16,16,16,200,200,80) 1.13x,
+// (2,16,16,12,768,128) bf16 1.11x, (1,32,8,17,768,80) 1.11x, no case
+// below 0.99x.  Items of unequal work (causal) and the AMX forward's
+// last-wave pieces keep the shared counter: they rely on its order (longest
+// first, pieces last; pieces home first measured 0.92-0.95x).
+class HomeFirstUnits {
+public:
+    // home = false: every thread takes the next unit of one shared counter.
+    HomeFirstUnits(int64_t units, int team, bool home)
+        : units_(units),
+          team_(team),
+          home_(home && units < (int64_t(1) << 31)),
+          owners_(home_ ? new Owner[size_t(team)] : nullptr) {
+        for (int t = 0; home_ && t < team; ++t) {
+            const int64_t begin = units * t / team, end = units * (t + 1) / team;
+            owners_[t].begin = begin;
+            owners_[t].range.store(uint64_t(end - begin), std::memory_order_relaxed);
+        }
+    }
+
+    // Runs body(unit) for every unit this thread takes; every thread of the
+    // team calls it.  No barrier at the end.
+    template <class Body>
+    void for_each(Body&& body) {
+        if (!home_) {
+            for (int64_t unit; (unit = shared_.fetch_add(1, std::memory_order_relaxed)) < units_;) body(unit);
+            return;
+        }
+        const int self = omp_get_thread_num();  // 0 where run_on_team ran the body on the caller alone
+        for (int i = 0; i < team_; ++i)
+            for (int64_t unit; (unit = owners_[(self + i) % team_].take(i == 0)) >= 0;) body(unit);
+    }
+
+private:
+    struct alignas(64) Owner {
+        int64_t begin = 0;
+        std::atomic<uint64_t> range{0};  // units taken from the front << 32 | end of the units not taken
+
+        // The owner's next unit from the front, or another thread's from the back; -1 once none is left.
+        int64_t take(bool front) {
+            uint64_t r = range.load(std::memory_order_relaxed);
+            for (;;) {
+                const uint64_t first = r >> 32, end = r & 0xffffffffu;
+                if (first >= end) return -1;
+                const uint64_t next = front ? r + (uint64_t(1) << 32) : r - 1;
+                if (range.compare_exchange_weak(r, next, std::memory_order_relaxed))
+                    return begin + int64_t(front ? first : end - 1);
+            }
+        }
+    };
+    int64_t units_;
+    int team_;
+    bool home_;
+    std::unique_ptr<Owner[]> owners_;
+    alignas(64) std::atomic<int64_t> shared_{0};
+};
 
 struct WorkItem {
     int64_t batch;  // flat batch index
