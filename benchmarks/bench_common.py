@@ -35,11 +35,14 @@ def core_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def time_call(fn, min_seconds: float = 0.2, max_reps: int = 50) -> list[float]:
-    """Runs fn once to warm up, then repeatedly for about min_seconds; returns per-call seconds."""
+def time_call(fn, min_seconds: float = 0.2, max_reps: int = 50, warmup_share: float = 0.0) -> list[float]:
+    """Runs fn to warm up (once, or for warmup_share of min_seconds where calls are short), then repeatedly for
+    about min_seconds but at most max_reps times; returns the timed calls' seconds."""
     start = time.perf_counter()
     fn()
     first = time.perf_counter() - start
+    while time.perf_counter() - start < warmup_share * min_seconds:
+        fn()
     reps = max(3, min(max_reps, int(min_seconds / max(first, 1e-6))))
     times = []
     for _ in range(reps):

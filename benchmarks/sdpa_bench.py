@@ -118,7 +118,9 @@ def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backwar
     rounds = 5
     for _ in range(rounds):  # interleaved, so drifting clocks or neighbours hit every contender alike
         for name, fn in runs.items():
-            times[name] += time_call(fn, min_seconds / rounds, max_reps=10)
+            # Each round warms up first: the other contender's calls just ran on these cores, and a call of
+            # tens of microseconds timed right after them measures their traces in the caches, not itself.
+            times[name] += time_call(fn, min_seconds / rounds, max_reps=1000, warmup_share=0.2)
     flops = attention_flops(n, hq, sq, skv, d, causal=causal, backward=backward)
     row = {"bench": "sdpa_backward" if backward else "sdpa_forward", "shape": [n, hq, hkv, sq, skv, d], "dtype": dtype, "causal": causal,
            "isa": ga.backward_isa(dtype, sq, skv) if backward else ga.forward_isa(dtype, sq, skv, n * hq, causal, d), "threads": ga.thread_count(), "cpu": cpu_model()}
