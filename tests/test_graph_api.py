@@ -5,6 +5,8 @@ import pytest
 import graphattn as ga
 from graphattn.testing import SdpaGraphSpec, assert_close
 
+from subprocess_helpers import run_python
+
 pytestmark = pytest.mark.cpu
 
 
@@ -204,4 +206,33 @@ def test_verbose_names_the_kernel_of_each_call(dtype, dropout, seq, heads, capsy
     chosen = ga.forward_isa(dtype, seq, seq, batch=heads)
     assert chosen in (amx, vector_build)
     expected = chosen if dropout == 0.0 else vector_build
-    assert f"sdpa_forward_cpu,isa={expected}" in err
+    assert f"sdpa_forward_cpu,isa={expected},why=" in err
+    if dropout and chosen == amx:
+        assert "why=dropout: the tile kernel does not fuse it" in err
+    assert f"layout={'tiles' if expected == amx else ''}" in err
+
+
+VERBOSE_PLAN_SCRIPT = """
+import sys
+import numpy as np, graphattn as ga
+sys.stderr = sys.stdout  # the verbose lines, for run_python
+ga.set_verbose(1)
+rng = np.random.default_rng(0)
+q = rng.standard_normal((1, 2, 1, 64), dtype=np.float32)
+k = rng.standard_normal((1, 2, 2048, 64), dtype=np.float32)
+ga.scaled_dot_product_attention(q, k, k)  # decode: two heads of one row on four threads
+q = rng.standard_normal((1, 1, 64, 64), dtype=np.float32)
+ga.scaled_dot_product_attention(q, q, q, is_causal=True)  # items of unequal work
+"""
+
+
+def test_verbose_names_the_rule_and_the_work_layout():
+    """The compile line says why the kernel build was chosen and how the call's work goes to threads: two
+    decode heads on four threads split their 2048 keys in four splits of 512 (eight pieces of work, each
+    thread home first on its own); causal items go out longest first from one counter."""
+    err = run_python(VERBOSE_PLAN_SCRIPT, OMP_NUM_THREADS="4")
+    decode, causal = (line for line in err.splitlines() if ",compile," in line)
+    assert ",why=" in decode
+    assert ("layout=rows,item_rows=1,items=2,key_splits=4,keys_per_split=512,threads=4,order=home_first,"
+            in decode)
+    assert "order=longest_first," in causal

@@ -13,7 +13,7 @@ cnp.import_array()
 
 from graphattn._cpu cimport (DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
                              cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_dtype_class,
-                             sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for)
+                             sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan)
 
 
 include "_sdpa_args.pxi"
@@ -46,6 +46,11 @@ cdef class ForwardPlan:
     def isa(self):
         """Name of the kernel build the run will use (for the verbose log)."""
         return sdpa_forward_isa_for(self.args).decode()
+
+    def dispatch_text(self):
+        """The kernel build, the rule that chose it and the run's work layout, as comma-separated key=value
+        fields (for the verbose log)."""
+        return sdpa_forward_plan(self.args).decode()
 
     def run_arrays(self, query, key, value, output, mask=None, stats=None, float scale=1.0,
                    int64_t causal_offset=0, float select_fill=float("-inf"), float causal_fill=float("-inf"),

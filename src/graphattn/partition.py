@@ -136,7 +136,7 @@ class Partition:
             try:
                 kernel_type = FusedSdpaBackward if self.kind == "sdpa_backward" else FusedSdpaForward
                 kernel = kernel_type(self._match, lts, shapes, engine)
-                verbose.log("compile", f"partition={self.id}", kernel.name, f"isa={kernel.isa}", kernel.shape_text)
+                verbose.log("compile", f"partition={self.id}", kernel.name, kernel.dispatch_text, kernel.shape_text)
                 return kernel
             except NotUsable as why:
                 verbose.log("compile", f"partition={self.id}", "reference", f"fused kernel not usable: {why}")

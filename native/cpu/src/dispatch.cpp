@@ -14,11 +14,13 @@ namespace {
 
 using ForwardFn = Status (*)(const SdpaForwardArgs&);
 using BackwardFn = Status (*)(const SdpaBackwardArgs&);
+using PlanFn = std::string (*)(const SdpaForwardArgs&);
 
 struct ForwardKernel {
     const char* isa;
     ForwardFn run;
     BackwardFn run_backward;
+    PlanFn plan;  // the forward's work layout (isa_entry_points.hpp)
 };
 
 // GRAPHATTN_ISA=portable|avx2|avx512|amx caps the choice (for testing each build).
@@ -35,10 +37,11 @@ ForwardKernel choose_vector_kernel() {
     const bool allow_avx512 = limit.empty() || limit == "amx" || limit == "avx512";
     const bool allow_avx2 = allow_avx512 || limit == "avx2";
     if (allow_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.f16c)
-        return {"avx512", sdpa_forward_avx512, sdpa_backward_avx512};
-    if (allow_avx2 && f.avx2 && f.fma && f.f16c) return {"avx2", sdpa_forward_avx2, sdpa_backward_avx2};
+        return {"avx512", sdpa_forward_avx512, sdpa_backward_avx512, sdpa_forward_plan_avx512};
+    if (allow_avx2 && f.avx2 && f.fma && f.f16c)
+        return {"avx2", sdpa_forward_avx2, sdpa_backward_avx2, sdpa_forward_plan_avx2};
 #endif
-    return {"portable", sdpa_forward_portable, sdpa_backward_portable};
+    return {"portable", sdpa_forward_portable, sdpa_backward_portable, sdpa_forward_plan_portable};
 }
 
 const ForwardKernel& vector_kernel() {
@@ -65,7 +68,22 @@ template <int Parts>
 Status forward_amx_or_vector(const SdpaForwardArgs& args) {
     return sdpa_forward_amx(args, Parts) ? Status::success() : vector_kernel().run(args);
 }
+
+template <int Parts>
+std::string forward_amx_plan(const SdpaForwardArgs& args) {
+    return sdpa_forward_plan_amx(args, Parts);
+}
 #endif
+
+// Why a forward call runs where it does, for the verbose log (no commas).
+const char* vector_build_reason() {
+    if (!isa_cap().empty()) return "GRAPHATTN_ISA caps the choice";
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+    return "no usable AMX-BF16 on this CPU";
+#else
+    return "no x86 builds in this library";
+#endif
+}
 
 // AMX tiles take bf16 Q, K and V, or f16 and f32 ones split into two or three
 // bf16 parts (three or six bf16 products in place of one; amx_split.hpp), in
@@ -105,12 +123,32 @@ constexpr int64_t kAmxF32MinItemRows = 256;
 constexpr int64_t kAmxF16MinQueryRows = 32;
 
 // Whether a forward call runs on AMX tiles; `args` gives its lengths, batch
-// and mask (data is not read).
-bool forward_runs_on_amx(DType dtype_class, const SdpaForwardArgs& args) {
-    if (!amx_allowed()) return false;
-    if (dtype_class == DType::bf16) return args.seq_q >= kAmxBf16MinQueryRows;
-    if (dtype_class == DType::f16) return args.seq_q >= kAmxF16MinQueryRows;
-    return args.seq_q * args.seq_kv >= kAmxF32MinScores && sdpa_forward_amx_item_rows(args) >= kAmxF32MinItemRows;
+// and mask (data is not read).  `why` gets the rule that decided.
+bool forward_runs_on_amx(DType dtype_class, const SdpaForwardArgs& args, const char** why) {
+    if (!amx_allowed()) {
+        *why = vector_build_reason();
+        return false;
+    }
+    if (dtype_class == DType::bf16) {
+        const bool tiles = args.seq_q >= kAmxBf16MinQueryRows;
+        *why = tiles ? "bf16 from 6 query rows on tiles" : "bf16 under 6 query rows: the vector build's row layout";
+        return tiles;
+    }
+    if (dtype_class == DType::f16) {
+        const bool tiles = args.seq_q >= kAmxF16MinQueryRows;
+        *why = tiles ? "f16 from 32 query rows on tiles" : "f16 under 32 query rows: the vector build's row layout";
+        return tiles;
+    }
+    if (args.seq_q * args.seq_kv < kAmxF32MinScores) {
+        *why = "f32 under 192 x 192 scores: FMAs beat six tile products per product";
+        return false;
+    }
+    if (sdpa_forward_amx_item_rows(args) < kAmxF32MinItemRows) {
+        *why = "f32 work items under 256 query rows: FMAs beat six tile products per product";
+        return false;
+    }
+    *why = "f32 work items of 256 query rows or more on tiles";
+    return true;
 }
 
 // A call's shape for the kernel choice alone: `batch` batch indices, no mask
@@ -147,17 +185,33 @@ const char* amx_build_name(DType dtype_class) {
     return parts == 1 ? "amx_bf16" : (parts == 2 ? "amx_bf16x3" : "amx_bf16x6");
 }
 
+struct ForwardChoice {
+    ForwardKernel kernel;
+    const char* why;  // the rule that chose it (forward_runs_on_amx)
+};
+
 // The AMX forward has no fused dropout yet: calls with dropout run on the vector build.
-ForwardKernel forward_kernel_for(DType input_dtype, const SdpaForwardArgs& args) {
+ForwardChoice choose_forward(DType input_dtype, const SdpaForwardArgs& args) {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
-    if (args.dropout_p == 0.0f && forward_runs_on_amx(input_dtype, args)) {
+    const char* why = nullptr;
+    const bool tiles = forward_runs_on_amx(input_dtype, args, &why);
+    if (tiles && args.dropout_p == 0.0f) {
         static constexpr ForwardFn kByParts[] = {forward_amx_or_vector<1>, forward_amx_or_vector<2>,
                                                  forward_amx_or_vector<3>};
-        return {amx_build_name(input_dtype), kByParts[amx_parts(input_dtype) - 1], nullptr};
+        static constexpr PlanFn kPlanByParts[] = {forward_amx_plan<1>, forward_amx_plan<2>, forward_amx_plan<3>};
+        const int parts = amx_parts(input_dtype);
+        return {{amx_build_name(input_dtype), kByParts[parts - 1], nullptr, kPlanByParts[parts - 1]}, why};
     }
-#endif
+    return {vector_kernel(), tiles ? "dropout: the tile kernel does not fuse it" : why};
+#else
+    (void)input_dtype;
     (void)args;
-    return vector_kernel();
+    return {vector_kernel(), vector_build_reason()};
+#endif
+}
+
+ForwardKernel forward_kernel_for(DType input_dtype, const SdpaForwardArgs& args) {
+    return choose_forward(input_dtype, args).kernel;
 }
 
 // Q, K and V's class.
@@ -218,6 +272,13 @@ const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, i
 
 const char* sdpa_forward_isa_for(const SdpaForwardArgs& args) {
     return forward_kernel_for(forward_dtype_class(args), args).isa;
+}
+
+std::string sdpa_forward_plan(const SdpaForwardArgs& args) {
+    const ForwardChoice choice = choose_forward(forward_dtype_class(args), args);
+    const std::string head = std::string("isa=") + choice.kernel.isa + ",why=" + choice.why + ",";
+    if (args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0) return head + "layout=none";  // no rows
+    return head + choice.kernel.plan(args);
 }
 
 }  // namespace graphattn

@@ -8,6 +8,8 @@
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
-Status sdpa_forward_avx2(const SdpaForwardArgs& args) { return isa_avx2::sdpa_forward_for_isa<3, 4, 8>(args); }
+using ForwardAvx2 = isa_avx2::ForwardBuild<3, 4, 8>;
+Status sdpa_forward_avx2(const SdpaForwardArgs& args) { return ForwardAvx2::run(args); }
+std::string sdpa_forward_plan_avx2(const SdpaForwardArgs& args) { return ForwardAvx2::describe(args); }
 Status sdpa_backward_avx2(const SdpaBackwardArgs& args) { return isa_avx2::sdpa_backward_for_isa<3, 4>(args); }
 }  // namespace graphattn

@@ -10,6 +10,8 @@
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
-Status sdpa_forward_avx512(const SdpaForwardArgs& args) { return isa_avx512::sdpa_forward_for_isa<4, 6, 12, 2, 10, 4>(args); }
+using ForwardAvx512 = isa_avx512::ForwardBuild<4, 6, 12, 2, 10, 4>;
+Status sdpa_forward_avx512(const SdpaForwardArgs& args) { return ForwardAvx512::run(args); }
+std::string sdpa_forward_plan_avx512(const SdpaForwardArgs& args) { return ForwardAvx512::describe(args); }
 Status sdpa_backward_avx512(const SdpaBackwardArgs& args) { return isa_avx512::sdpa_backward_for_isa<4, 6, 2, 10>(args); }
 }  // namespace graphattn

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <iterator>
+#include <string>
 #include <type_traits>
 
 #include "amx_packing.hpp"
@@ -423,35 +424,57 @@ ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t 
     return {smallest, splits};
 }
 
+// How a call's work goes to threads: items of `rows` query rows, each with
+// its keys in `splits` splits, handed out as `units` (LastWave) on `team`
+// threads, home first (HomeFirstUnits) where `home`.
+struct ForwardWork {
+    int64_t batch, q_blocks, items;
+    ItemPlan plan;
+    bool skip_causal_blocks, by_rank;
+    LastWave wave;
+    int team;
+    bool home;
+};
+
+ForwardWork forward_work(const SdpaForwardArgs& a, int parts) {
+    ForwardWork w;
+    const int64_t threads = omp_get_max_threads();
+    w.batch = a.batch[0] * a.batch[1] * a.batch[2];
+    w.skip_causal_blocks = skips_causal_blocks(a);
+    w.plan = plan_items(w.batch, a.seq_q, visible_keys_of(a), threads, w.skip_causal_blocks,
+                        splits_keys_first(a, parts));
+    w.q_blocks = (a.seq_q + w.plan.rows - 1) / w.plan.rows;
+    w.items = w.batch * w.q_blocks;
+    w.by_rank = longest_first(w.skip_causal_blocks, w.items, threads);
+    // Key splits make small pieces of work already; the last wave goes in pieces otherwise.
+    w.wave = last_wave_in_pieces(w.items, w.plan.rows, threads, kLastWavePieceRows,
+                                 w.plan.splits.count == 1 && !w.skip_causal_blocks);
+    w.team = team_for_items(w.items * w.plan.splits.count);
+    w.home = !w.skip_causal_blocks && w.wave.pieces == 1;
+    return w;
+}
+
 // False (output unfinished) when split inputs held an infinity.
 template <int Parts>
 bool run_forward(const SdpaForwardArgs& a) {
-    const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
-    const int64_t threads = omp_get_max_threads();
-    const bool skip_causal_blocks = skips_causal_blocks(a);
-    const ItemPlan item_plan = plan_items(batch, a.seq_q, visible_keys_of(a), threads, skip_causal_blocks,
-                                            splits_keys_first(a, Parts));
-    const int64_t block_q = item_plan.rows;
-    const int64_t q_blocks = (a.seq_q + block_q - 1) / block_q;
-    const int64_t items = batch * q_blocks;
-    const int64_t splits = item_plan.splits.count, keys_per_split = item_plan.splits.keys;
+    const ForwardWork work = forward_work(a, Parts);
+    const int64_t batch = work.batch, block_q = work.plan.rows, q_blocks = work.q_blocks, items = work.items;
+    const int64_t splits = work.plan.splits.count, keys_per_split = work.plan.splits.keys;
+    const bool skip_causal_blocks = work.skip_causal_blocks, by_rank = work.by_rank;
+    const LastWave& wave = work.wave;
+    const int team = work.team;
     const int Dv = int(a.head_dim_v);
     const PartialLayout layout{block_q, Dv};
     AlignedFloats partials =
         splits > 1 ? AlignedFloats::uninitialized(size_t(items * splits) * layout.floats()) : AlignedFloats();
     std::atomic<bool> saw_infinity{false};
-    const bool by_rank = longest_first(skip_causal_blocks, items, threads);
     // An item's batch index and first query row (see work_order.hpp).
     auto item_origin = [&](int64_t item, int64_t b[kBatchDims]) {
         const WorkItem x = work_item(item, batch, q_blocks, by_rank);
         unflatten_batch(a.batch, x.batch, b);
         return (skip_causal_blocks ? q_blocks - 1 - x.rank : x.rank) * block_q;
     };
-    // Key splits make small pieces of work already; the last wave goes in pieces otherwise.
-    const LastWave wave =
-        last_wave_in_pieces(items, block_q, threads, kLastWavePieceRows, splits == 1 && !skip_causal_blocks);
-    const int team = team_for_items(items * splits);
-    HomeFirstUnits units(wave.units() * splits, team, !skip_causal_blocks && wave.pieces == 1);
+    HomeFirstUnits units(wave.units() * splits, team, work.home);
     run_on_team(team, [&] {
         Scratch scratch(int(a.head_dim_qk), Dv, Parts, std::min(block_q, a.seq_q));
         configure_tiles();
@@ -489,11 +512,14 @@ bool run_forward(const SdpaForwardArgs& a) {
 }  // namespace isa_amx
 
 int64_t sdpa_forward_amx_item_rows(const SdpaForwardArgs& a) {
-    const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
-    // Only f32 calls ask (dispatch.cpp).
-    const int64_t rows = isa_amx::plan_items(batch, a.seq_q, isa_amx::visible_keys_of(a), omp_get_max_threads(),
-                                             isa_amx::skips_causal_blocks(a), isa_amx::splits_keys_first(a, 3)).rows;
-    return std::min(rows, a.seq_q);
+    return std::min(isa_amx::forward_work(a, 3).plan.rows, a.seq_q);  // only f32 calls ask (dispatch.cpp)
+}
+
+std::string sdpa_forward_plan_amx(const SdpaForwardArgs& a, int parts) {
+    const isa_amx::ForwardWork w = isa_amx::forward_work(a, parts);
+    const std::string order = isa_amx::order_name(w.home, w.by_rank) + (w.wave.pieces > 1 ? "+pieces" : "");
+    return isa_amx::work_plan_text("tiles", std::min(w.plan.rows, a.seq_q), w.items, w.plan.splits.count,
+                                   std::min(w.plan.splits.keys, a.seq_kv), w.team, order);
 }
 
 bool sdpa_forward_amx(const SdpaForwardArgs& a, int parts) {

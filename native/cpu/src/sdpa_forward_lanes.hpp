@@ -558,6 +558,16 @@ struct LaneForward {
         write_rows(a, sc, o_t, row_max, row_sum, rows, Dv);
     }
 
+    // The work layout run() takes for these arguments (work_plan_text).
+    static std::string describe(const SdpaForwardArgs& a) {
+        const LanePlan p = plan(a);
+        const bool skip_causal_blocks = skips_causal_blocks(a);
+        return work_plan_text(RowLayout ? "rows" : "lanes", std::min(p.item_rows, p.rows_total), p.outer_items, p.splits,
+                              std::min(p.keys_per_split, a.seq_kv), team_for_items(p.outer_items * p.splits),
+                              order_name(!skip_causal_blocks,
+                                         longest_first(skip_causal_blocks, p.outer_items, omp_get_max_threads())));
+    }
+
     static Status run(const SdpaForwardArgs& a) {
         const int Dv = int(a.head_dim_v);
         const LanePlan p = plan(a);

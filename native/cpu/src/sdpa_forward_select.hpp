@@ -4,6 +4,8 @@
 // that would leave many lanes idle.
 #pragma once
 
+#include <string>
+
 #include "block_io.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
@@ -47,12 +49,18 @@ namespace GRAPHATTN_ISA_NS {
 // runs: f32 (1,8,2,8,900,128) 1.81-2.11x, (1,1,1,24,300,80) 1.24-1.66x,
 // (1,8,8,24,768,64) 1.21-1.42x, (1,2,2,32,1024,128) 1.25-1.38x,
 // (1,16,4,8,300,80) 1.06-1.16x, f16 1.17-1.21x.
-template <int RV, int NT, int NTSingle, int RVShort = RV, int NTShort = NT, int RowRVMax = 1>
-Status sdpa_forward_for_isa(const SdpaForwardArgs& args) {
+template <class Driver>
+struct DriverTag {
+    using type = Driver;
+};
+
+// Calls visit(DriverTag<the chosen LaneForward>{}) and returns what it returns.
+template <int RV, int NT, int NTSingle, int RVShort = RV, int NTShort = NT, int RowRVMax = 1, class Visit>
+auto with_forward_driver(const SdpaForwardArgs& args, Visit&& visit) {
     int64_t group;
     find_shared_dim(args, group);
     const int64_t rows = group * args.seq_q;
-    if (rows <= kLanes) return LaneForward<1, NTSingle>::run(args);
+    if (rows <= kLanes) return visit(DriverTag<LaneForward<1, NTSingle>>{});
     const int64_t threads = omp_get_max_threads();
     const int64_t lanes = std::min(round_up(rows, int64_t(RVShort) * kLanes), round_up(rows, int64_t(RV) * kLanes));
     auto idles_threads = [&](const LanePlan& p) { return p.outer_items * p.splits < threads; };
@@ -63,16 +71,28 @@ Status sdpa_forward_for_isa(const SdpaForwardArgs& args) {
         if (rows <= RowRVMax * kLanes &&
             (4 * rows < 3 * lanes || idles_threads(short_blocks ? LaneForward<RVShort, NTShort>::plan(args)
                                                                 : LaneForward<RV, NT>::plan(args)))) {
-            if (rows <= 2 * kLanes) return LaneForward<2, NTSingle, true>::run(args);
+            if (rows <= 2 * kLanes) return visit(DriverTag<LaneForward<2, NTSingle, true>>{});
             if constexpr (RowRVMax > 2) {
-                if (rows <= 3 * kLanes) return LaneForward<3, NTSingle, true>::run(args);
-                return LaneForward<4, NTSingle, true>::run(args);
+                if (rows <= 3 * kLanes) return visit(DriverTag<LaneForward<3, NTSingle, true>>{});
+                return visit(DriverTag<LaneForward<4, NTSingle, true>>{});
             }
         }
     }
-    if (short_blocks) return LaneForward<RVShort, NTShort>::run(args);
-    return LaneForward<RV, NT>::run(args);
+    if (short_blocks) return visit(DriverTag<LaneForward<RVShort, NTShort>>{});
+    return visit(DriverTag<LaneForward<RV, NT>>{});
 }
+
+// One ISA build's forward, its block shapes given once (see with_forward_driver).
+template <int... Shape>
+struct ForwardBuild {
+    static Status run(const SdpaForwardArgs& args) {
+        return with_forward_driver<Shape...>(args, [&](auto tag) { return decltype(tag)::type::run(args); });
+    }
+    // The work layout run() takes for these arguments (work_plan_text).
+    static std::string describe(const SdpaForwardArgs& args) {
+        return with_forward_driver<Shape...>(args, [&](auto tag) { return decltype(tag)::type::describe(args); });
+    }
+};
 
 }  // namespace GRAPHATTN_ISA_NS
 }  // namespace graphattn

@@ -8,6 +8,8 @@
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
-Status sdpa_forward_portable(const SdpaForwardArgs& args) { return isa_portable::sdpa_forward_for_isa<3, 4, 8>(args); }
+using ForwardPortable = isa_portable::ForwardBuild<3, 4, 8>;
+Status sdpa_forward_portable(const SdpaForwardArgs& args) { return ForwardPortable::run(args); }
+std::string sdpa_forward_plan_portable(const SdpaForwardArgs& args) { return ForwardPortable::describe(args); }
 Status sdpa_backward_portable(const SdpaBackwardArgs& args) { return isa_portable::sdpa_backward_for_isa<3, 4>(args); }
 }  // namespace graphattn

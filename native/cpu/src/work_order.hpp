@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include <omp.h>
 
@@ -167,6 +168,23 @@ inline LastWave last_wave_in_pieces(int64_t items, int64_t item_rows, int64_t th
                                     bool equal_work) {
     if (!equal_work || item_rows <= piece_rows || items <= threads) return {items, item_rows, items, 1, item_rows};
     return {items, item_rows, items - threads, item_rows / piece_rows, piece_rows};
+}
+
+// How a forward call's work is laid out, for the verbose log: comma-separated
+// key=value fields with no spaces.  `order` names the hand-out order:
+// home_first (HomeFirstUnits), longest_first or batch_major (one shared
+// counter), with "+pieces" where the last wave goes in pieces.
+inline std::string work_plan_text(const char* layout, int64_t item_rows, int64_t items, int64_t key_splits,
+                                  int64_t keys_per_split, int team, const std::string& order) {
+    return std::string("layout=") + layout + ",item_rows=" + std::to_string(item_rows) +
+           ",items=" + std::to_string(items) + ",key_splits=" + std::to_string(key_splits) +
+           ",keys_per_split=" + std::to_string(keys_per_split) + ",threads=" + std::to_string(team) +
+           ",order=" + order;
+}
+
+// The hand-out order's name for work_plan_text.
+inline std::string order_name(bool home, bool by_rank) {
+    return home ? "home_first" : (by_rank ? "longest_first" : "batch_major");
 }
 
 // GRAPHATTN_DETERMINISTIC set: the backwards hand out whole items only, so

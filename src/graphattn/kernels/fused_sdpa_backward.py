@@ -123,6 +123,7 @@ class FusedSdpaBackward:
             self.isa = "subgroup"
         else:
             self.isa = _cpu.backward_isa([dt.value for dt in input_dtypes], seq_q, seq_kv)
+        self.dispatch_text = f"isa={self.isa}"
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match

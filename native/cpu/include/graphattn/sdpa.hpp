@@ -108,9 +108,10 @@ Status check_backward_args(const SdpaBackwardArgs& args);
 Status sdpa_forward(const SdpaForwardArgs& args);
 
 // Runs the fused backward kernel (FlashAttention-2 style: P recomputed from
-// the stats; one pass over key blocks for dK/dV, one over query blocks for
-// dQ), in f32 whatever the input dtype.  Memory: O(B * Sq) floats plus
-// per-thread blocks.
+// the stats; one pass over key blocks for dK, dV and dQ, dQ summed in f32
+// buffers per key split), in f32 whatever the input dtype.  Memory: dQ's f32
+// buffers, B * Sq * D floats per key split (up to four splits; more only
+// while all of them fit 16 MiB), plus per-thread blocks.
 Status sdpa_backward(const SdpaBackwardArgs& args);
 
 // Name of the kernel build sdpa_backward uses for inputs of this dtype (or
@@ -134,5 +135,12 @@ const char* sdpa_forward_isa(DType input_dtype = DType::f32, int64_t seq_q = 1 <
 // dtypes, lengths, batch, causal mask and dropout, and the thread count;
 // data addresses are not read).
 const char* sdpa_forward_isa_for(const SdpaForwardArgs& args);
+
+// The forward's kernel choice for these arguments in words, for logs:
+// comma-separated key=value fields: isa, why (the rule that chose it), then
+// the work layout on this thread count: layout (rows, lanes or tiles),
+// item_rows, items, key_splits, keys_per_split, threads and order (how items
+// go to threads).  Data addresses are not read.
+std::string sdpa_forward_plan(const SdpaForwardArgs& args);
 
 }  // namespace graphattn
