@@ -240,6 +240,24 @@ def test_backward_needs_the_forward_seed(rng):
         ga.scaled_dot_product_attention_backward(out, q, k, v, out, stats, dropout_p=0.2, dropout_seed=1 << 63)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_verbose_logs_the_functional_backward(dtype, capsys, rng):
+    """GRAPHATTN_VERBOSE's lines for the one-call backward: its build and the rule that chose it when a
+    signature is first planned, then each call's kernel time."""
+    q, k, v = (random_array((1, 2, 70, 64), dtype, rng) for _ in range(3))
+    out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True)
+    ga.set_verbose(1)
+    try:
+        for _ in range(2):
+            ga.scaled_dot_product_attention_backward(out, q, k, v, out, stats)
+    finally:
+        ga.set_verbose(0)
+    err = capsys.readouterr().err
+    isa = ga.backward_isa(dtype, 70, 70)
+    assert err.count(f"graphattn_verbose,compile,functional_backward,sdpa_backward_cpu,isa={isa},why=") == 1
+    assert err.count("graphattn_verbose,exec,functional_backward,sdpa_backward_cpu,batch=1x1x2,sq=70,skv=70") == 2
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seq_q,seq_kv", [(3, 0), (40, 0), (0, 5), (0, 0)])
 def test_empty_sequences(seq_q, seq_kv, dtype, rng):

@@ -60,8 +60,8 @@ def test_gradients_inside_larger_buffers_get_only_their_views_written(variant, d
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 def test_verbose_names_the_backward_kernel(dtype, capsys, rng):
-    """The log names the backward kernel and the build the call runs (AMX split products for f16 where
-    the CPU has AMX)."""
+    """The log names the backward kernel, the build the call runs (AMX split products for f16 where
+    the CPU has AMX) and the rule that chose it."""
     ga.set_verbose(1)
     try:
         check(dtype, rng, mask="causal_top_left", seq_q=70, seq_kv=90)
@@ -69,7 +69,12 @@ def test_verbose_names_the_backward_kernel(dtype, capsys, rng):
         ga.set_verbose(0)
     err = capsys.readouterr().err
     assert "sdpa_backward" in err and "sdpa_backward_cpu" in err
-    assert f"isa={ga.backward_isa(dtype, 70, 90)}" in err
+    isa = ga.backward_isa(dtype, 70, 90)
+    assert f"isa={isa},why=" in err
+    if isa.startswith("amx"):
+        assert f"why={dtype} with both sequences from" in err
+    elif dtype == "f32" and ga.backward_isa("bf16", 70, 90).startswith("amx"):
+        assert "why=f32: FMAs beat five products on split tiles" in err
 
 
 def test_dk_per_query_head_falls_back_to_the_reference(rng):

@@ -12,7 +12,8 @@ cimport numpy as cnp
 cnp.import_array()
 
 from graphattn._cpu cimport (DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
-                             cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_dtype_class,
+                             cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_reason,
+                             sdpa_dtype_class,
                              sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan)
 
 
@@ -138,21 +139,32 @@ def forward_isa(dtype="f32", seq_q=1 << 20, seq_kv=None, batch=1, causal=False, 
     return sdpa_forward_isa(code, seq_q, seq_kv, batch, causal, head_dim).decode()
 
 
-def backward_isa(dtype="f32", seq_q=1 << 20, seq_kv=None):
-    """Name of the kernel build the backward kernel uses for inputs of this dtype (or of these dtypes,
-    Q, K, V and dO, given as a list), query length and key length (default: the query length), e.g.
-    "amx_bf16" or "avx512"."""
+cdef DType _backward_dtype_class(dtype) except *:
+    """The dtype class of one dtype, or of a list of Q, K, V and dO's dtypes."""
     cdef DType codes[4]
-    if seq_kv is None:
-        seq_kv = seq_q
     if isinstance(dtype, str) or not hasattr(dtype, "__iter__"):
-        return sdpa_backward_isa(<DType>(<int>DTYPE_CODES[str(dtype)]), seq_q, seq_kv).decode()
+        return <DType>(<int>DTYPE_CODES[str(dtype)])
     names = [str(d) for d in dtype]
     if not 1 <= len(names) <= 4:
         raise ValueError(f"backward_isa: expected 1 to 4 dtypes, got {len(names)}")
     for i, name in enumerate(names):
         codes[i] = <DType>(<int>DTYPE_CODES[name])
-    return sdpa_backward_isa(sdpa_dtype_class(codes, len(names)), seq_q, seq_kv).decode()
+    return sdpa_dtype_class(codes, len(names))
+
+
+def backward_isa(dtype="f32", seq_q=1 << 20, seq_kv=None):
+    """Name of the kernel build the backward kernel uses for inputs of this dtype (or of these dtypes,
+    Q, K, V and dO, given as a list), query length and key length (default: the query length), e.g.
+    "amx_bf16" or "avx512"."""
+    return sdpa_backward_isa(_backward_dtype_class(dtype), seq_q, seq_q if seq_kv is None else seq_kv).decode()
+
+
+def backward_dispatch_text(dtype, int64_t seq_q, int64_t seq_kv):
+    """isa=<build>,why=<the rule that chose it> for the backward (arguments as backward_isa's), for the
+    verbose log."""
+    cdef DType dtype_class = _backward_dtype_class(dtype)
+    return (f"isa={sdpa_backward_isa(dtype_class, seq_q, seq_kv).decode()},"
+            f"why={sdpa_backward_reason(dtype_class, seq_q, seq_kv).decode()}")
 
 
 def cpu_features():

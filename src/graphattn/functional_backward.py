@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _cpu
 from .dtypes import DTYPES, from_numpy as dtype_of
-from . import sycl_runtime
+from . import sycl_runtime, verbose
 from .functional import SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
 from .interop import from_numpy, is_torch_tensor, to_numpy, torch_empty, torch_layout
 from .logical_tensor import dense_strides
@@ -180,11 +180,37 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
         (q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype))
 
 
+def _shape_text(plan: _BackwardPlan) -> str:
+    return (f"batch={'x'.join(map(str, plan.kernel_batch))},sq={plan.seq_q},skv={plan.seq_kv},d={plan.head_dim},"
+            f"dv={plan.head_dim_v}")
+
+
+def _log_plan(plan: _BackwardPlan, dtypes: list, queue) -> None:
+    """The verbose compile line of a new backward signature: the kernel, the rule that chose its build, the shape."""
+    if queue is not None:
+        verbose.log("compile", "functional_backward", "sdpa_backward_sycl", "isa=subgroup", _shape_text(plan))
+    else:
+        verbose.log("compile", "functional_backward", "sdpa_backward_cpu",
+                    _cpu.backward_dispatch_text(dtypes, plan.seq_q, plan.seq_kv), _shape_text(plan))
+
+
 def _run_kernel(run_backward, plan: _BackwardPlan, arrays: dict, scale, is_causal, dropout_p, dropout_seed,
                 dropout_offset) -> None:
     """One kernel call on the plan's views of `arrays` (NumPy arrays, torch CPU tensors or USM addresses)."""
     scale_value = plan.default_scale if scale is None else float(scale)
     specs = {name: (code, strides, arrays[name]) for name, code, strides in plan.roles}
+    if verbose.enabled():
+        import time
+        start = time.perf_counter()
+        _call_kernel(run_backward, plan, specs, scale_value, is_causal, dropout_p, dropout_seed, dropout_offset)
+        verbose.log("exec", "functional_backward", "sdpa_backward_cpu" if run_backward is _cpu.backward
+                    else "sdpa_backward_sycl", _shape_text(plan), f"{(time.perf_counter() - start) * 1e3:.4f}ms")
+    else:
+        _call_kernel(run_backward, plan, specs, scale_value, is_causal, dropout_p, dropout_seed, dropout_offset)
+
+
+def _call_kernel(run_backward, plan: _BackwardPlan, specs: dict, scale_value: float, is_causal, dropout_p,
+                 dropout_seed, dropout_offset) -> None:
     run_backward(plan.kernel_batch, plan.seq_q, plan.seq_kv, plan.head_dim, plan.head_dim_v, specs,
                  mask_kind=plan.mask_kind, has_scale=True, scale=scale_value, causal=bool(is_causal),
                  causal_offset=plan.causal_offset, inf_as_zero=True, dropout_p=dropout_p,
@@ -256,6 +282,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         _plans.put(signature, plan)
         if torch_signature is not None and plan.direct:
             _plans.put(torch_signature, plan)
+        if verbose.enabled():
+            _log_plan(plan, [dtype_of(a.dtype).value for a in (q, k, v, do)], queue)
 
     def empty(shape, dtype):
         return np.empty(shape, dtype) if queue is None else xp.empty(shape, dtype=dtype, sycl_queue=queue)

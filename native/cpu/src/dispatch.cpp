@@ -174,9 +174,22 @@ SdpaForwardArgs shape_only_args(int64_t batch, int64_t seq_q, int64_t seq_kv, bo
 // each of its products taking three tile passes).
 int64_t amx_backward_min_length(DType dtype_class) { return dtype_class == DType::f16 ? 64 : 48; }
 
-bool backward_runs_on_amx(DType dtype_class, int64_t seq_q, int64_t seq_kv) {
-    return dtype_class != DType::f32 && amx_allowed() &&
-           std::min(seq_q, seq_kv) >= amx_backward_min_length(dtype_class);
+// Whether a backward call runs on AMX tiles; `why` gets the rule that decided.
+bool backward_runs_on_amx(DType dtype_class, int64_t seq_q, int64_t seq_kv, const char** why = nullptr) {
+    const char* reason;
+    bool tiles = false;
+    if (!amx_allowed()) reason = vector_build_reason();
+    else if (dtype_class == DType::f32) reason = "f32: FMAs beat five products on split tiles";
+    else if (std::min(seq_q, seq_kv) < amx_backward_min_length(dtype_class))
+        reason = dtype_class == DType::f16 ? "f16 with a sequence under 64: mostly padding on tiles"
+                                           : "bf16 with a sequence under 48: mostly padding on tiles";
+    else {
+        tiles = true;
+        reason = dtype_class == DType::f16 ? "f16 with both sequences from 64 on tiles"
+                                           : "bf16 with both sequences from 48 on tiles";
+    }
+    if (why) *why = reason;
+    return tiles;
 }
 
 // The AMX build's name for a dtype class: its bf16 products per product.
@@ -263,6 +276,12 @@ Status sdpa_backward(const SdpaBackwardArgs& args) {
 const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv) {
     if (backward_runs_on_amx(input_dtype, seq_q, seq_kv)) return amx_build_name(input_dtype);
     return vector_kernel().isa;
+}
+
+const char* sdpa_backward_reason(DType input_dtype, int64_t seq_q, int64_t seq_kv) {
+    const char* why = nullptr;
+    backward_runs_on_amx(input_dtype, seq_q, seq_kv, &why);
+    return why;
 }
 
 const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, int64_t batch, bool causal,

@@ -121,9 +121,11 @@ class FusedSdpaBackward:
                            f"dropout={self.options['dropout_p']}")
         if self.queue is not None:
             self.isa = "subgroup"
+            self.dispatch_text = f"isa={self.isa}"
         else:
-            self.isa = _cpu.backward_isa([dt.value for dt in input_dtypes], seq_q, seq_kv)
-        self.dispatch_text = f"isa={self.isa}"
+            dtypes = [dt.value for dt in input_dtypes]
+            self.isa = _cpu.backward_isa(dtypes, seq_q, seq_kv)
+            self.dispatch_text = _cpu.backward_dispatch_text(dtypes, seq_q, seq_kv)
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match

@@ -118,6 +118,9 @@ Status sdpa_backward(const SdpaBackwardArgs& args);
 // dtype class, see sdpa_dtype_class), query length and key length.
 const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv);
 
+// The rule by which sdpa_backward_isa chooses that build, in words (for logs).
+const char* sdpa_backward_reason(DType input_dtype, int64_t seq_q, int64_t seq_kv);
+
 // The dtype class the kernel choice goes by for inputs of these dtypes: bf16
 // when every one is bf16, f16 when all are 16-bit floats with an f16 among
 // them, else f32.
