@@ -13,8 +13,7 @@ cnp.import_array()
 
 from graphattn._cpu cimport (DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
                              cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_reason,
-                             sdpa_dtype_class,
-                             sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan)
+                             sdpa_dtype_class, sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan)
 
 
 include "_sdpa_args.pxi"

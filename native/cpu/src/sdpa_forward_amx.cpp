@@ -424,9 +424,10 @@ ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t 
     return {smallest, splits};
 }
 
-// How a call's work goes to threads: items of `rows` query rows, each with
-// its keys in `splits` splits, handed out as `units` (LastWave) on `team`
-// threads, home first (HomeFirstUnits) where `home`.
+// How a call's work goes to threads: items of plan.rows query rows, each
+// with its keys in plan.splits, handed out as the units of `wave` (whole
+// items, then the last wave's pieces) times the splits, on `team` threads,
+// home first (HomeFirstUnits) where `home`.
 struct ForwardWork {
     int64_t batch, q_blocks, items;
     ItemPlan plan;

@@ -562,8 +562,8 @@ struct LaneForward {
     static std::string describe(const SdpaForwardArgs& a) {
         const LanePlan p = plan(a);
         const bool skip_causal_blocks = skips_causal_blocks(a);
-        return work_plan_text(RowLayout ? "rows" : "lanes", std::min(p.item_rows, p.rows_total), p.outer_items, p.splits,
-                              std::min(p.keys_per_split, a.seq_kv), team_for_items(p.outer_items * p.splits),
+        return work_plan_text(RowLayout ? "rows" : "lanes", std::min(p.item_rows, p.rows_total), p.outer_items,
+                              p.splits, std::min(p.keys_per_split, a.seq_kv), team_for_items(p.outer_items * p.splits),
                               order_name(!skip_causal_blocks,
                                          longest_first(skip_causal_blocks, p.outer_items, omp_get_max_threads())));
     }

@@ -14,6 +14,12 @@
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
+// A driver type as a value, for with_forward_driver's visitors.
+template <class Driver>
+struct DriverTag {
+    using type = Driver;
+};
+
 // RVShort < RV adds a middle tier: query blocks of RVShort vectors where they
 // leave fewer padding lanes in all than blocks of RV vectors (the rows of a
 // block being the query rows of all heads sharing K/V), so that short
@@ -49,11 +55,7 @@ namespace GRAPHATTN_ISA_NS {
 // runs: f32 (1,8,2,8,900,128) 1.81-2.11x, (1,1,1,24,300,80) 1.24-1.66x,
 // (1,8,8,24,768,64) 1.21-1.42x, (1,2,2,32,1024,128) 1.25-1.38x,
 // (1,16,4,8,300,80) 1.06-1.16x, f16 1.17-1.21x.
-template <class Driver>
-struct DriverTag {
-    using type = Driver;
-};
-
+//
 // Calls visit(DriverTag<the chosen LaneForward>{}) and returns what it returns.
 template <int RV, int NT, int NTSingle, int RVShort = RV, int NTShort = NT, int RowRVMax = 1, class Visit>
 auto with_forward_driver(const SdpaForwardArgs& args, Visit&& visit) {
