@@ -136,7 +136,9 @@ class Partition:
             try:
                 kernel_type = FusedSdpaBackward if self.kind == "sdpa_backward" else FusedSdpaForward
                 kernel = kernel_type(self._match, lts, shapes, engine)
-                verbose.log("compile", f"partition={self.id}", kernel.name, kernel.dispatch_text, kernel.shape_text)
+                if verbose.enabled():  # the dispatch text plans the work again: only for the log
+                    verbose.log("compile", f"partition={self.id}", kernel.name, kernel.dispatch_text(),
+                                kernel.shape_text)
                 return kernel
             except NotUsable as why:
                 verbose.log("compile", f"partition={self.id}", "reference", f"fused kernel not usable: {why}")

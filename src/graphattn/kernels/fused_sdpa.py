@@ -205,12 +205,14 @@ class FusedSdpaForward:
         if self.on_sycl:
             self.name = "sdpa_forward_sycl"
             self.isa = self.plan.kernel_name()
-            self.dispatch_text = f"isa={self.isa}"
         else:
             self.isa = self.plan.isa()
-            self.dispatch_text = self.plan.dispatch_text()  # isa=..., why=..., then the work layout
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
                            f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None}")
+
+    def dispatch_text(self) -> str:
+        """isa=<build> and, on the CPU, why=<the rule that chose it> and the work layout (for the verbose log)."""
+        return f"isa={self.isa}" if self.on_sycl else self.plan.dispatch_text()
 
     def _causal_offset(self, inputs: dict) -> int:
         m = self.match
