@@ -46,6 +46,10 @@ CASES = {
     "row_layout_packed_keys": dict(q=(1, 3, 12, 80), k=(1, 3, 150, 80), v=(1, 3, 150, 40), is_causal=True,
                                    causal_alignment="bottom_right"),
     "row_layout_16_rows": dict(q=(1, 2, 16, 64), k=(1, 2, 90, 64), v=(1, 2, 90, 64)),
+    # Items of 5 and 6 rows (GQA groups of 5 heads, one row each; 6 rows per head): the smallest against K^T
+    # packed per key block on AVX-512.
+    "row_layout_packed_keys_5_rows": dict(q=(1, 10, 1, 80), k=(1, 2, 200, 80), v=(1, 2, 200, 48), enable_gqa=True),
+    "row_layout_packed_keys_6_rows": dict(q=(1, 2, 6, 64), k=(1, 2, 140, 64), v=(1, 2, 140, 64), is_causal=True),
     # 40 rows would fill 40 of 64 lanes: a row-layout block of three vectors, in register blocks of 6 rows.
     "row_layout_40_rows": dict(q=(2, 2, 40, 64), k=(2, 2, 130, 64), v=(2, 2, 130, 72)),
     # 7 query rows: bf16 takes AMX tiles (from 6 rows on), each tile mostly padding; GQA, causal, Dv < D.

@@ -146,15 +146,19 @@ struct LaneForward {
     // How the row layout reads K for items of this call's rows.  The row-key
     // partials run on AVX512-BF16 for bf16 Q and K read in place, rows of
     // whole 32-value steps, on a CPU that has it (16-core Xeon,
-    // (1,32,8,1,Skv,128): 1.14-1.20x).  On AVX-512, from 8 rows per item on,
+    // (1,32,8,1,Skv,128): 1.14-1.20x).  On AVX-512, from 5 rows per item on,
     // the scores come from one product with K^T packed per key block instead
     // (2-core Xeon, one thread, in-process A/B, (1,4,Sq,768,D): 8-16 rows
     // 1.08-1.47x at D = 64 or 80, 1.02-1.21x at D = 128, 0.98-1.13x at
-    // D = 256; 4 rows 0.97x, 2-3 rows 0.84-0.88x); against AVX512-BF16
-    // partials from 16 rows on (16-core Xeon, bf16: 8 rows 0.85-0.91x, 16
-    // rows 1.13x).  The AVX2 build gained only from 16 rows on, more than its
-    // row layout takes.  K^T is packed from f32 rows, so other dtypes are
-    // copied first.
+    // D = 256; 4 rows 0.97x, 2-3 rows 0.84-0.88x; 16-core Xeon, in-process
+    // blocks of calls, items of 5-7 rows: (1,32,8,3,768,128) 1.24x,
+    // (1,16,16,6,768,64) 1.25x, (2,8,8,5,768,80) 1.19x, (1,8,8,7,2048,64)
+    // 1.13x; 4-row items 0.74-0.90x; 2-core Xeon, two threads, 5-7 rows
+    // 1.05-1.22x); against AVX512-BF16 partials from 16 rows on (16-core
+    // Xeon, bf16: 8 rows 0.85-0.91x, 16 rows 1.13x).  The AVX2 build gained
+    // only from 16 rows on, more than its row layout takes.  K^T is packed
+    // from f32 rows, so other dtypes are copied first.
+    static constexpr int64_t kPackedKeyMinRows = 5, kPackedKeyMinRowsBf16Dots = 16;
     static KeyReads key_reads(const SdpaForwardArgs& a, int64_t item_rows) {
         const TensorView &q = a.query, &k = a.key;
         const int D = int(a.head_dim_qk);
@@ -170,7 +174,7 @@ struct LaneForward {
         (void)q;
 #endif
         KeyReads reads;
-        reads.transposed = kLanes >= 16 && rows >= (bf16_dots ? 16 : 8);
+        reads.transposed = kLanes >= 16 && rows >= (bf16_dots ? kPackedKeyMinRowsBf16Dots : kPackedKeyMinRows);
         reads.bf16_dots = bf16_dots && !reads.transposed;
         reads.copied = !in_place || (reads.transposed && k.dtype != DType::f32);
         return reads;
