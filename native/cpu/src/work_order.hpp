@@ -64,12 +64,13 @@ inline bool longest_first(bool unequal_work, int64_t items, int64_t threads) {
 // the next unit, so a call repeated on the same K/V finds its blocks in
 // another core's cache; home units go to the same thread call after call,
 // and neighbouring units (the query blocks of one batch index) to one thread,
-// which reads their K/V once.  Taking from the others still evens out
-// threads that run slower, at the end of their work, not the start.
-// 16-core Xeon, forward, in-process blocks of calls: (2,16,16,1,300,80)
-// 1.24x, (1,8,8,4,768,128) 1.16x, (16,16,16,200,200,80) 1.13x,
-// (2,16,16,12,768,128) bf16 1.11x, (1,32,8,17,768,80) 1.11x, no case
-// below 0.99x.  Items of unequal work (causal) and the AMX forward's
+// which finds their K/V in its own cache after the first.  Taking from the
+// others still evens out threads that run slower, at the end of their work,
+// not the start.  16-core Xeon, forward, in-process blocks of calls:
+// (2,16,16,1,300,80) 1.24x, (1,8,8,4,768,128) 1.16x, (16,16,16,200,200,80)
+// 1.13x, (2,16,16,12,768,128) bf16 1.11x, (1,32,8,17,768,80) 1.11x; none of
+// the 20 calls it changed below 0.99x (unchanged code read 0.96-1.02x in
+// the same run).  Items of unequal work (causal) and the AMX forward's
 // last-wave pieces keep the shared counter: they rely on its order (longest
 // first, pieces last; pieces home first measured 0.92-0.95x).
 class HomeFirstUnits {
