@@ -255,6 +255,7 @@ def test_verbose_logs_the_functional_backward(dtype, capsys, rng):
     err = capsys.readouterr().err
     isa = ga.backward_isa(dtype, 70, 70)
     assert err.count(f"graphattn_verbose,compile,functional_backward,sdpa_backward_cpu,isa={isa},why=") == 1
+    assert f",layout={'tiles' if isa.startswith('amx') else 'lanes'},key_block=" in err
     assert err.count("graphattn_verbose,exec,functional_backward,sdpa_backward_cpu,batch=1x1x2,sq=70,skv=70") == 2
 
 

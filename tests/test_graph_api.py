@@ -223,16 +223,23 @@ k = rng.standard_normal((1, 2, 2048, 64), dtype=np.float32)
 ga.scaled_dot_product_attention(q, k, k)  # decode: two heads of one row on four threads
 q = rng.standard_normal((1, 1, 64, 64), dtype=np.float32)
 ga.scaled_dot_product_attention(q, q, q, is_causal=True)  # items of unequal work
+q = rng.standard_normal((1, 4, 70, 64), dtype=np.float32)
+k = rng.standard_normal((1, 2, 90, 64), dtype=np.float32)
+out, stats = ga.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True, return_stats=True)
+ga.scaled_dot_product_attention_backward(out, q, k, k, out, stats, is_causal=True, enable_gqa=True)
 """
 
 
 def test_verbose_names_the_rule_and_the_work_layout():
     """The compile line says why the kernel build was chosen and how the call's work goes to threads: two
     decode heads on four threads split their 2048 keys in four splits of 512 (eight pieces of work, each
-    thread home first on its own); causal items go out longest first from one counter."""
+    thread home first on its own); causal items go out longest first from one counter.  The backward of
+    two K/V heads under a causal mask splits each head's key blocks in two (one item per thread wanted)."""
     err = run_python(VERBOSE_PLAN_SCRIPT, OMP_NUM_THREADS="4")
-    decode, causal = (line for line in err.splitlines() if ",compile," in line)
+    decode, causal, _, backward = (line for line in err.splitlines() if ",compile," in line)
     assert ",why=" in decode
     assert ("layout=rows,item_rows=1,items=2,key_splits=4,keys_per_split=512,threads=4,order=home_first,"
             in decode)
     assert "order=longest_first," in causal
+    assert "sdpa_backward_cpu,isa=" in backward and ",why=" in backward
+    assert ",kv_items=2,key_splits=2," in backward and ",threads=4,order=batch_major+pieces," in backward

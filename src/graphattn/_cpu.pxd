@@ -66,7 +66,7 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
     const char* sdpa_forward_isa_for(const SdpaForwardArgs& args)
     string sdpa_forward_plan(const SdpaForwardArgs& args)
     const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv)
-    const char* sdpa_backward_reason(DType input_dtype, int64_t seq_q, int64_t seq_kv)
+    string sdpa_backward_plan(const SdpaBackwardArgs& args)
     DType sdpa_dtype_class(const DType* dtypes, int count)
 
 

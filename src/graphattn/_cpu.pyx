@@ -12,7 +12,7 @@ cimport numpy as cnp
 cnp.import_array()
 
 from graphattn._cpu cimport (DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
-                             cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_reason,
+                             cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_plan,
                              sdpa_dtype_class, sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan)
 
 
@@ -158,12 +158,17 @@ def backward_isa(dtype="f32", seq_q=1 << 20, seq_kv=None):
     return sdpa_backward_isa(_backward_dtype_class(dtype), seq_q, seq_q if seq_kv is None else seq_kv).decode()
 
 
-def backward_dispatch_text(dtype, int64_t seq_q, int64_t seq_kv):
-    """isa=<build>,why=<the rule that chose it> for the backward (arguments as backward_isa's), for the
-    verbose log."""
-    cdef DType dtype_class = _backward_dtype_class(dtype)
-    return (f"isa={sdpa_backward_isa(dtype_class, seq_q, seq_kv).decode()},"
-            f"why={sdpa_backward_reason(dtype_class, seq_q, seq_kv).decode()}")
+def backward_dispatch_text(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
+                           dict roles, *, int mask_kind=0, bint select_keep_value=True, bint has_scale=False,
+                           bint causal=False, bint inf_as_zero=True, float dropout_p=0.0):
+    """isa=<build>,why=<the rule that chose it>, then the key pass's layout, for a backward call with these
+    arguments (backward's, with roles mapping the operand names to (dtype code, 5 strides), no data), for
+    the verbose log."""
+    cdef SdpaBackwardArgs args
+    views = {name: (code, strides, 0) for name, (code, strides) in roles.items()}
+    _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind, select_keep_value,
+                       has_scale, 1.0, causal, 0, float("-inf"), float("-inf"), inf_as_zero, dropout_p, 0, 0)
+    return sdpa_backward_plan(args).decode()
 
 
 def cpu_features():

@@ -185,13 +185,17 @@ def _shape_text(plan: _BackwardPlan) -> str:
             f"dv={plan.head_dim_v}")
 
 
-def _log_plan(plan: _BackwardPlan, dtypes: list, queue) -> None:
-    """The verbose compile line of a new backward signature: the kernel, the rule that chose its build, the shape."""
+def _log_plan(plan: _BackwardPlan, is_causal: bool, dropout_p: float, queue) -> None:
+    """The verbose compile line of a new backward signature: the kernel, the rule that chose its build and its
+    work layout, the shape."""
     if queue is not None:
         verbose.log("compile", "functional_backward", "sdpa_backward_sycl", "isa=subgroup", _shape_text(plan))
-    else:
-        verbose.log("compile", "functional_backward", "sdpa_backward_cpu",
-                    _cpu.backward_dispatch_text(dtypes, plan.seq_q, plan.seq_kv), _shape_text(plan))
+        return
+    roles = {name: (code, strides) for name, code, strides in plan.roles}
+    text = _cpu.backward_dispatch_text(plan.kernel_batch, plan.seq_q, plan.seq_kv, plan.head_dim, plan.head_dim_v,
+                                       roles, mask_kind=plan.mask_kind, has_scale=True, causal=bool(is_causal),
+                                       dropout_p=dropout_p)
+    verbose.log("compile", "functional_backward", "sdpa_backward_cpu", text, _shape_text(plan))
 
 
 def _run_kernel(run_backward, plan: _BackwardPlan, arrays: dict, scale, is_causal, dropout_p, dropout_seed,
@@ -283,7 +287,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         if torch_signature is not None and plan.direct:
             _plans.put(torch_signature, plan)
         if verbose.enabled():
-            _log_plan(plan, [dtype_of(a.dtype).value for a in (q, k, v, do)], queue)
+            _log_plan(plan, is_causal, dropout_p, queue)
 
     def empty(shape, dtype):
         return np.empty(shape, dtype) if queue is None else xp.empty(shape, dtype=dtype, sycl_queue=queue)

@@ -15,12 +15,14 @@ namespace {
 using ForwardFn = Status (*)(const SdpaForwardArgs&);
 using BackwardFn = Status (*)(const SdpaBackwardArgs&);
 using PlanFn = std::string (*)(const SdpaForwardArgs&);
+using BackwardPlanFn = std::string (*)(const SdpaBackwardArgs&);
 
 struct ForwardKernel {
     const char* isa;
     ForwardFn run;
     BackwardFn run_backward;
-    PlanFn plan;  // the forward's work layout (isa_entry_points.hpp)
+    PlanFn plan;                    // the forward's work layout (isa_entry_points.hpp)
+    BackwardPlanFn plan_backward;   // the backward's
 };
 
 // GRAPHATTN_ISA=portable|avx2|avx512|amx caps the choice (for testing each build).
@@ -37,11 +39,13 @@ ForwardKernel choose_vector_kernel() {
     const bool allow_avx512 = limit.empty() || limit == "amx" || limit == "avx512";
     const bool allow_avx2 = allow_avx512 || limit == "avx2";
     if (allow_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.f16c)
-        return {"avx512", sdpa_forward_avx512, sdpa_backward_avx512, sdpa_forward_plan_avx512};
+        return {"avx512", sdpa_forward_avx512, sdpa_backward_avx512, sdpa_forward_plan_avx512,
+                sdpa_backward_plan_avx512};
     if (allow_avx2 && f.avx2 && f.fma && f.f16c)
-        return {"avx2", sdpa_forward_avx2, sdpa_backward_avx2, sdpa_forward_plan_avx2};
+        return {"avx2", sdpa_forward_avx2, sdpa_backward_avx2, sdpa_forward_plan_avx2, sdpa_backward_plan_avx2};
 #endif
-    return {"portable", sdpa_forward_portable, sdpa_backward_portable, sdpa_forward_plan_portable};
+    return {"portable", sdpa_forward_portable, sdpa_backward_portable, sdpa_forward_plan_portable,
+            sdpa_backward_plan_portable};
 }
 
 const ForwardKernel& vector_kernel() {
@@ -213,7 +217,7 @@ ForwardChoice choose_forward(DType input_dtype, const SdpaForwardArgs& args) {
                                                  forward_amx_or_vector<3>};
         static constexpr PlanFn kPlanByParts[] = {forward_amx_plan<1>, forward_amx_plan<2>, forward_amx_plan<3>};
         const int parts = amx_parts(input_dtype);
-        return {{amx_build_name(input_dtype), kByParts[parts - 1], nullptr, kPlanByParts[parts - 1]}, why};
+        return {{amx_build_name(input_dtype), kByParts[parts - 1], nullptr, kPlanByParts[parts - 1], nullptr}, why};
     }
     return {vector_kernel(), tiles ? "dropout: the tile kernel does not fuse it" : why};
 #else
@@ -278,10 +282,18 @@ const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv) 
     return vector_kernel().isa;
 }
 
-const char* sdpa_backward_reason(DType input_dtype, int64_t seq_q, int64_t seq_kv) {
+std::string sdpa_backward_plan(const SdpaBackwardArgs& args) {
+    const SdpaForwardArgs& a = args.forward;
+    const DType dtype = backward_dtype_class(args);
     const char* why = nullptr;
-    backward_runs_on_amx(input_dtype, seq_q, seq_kv, &why);
-    return why;
+    const bool tiles = backward_runs_on_amx(dtype, a.seq_q, a.seq_kv, &why);
+    const std::string head =
+        std::string("isa=") + (tiles ? amx_build_name(dtype) : vector_kernel().isa) + ",why=" + why + ",";
+    if (a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return head + "layout=none";  // no keys
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+    if (tiles) return head + sdpa_backward_plan_amx(args);
+#endif
+    return head + vector_kernel().plan_backward(args);
 }
 
 const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, int64_t batch, bool causal,

@@ -9,9 +9,12 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <omp.h>
+
 #include "block_io.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
+#include "work_order.hpp"
 
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
@@ -61,6 +64,24 @@ struct KvGrouping {
         return std::max<int64_t>(1, std::min<int64_t>({wanted, most, key_blocks}));
     }
 };
+
+// A backward key pass's work: each K/V batch index's key blocks of `block`
+// keys, split among `splits` items (KvGrouping::key_splits), on a team as
+// large as the key blocks allow: the last wave's pieces run on it.  Sized by
+// splits instead, few heads ran on four threads per head (16-core Xeon,
+// separate processes, AMX backward bf16: (1,2,2,128,8192,128) 1.51x,
+// (1,1,1,64,4096,128) 1.42x, causal (1,2,2,2048,2048,64) 1.37x).
+struct KeyPassWork {
+    int64_t key_blocks, splits;
+    int team;
+};
+
+inline KeyPassWork key_pass_work(const KvGrouping& kv, int64_t seq_kv, int64_t block, int64_t per_thread,
+                                 int64_t dq_plane) {
+    const int64_t key_blocks = (seq_kv + block - 1) / block;
+    return {key_blocks, kv.key_splits(omp_get_max_threads(), per_thread, key_blocks, dq_plane),
+            team_for_items(kv.outer_items * key_blocks)};
+}
 
 // out[d] = factor * (sum over splits s of first[s * plane + d]) for d < cols:
 // one dQ row from the split buffers of KvGrouping::key_splits.

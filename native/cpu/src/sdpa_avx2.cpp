@@ -11,5 +11,7 @@ namespace graphattn {
 using ForwardAvx2 = isa_avx2::ForwardBuild<3, 4, 8>;
 Status sdpa_forward_avx2(const SdpaForwardArgs& args) { return ForwardAvx2::run(args); }
 std::string sdpa_forward_plan_avx2(const SdpaForwardArgs& args) { return ForwardAvx2::describe(args); }
-Status sdpa_backward_avx2(const SdpaBackwardArgs& args) { return isa_avx2::sdpa_backward_for_isa<3, 4>(args); }
+using BackwardAvx2 = isa_avx2::BackwardBuild<3, 4>;
+Status sdpa_backward_avx2(const SdpaBackwardArgs& args) { return BackwardAvx2::run(args); }
+std::string sdpa_backward_plan_avx2(const SdpaBackwardArgs& args) { return BackwardAvx2::describe(args); }
 }  // namespace graphattn

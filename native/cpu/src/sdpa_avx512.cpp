@@ -13,5 +13,7 @@ namespace graphattn {
 using ForwardAvx512 = isa_avx512::ForwardBuild<4, 6, 12, 2, 10, 4>;
 Status sdpa_forward_avx512(const SdpaForwardArgs& args) { return ForwardAvx512::run(args); }
 std::string sdpa_forward_plan_avx512(const SdpaForwardArgs& args) { return ForwardAvx512::describe(args); }
-Status sdpa_backward_avx512(const SdpaBackwardArgs& args) { return isa_avx512::sdpa_backward_for_isa<4, 6, 2, 10>(args); }
+using BackwardAvx512 = isa_avx512::BackwardBuild<4, 6, 2, 10>;
+Status sdpa_backward_avx512(const SdpaBackwardArgs& args) { return BackwardAvx512::run(args); }
+std::string sdpa_backward_plan_avx512(const SdpaBackwardArgs& args) { return BackwardAvx512::describe(args); }
 }  // namespace graphattn

@@ -104,14 +104,22 @@ struct Backward {
           zero_unkept(needs_unkept_zeroing(a)),
           dropout(a),
           kv(a) {
-        key_blocks = (Skv + kKeys - 1) / kKeys;
-        const int64_t threads = omp_get_max_threads();
-        splits = kv.key_splits(threads, 1, key_blocks, batch_total * Sqp * Dp);
-        // A team as large as the key blocks: the last wave's pieces run on it.
-        // Sized by splits, few heads ran on four threads per head (16-core Xeon,
-        // separate processes, bf16: (1,2,2,128,8192,128) 1.51x, (1,1,1,64,4096,128)
-        // 1.42x, causal (1,2,2,2048,2048,64) 1.37x).
-        team = team_for_items(kv.outer_items * key_blocks);
+        const KeyPassWork work = key_work(a, kv);
+        key_blocks = work.key_blocks;
+        splits = work.splits;
+        team = work.team;
+    }
+
+    // Key splits for one item per thread (four per thread, as the lane
+    // backward wants, measured 0.77-1.12x against one).
+    static KeyPassWork key_work(const SdpaForwardArgs& a, const KvGrouping& kv) {
+        return key_pass_work(kv, a.seq_kv, kKeys, 1, dq_plane_of(a));
+    }
+
+    // Floats per dQ buffer: rows padded to whole row chunks, D to whole tile columns.
+    static int64_t dq_plane_of(const SdpaForwardArgs& a) {
+        const int64_t batch = a.batch[0] * a.batch[1] * a.batch[2];
+        return batch * round_up(a.seq_q, kRows) * round_up(a.head_dim_qk, kTileBf16Cols);
     }
 
     int64_t flat(const int64_t b[kBatchDims]) const { return (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]; }
@@ -409,6 +417,15 @@ struct Backward {
 
 bool sdpa_backward_amx(const SdpaBackwardArgs& args, int parts) {
     return parts == 2 ? isa_amx::Backward<2>(args).run() : isa_amx::Backward<1>(args).run();
+}
+
+std::string sdpa_backward_plan_amx(const SdpaBackwardArgs& args) {
+    using Plan = isa_amx::Backward<1>;  // the parts do not change the plan
+    const SdpaForwardArgs& a = args.forward;
+    const isa_amx::KvGrouping kv(a);
+    const isa_amx::KeyPassWork work = Plan::key_work(a, kv);
+    return isa_amx::key_pass_text("tiles", isa_amx::kKeys, kv.outer_items, work.splits,
+                                  work.splits * Plan::dq_plane_of(a), work.team);
 }
 
 }  // namespace graphattn

@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 #include "block_io.hpp"
 #include "dropout.hpp"
@@ -79,12 +80,11 @@ struct LaneBackward {
           batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
           kv(a),
           row_delta(AlignedFloats::uninitialized(size_t(batch_total * a.seq_q))) {
-        const int64_t threads = omp_get_max_threads();
         d_padded = int(round_up(D, kLanes));
-        dq_plane = batch_total * a.seq_q * d_padded;
-        const int64_t key_blocks = (a.seq_kv + kLaneBlock - 1) / kLaneBlock;
-        team = team_for_items(kv.outer_items * key_blocks);
-        dq_splits = kv.key_splits(threads, skip_causal ? 1 : kItemsPerThread, key_blocks, dq_plane);
+        dq_plane = dq_plane_of(a);
+        const KeyPassWork work = key_work(a, kv, dq_plane);
+        team = work.team;
+        dq_splits = work.splits;
         dq_sum = AlignedFloats::uninitialized(size_t(dq_splits * dq_plane));
         float* sum = dq_sum.get();
         const int64_t rows = dq_splits * batch_total * a.seq_q, width = d_padded;
@@ -333,6 +333,24 @@ struct LaneBackward {
                 store_view_row(out.get(), D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
             }
         });
+    }
+
+    // Floats per dQ buffer: rows of D rounded up to whole vectors.
+    static int64_t dq_plane_of(const SdpaForwardArgs& a) {
+        return a.batch[0] * a.batch[1] * a.batch[2] * a.seq_q * round_up(a.head_dim_qk, kLanes);
+    }
+
+    static KeyPassWork key_work(const SdpaForwardArgs& a, const KvGrouping& kv, int64_t dq_plane) {
+        return key_pass_work(kv, a.seq_kv, kLaneBlock, skips_causal_blocks(a) ? 1 : kItemsPerThread, dq_plane);
+    }
+
+    // The key pass's layout for these arguments (key_pass_text); nothing is allocated.
+    static std::string describe(const SdpaBackwardArgs& backward) {
+        const SdpaForwardArgs& a = backward.forward;
+        const KvGrouping kv(a);
+        const int64_t plane = dq_plane_of(a);
+        const KeyPassWork work = key_work(a, kv, plane);
+        return key_pass_text("lanes", kLaneBlock, kv.outer_items, work.splits, work.splits * plane, work.team);
     }
 
     static Status run(const SdpaBackwardArgs& backward) {

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <algorithm>
+#include <string>
 
+#include "driver_tag.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
 #include "sdpa_backward_lanes.hpp"
@@ -15,14 +17,29 @@ namespace GRAPHATTN_ISA_NS {
 // of RVShort vectors: 17 keys fill 17 of 32 lanes instead of 17 of 64.
 // 16-core Xeon, separate processes, medians of three, Sq = Skv = 17-32:
 // 1.05-1.42x ((1,8,8,32,32,128) 1.42x, (1,32,8,17,17,80) 1.17x).
-template <int RV, int NT, int RVShort = RV, int NTShort = NT>
-Status sdpa_backward_for_isa(const SdpaBackwardArgs& args) {
+//
+// Calls visit(DriverTag<the chosen LaneBackward>{}) and returns what it returns.
+template <int RV, int NT, int RVShort = RV, int NTShort = NT, class Visit>
+auto with_backward_driver(const SdpaBackwardArgs& args, Visit&& visit) {
     if constexpr (RVShort < RV) {
         const SdpaForwardArgs& a = args.forward;
-        if (std::max(a.seq_q, a.seq_kv) <= RVShort * kLanes) return LaneBackward<RVShort, NTShort>::run(args);
+        if (std::max(a.seq_q, a.seq_kv) <= RVShort * kLanes)
+            return visit(DriverTag<LaneBackward<RVShort, NTShort>>{});
     }
-    return LaneBackward<RV, NT>::run(args);
+    return visit(DriverTag<LaneBackward<RV, NT>>{});
 }
+
+// One ISA build's backward, its block shapes given once (see with_backward_driver).
+template <int... Shape>
+struct BackwardBuild {
+    static Status run(const SdpaBackwardArgs& args) {
+        return with_backward_driver<Shape...>(args, [&](auto tag) { return decltype(tag)::type::run(args); });
+    }
+    // The key pass's layout run() takes for these arguments (key_pass_text).
+    static std::string describe(const SdpaBackwardArgs& args) {
+        return with_backward_driver<Shape...>(args, [&](auto tag) { return decltype(tag)::type::describe(args); });
+    }
+};
 
 }  // namespace GRAPHATTN_ISA_NS
 }  // namespace graphattn

@@ -7,18 +7,13 @@
 #include <string>
 
 #include "block_io.hpp"
+#include "driver_tag.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
 #include "sdpa_forward_lanes.hpp"
 
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
-
-// A driver type as a value, for with_forward_driver's visitors.
-template <class Driver>
-struct DriverTag {
-    using type = Driver;
-};
 
 // RVShort < RV adds a middle tier: query blocks of RVShort vectors where they
 // leave fewer padding lanes in all than blocks of RV vectors (the rows of a

@@ -11,5 +11,7 @@ namespace graphattn {
 using ForwardPortable = isa_portable::ForwardBuild<3, 4, 8>;
 Status sdpa_forward_portable(const SdpaForwardArgs& args) { return ForwardPortable::run(args); }
 std::string sdpa_forward_plan_portable(const SdpaForwardArgs& args) { return ForwardPortable::describe(args); }
-Status sdpa_backward_portable(const SdpaBackwardArgs& args) { return isa_portable::sdpa_backward_for_isa<3, 4>(args); }
+using BackwardPortable = isa_portable::BackwardBuild<3, 4>;
+Status sdpa_backward_portable(const SdpaBackwardArgs& args) { return BackwardPortable::run(args); }
+std::string sdpa_backward_plan_portable(const SdpaBackwardArgs& args) { return BackwardPortable::describe(args); }
 }  // namespace graphattn

@@ -196,6 +196,18 @@ inline bool deterministic_sums() {
     return on;
 }
 
+// How a backward's key pass is laid out, for the verbose log (fields as
+// work_plan_text's): items of a K/V batch index's key blocks, `key_splits`
+// per index, their dQ buffers, and the hand-out order (the last wave a key
+// block at a time unless deterministic_sums).
+inline std::string key_pass_text(const char* layout, int64_t key_block, int64_t kv_items, int64_t key_splits,
+                                 int64_t dq_buffer_floats, int team) {
+    return std::string("layout=") + layout + ",key_block=" + std::to_string(key_block) +
+           ",kv_items=" + std::to_string(kv_items) + ",key_splits=" + std::to_string(key_splits) +
+           ",dq_buffers_kib=" + std::to_string(dq_buffer_floats * 4 / 1024) + ",threads=" + std::to_string(team) +
+           ",order=" + (deterministic_sums() ? "batch_major" : "batch_major+pieces");
+}
+
 // The backwards' items: item w takes split w % splits of a K/V batch index,
 // the key blocks split, split + splits, ... < key_blocks, and sums its dQ
 // into rows of its own.  The last item per thread (LastWave says why) goes a

@@ -119,14 +119,18 @@ class FusedSdpaBackward:
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
                            f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None},"
                            f"dropout={self.options['dropout_p']}")
-        self._dtype_names = [dt.value for dt in input_dtypes]
-        self.isa = "subgroup" if self.queue is not None else _cpu.backward_isa(self._dtype_names, seq_q, seq_kv)
+        self.isa = "subgroup" if self.queue is not None else _cpu.backward_isa([dt.value for dt in input_dtypes],
+                                                                                seq_q, seq_kv)
 
     def dispatch_text(self) -> str:
-        """isa=<build> and, on the CPU, why=<the rule that chose it> (for the verbose log)."""
+        """isa=<build> and, on the CPU, why=<the rule that chose it> and the key pass's layout (for the verbose
+        log)."""
         if self.queue is not None:
             return f"isa={self.isa}"
-        return _cpu.backward_dispatch_text(self._dtype_names, self.seq_q, self.seq_kv)
+        roles = {name: (code, strides) for name, (code, strides) in self.specs.items()}
+        roles["output"] = self.o_spec
+        return _cpu.backward_dispatch_text(self.batch, self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v, roles,
+                                           **self.options)
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match

@@ -118,8 +118,12 @@ Status sdpa_backward(const SdpaBackwardArgs& args);
 // dtype class, see sdpa_dtype_class), query length and key length.
 const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv);
 
-// The rule by which sdpa_backward_isa chooses that build, in words (for logs).
-const char* sdpa_backward_reason(DType input_dtype, int64_t seq_q, int64_t seq_kv);
+// The backward's kernel choice for these arguments in words, for logs:
+// comma-separated key=value fields: isa, why (the rule that chose it), then
+// its key pass on this thread count: layout (lanes or tiles), key_block,
+// kv_items (K/V batch indices), key_splits per index, dq_buffers_kib,
+// threads and order.  Data addresses are not read.
+std::string sdpa_backward_plan(const SdpaBackwardArgs& args);
 
 // The dtype class the kernel choice goes by for inputs of these dtypes: bf16
 // when every one is bf16, f16 when all are 16-bit floats with an f16 among
