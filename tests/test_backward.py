@@ -23,6 +23,8 @@ CASES = {
     "3d": dict(q=(4, 9, 16), k=(4, 9, 16), v=(4, 9, 16)),
     "5d_broadcast": dict(q=(2, 3, 4, 5, 16), k=(1, 3, 1, 7, 16), v=(1, 3, 1, 7, 8)),
     "5d_kv_unalike": dict(q=(2, 2, 3, 5, 16), k=(1, 2, 3, 7, 16), v=(2, 1, 3, 7, 16)),
+    # K/V broadcast along every other batch dim: four batch dims that do not fold into the kernel's three.
+    "6d_kv_broadcast_unfolded": dict(q=(2, 3, 4, 5, 6, 16), k=(2, 1, 4, 1, 7, 16), v=(2, 1, 4, 1, 7, 8)),
     "causal": dict(q=(1, 2, 70, 64), k=(1, 2, 70, 64), v=(1, 2, 70, 64), is_causal=True),
     "causal_bottom_right": dict(q=(1, 2, 20, 64), k=(1, 2, 90, 64), v=(1, 2, 90, 64), is_causal=True,
                                 causal_alignment="bottom_right"),
@@ -88,6 +90,15 @@ def test_masks_and_mask_gradient(mask, lengths, dtype, rng):
     shape = shape_for(sq, skv)
     m = rng.standard_normal(shape).astype(np.float32) if kind == "float" else rng.random(shape) < 0.7
     check(dict(q=(2, 2, sq, 32), k=(2, 2, skv, 32), v=(2, 2, skv, 32)), dtype, rng, mask=m, scale=0.3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gqa_with_a_mask_broadcast_over_heads_of_one_batch_dim(dtype, rng):
+    """GQA's split heads (2 K/V heads x 2) under a mask broadcast along dim 1 only: no two of the four batch
+    dims fold together for every operand, so every operand goes to the kernel in full (and the mask gradient
+    is summed back to the mask's shape)."""
+    check(dict(q=(2, 3, 4, 5, 16), k=(2, 3, 2, 6, 16), v=(2, 3, 2, 6, 16), enable_gqa=True), dtype, rng,
+          mask=random_array((2, 1, 4, 5, 6), "f32", rng))
 
 
 def test_fully_masked_rows_get_zero_gradient(rng):

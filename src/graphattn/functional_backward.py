@@ -32,8 +32,9 @@ def _split_heads(x: np.ndarray, hkv: int, members: int) -> np.ndarray:
     return x.reshape(x.shape[:-3] + (hkv, members) + x.shape[-2:])
 
 
-def _merge_batch_dims(batch: tuple, strides: list[list[int]]) -> tuple[tuple, list[list[int]]]:
-    """Merges adjacent batch dims that every view walks as one (or drops size-1 dims) until at most 3 remain."""
+def _merge_batch_dims(batch: tuple, strides: list[list[int]]) -> tuple[tuple, list[list[int]]] | None:
+    """Merges adjacent batch dims that every view walks as one (or drops size-1 dims) until at most 3 remain;
+    None where more than 3 remain."""
     dims = [(size, [s[i] for s in strides]) for i, size in enumerate(batch) if size != 1]
     merged: list[tuple[int, list[int]]] = []
     for size, st in dims:
@@ -44,7 +45,7 @@ def _merge_batch_dims(batch: tuple, strides: list[list[int]]) -> tuple[tuple, li
                 continue
         merged.append((size, st))
     if len(merged) > KERNEL_BATCH_DIMS:
-        raise NotImplementedError(f"batch shape {batch} folds into {len(merged)} dims; the kernel takes 3")
+        return None
     pad = KERNEL_BATCH_DIMS - len(merged)
     out_batch = (1,) * pad + tuple(size for size, _ in merged)
     out_strides = [[0] * pad + [st[t] for _, st in merged] for t in range(len(strides))]
@@ -82,6 +83,8 @@ class _BackwardPlan:
     roles: tuple              # (role, dtype code, 5 kernel strides) per kernel operand
     query_copy: tuple | None  # full shape Q is copied to when broadcast in a way the kernel does not reduce
     kv_copy: tuple | None     # full shapes of K and V when they are broadcast differently
+    mask_copy: tuple | None   # full shape of the mask where the batch dims do not fold into the kernel's 3
+    dense: bool               # out, grad_out and stats copied contiguous (the same case)
     grouped: tuple            # Q, K, V and mask shapes with the GQA heads split ((..., Hkv, rep, rows, cols))
     grad_shapes: tuple        # dQ, dK, dV buffers the kernel writes
     grad_mask_shape: tuple | None
@@ -95,7 +98,8 @@ class _BackwardPlan:
     def direct(self) -> bool:
         """Whether the kernel's gradient buffers are the gradients themselves (no copied operand to sum back)
         and it has work: then torch tensors can go to it as they are."""
-        return self.query_copy is None and self.kv_copy is None and self.seq_q > 0 and self.seq_kv > 0
+        return self.query_copy is None and self.kv_copy is None and not self.dense and self.seq_q > 0 \
+            and self.seq_kv > 0
 
 
 _plans = SignatureCache()
@@ -138,43 +142,56 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
 
     # The kernel reduces dK/dV over dims where K and V are both broadcast; any
     # other broadcast operand is given to it in full and its gradient summed after.
-    query_copy = batch + tuple(q2.shape[-2:]) if any(is_broadcast(q2)) else None
-    kv_alike = is_broadcast(k2) == is_broadcast(v2)
-    kv_copy = None if kv_alike else (batch + tuple(k2.shape[-2:]), batch + tuple(v2.shape[-2:]))
-    grad_shapes = (batch + tuple(q2.shape[-2:]), kv_copy[0] if kv_copy else tuple(k2.shape),
-                   kv_copy[1] if kv_copy else tuple(v2.shape))
-    grad_mask_shape = None
-    if return_mask_grad and m2 is not None and m2.dtype != np.bool_:
-        grad_mask_shape = batch + (q.shape[-2], k.shape[-2])
-
-    # (shape, element strides, dtype) per kernel operand; copies and gradient buffers are fresh C-contiguous
-    # arrays on every call.
-    def fresh(shape, dtype):
+    # Where the operands' batch dims do not fold into the kernel's three
+    # (unmergeable broadcasts and strides), every operand goes in full and
+    # contiguous, which always folds into one.
+    def fresh(shape, dtype):  # (shape, element strides, dtype) of a fresh C-contiguous array
         return shape, dense_strides(shape), dtype
-    layouts = {"query": fresh(query_copy, q.dtype) if query_copy else (q2.shape, _strides(q2), q.dtype),
-               "key": fresh(kv_copy[0], k.dtype) if kv_copy else (k2.shape, _strides(k2), k.dtype),
-               "value": fresh(kv_copy[1], v.dtype) if kv_copy else (v2.shape, _strides(v2), v.dtype),
-               "output": (o2.shape, _strides(o2), o.dtype), "stats": (st2.shape, _strides(st2), st.dtype),
-               "grad_output": (do2.shape, _strides(do2), do.dtype), "grad_query": fresh(grad_shapes[0], q.dtype),
-               "grad_key": fresh(grad_shapes[1], k.dtype), "grad_value": fresh(grad_shapes[2], v.dtype)}
-    if m2 is not None:
-        layouts["mask"] = (m2.shape, _strides(m2), m2.dtype)
-    if grad_mask_shape is not None:
-        layouts["grad_mask"] = fresh(grad_mask_shape, np.dtype(np.float32))
-    broadcast = {name: _broadcast_strides(tuple(shape), tuple(strides), batch)
-                 for name, (shape, strides, _) in layouts.items()}
-    kernel_batch, kernel_strides = _merge_batch_dims(batch, [list(st[:-2]) for st in broadcast.values()])
+
+    def given(a, dtype, dense):  # a caller's array as it is, or its contiguous copy
+        return fresh(a.shape, dtype) if dense else (a.shape, _strides(a), dtype)
+
+    for dense in (False, True):
+        query_copy = batch + tuple(q2.shape[-2:]) if dense or any(is_broadcast(q2)) else None
+        kv_alike = is_broadcast(k2) == is_broadcast(v2)
+        kv_copy = None if kv_alike and not dense else (batch + tuple(k2.shape[-2:]), batch + tuple(v2.shape[-2:]))
+        mask_copy = batch + (q.shape[-2], k.shape[-2]) if dense and m2 is not None else None
+        grad_shapes = (batch + tuple(q2.shape[-2:]), kv_copy[0] if kv_copy else tuple(k2.shape),
+                       kv_copy[1] if kv_copy else tuple(v2.shape))
+        grad_mask_shape = None
+        if return_mask_grad and m2 is not None and m2.dtype != np.bool_:
+            grad_mask_shape = batch + (q.shape[-2], k.shape[-2])
+
+        # (shape, element strides, dtype) per kernel operand; copies and gradient buffers are fresh
+        # C-contiguous arrays on every call.
+        layouts = {"query": fresh(query_copy, q.dtype) if query_copy else (q2.shape, _strides(q2), q.dtype),
+                   "key": fresh(kv_copy[0], k.dtype) if kv_copy else (k2.shape, _strides(k2), k.dtype),
+                   "value": fresh(kv_copy[1], v.dtype) if kv_copy else (v2.shape, _strides(v2), v.dtype),
+                   "output": given(o2, o.dtype, dense), "stats": given(st2, st.dtype, dense),
+                   "grad_output": given(do2, do.dtype, dense),
+                   "grad_query": fresh(grad_shapes[0], q.dtype), "grad_key": fresh(grad_shapes[1], k.dtype),
+                   "grad_value": fresh(grad_shapes[2], v.dtype)}
+        if m2 is not None:
+            layouts["mask"] = fresh(mask_copy, m2.dtype) if mask_copy else (m2.shape, _strides(m2), m2.dtype)
+        if grad_mask_shape is not None:
+            layouts["grad_mask"] = fresh(grad_mask_shape, np.dtype(np.float32))
+        broadcast = {name: _broadcast_strides(tuple(shape), tuple(strides), batch)
+                     for name, (shape, strides, _) in layouts.items()}
+        folded = _merge_batch_dims(batch, [list(st[:-2]) for st in broadcast.values()])
+        if folded is not None:
+            break
+    kernel_batch, kernel_strides = folded
     kernel_roles = {name: tuple(bst) + st[-2:] for (name, st), bst in zip(broadcast.items(), kernel_strides)}
     codes = {name: DTYPES[dtype_of(dtype)].kernel_code for name, (_, _, dtype) in layouts.items()}
     if m2 is not None:  # a mask broadcast along its rows or columns
-        m_rows, m_cols = m2.shape[-2:]
+        m_rows, m_cols = layouts["mask"][0][-2:]
         bst = kernel_roles["mask"]
         kernel_roles["mask"] = bst[:3] + (bst[3] if m_rows != 1 else 0, bst[4] if m_cols != 1 else 0)
     seq_q, seq_kv = q.shape[-2], k.shape[-2]
     mask_kind = _cpu.MASK_KIND_CODES["none" if m2 is None else ("select" if m2.dtype == np.bool_ else "additive")]
     return _BackwardPlan(
         kernel_batch, seq_q, seq_kv, q.shape[-1], v.shape[-1],
-        tuple((name, codes[name], st) for name, st in kernel_roles.items()), query_copy, kv_copy,
+        tuple((name, codes[name], st) for name, st in kernel_roles.items()), query_copy, kv_copy, mask_copy, dense,
         (q2.shape, k2.shape, v2.shape, None if m2 is None else m2.shape), grad_shapes, grad_mask_shape, mask_kind,
         (seq_kv - seq_q) if causal_alignment == "bottom_right" else 0, 1.0 / math.sqrt(q.shape[-1]),
         (q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype))
@@ -294,6 +311,10 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     q_shape2, k_shape2, v_shape2, m_shape2 = plan.grouped
     q_in = q if plan.query_copy is None else xp.ascontiguousarray(xp.broadcast_to(q.reshape(q_shape2),
                                                                                    plan.query_copy))
+    if plan.dense:  # batch dims the kernel's three cannot walk: see _plan
+        o, do, st = (xp.ascontiguousarray(a) for a in (o, do, st))
+    mask_in = mask if plan.mask_copy is None else xp.ascontiguousarray(xp.broadcast_to(mask.reshape(m_shape2),
+                                                                                       plan.mask_copy))
     k_in, v_in = k, v
     if plan.kv_copy is not None:
         k_in = xp.ascontiguousarray(xp.broadcast_to(k.reshape(k_shape2), plan.kv_copy[0]))
@@ -301,7 +322,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     dq_full, dk_own, dv_own = (empty(shape, a.dtype) for shape, a in zip(plan.grad_shapes, (q, k, v)))
     dmask_full = None if plan.grad_mask_shape is None else empty(plan.grad_mask_shape, np.float32)
     arrays = {"query": q_in, "key": k_in, "value": v_in, "output": o, "stats": st, "grad_output": do,
-              "grad_query": dq_full, "grad_key": dk_own, "grad_value": dv_own, "mask": mask, "grad_mask": dmask_full}
+              "grad_query": dq_full, "grad_key": dk_own, "grad_value": dv_own, "mask": mask_in, "grad_mask": dmask_full}
     if plan.seq_q == 0 or plan.seq_kv == 0:  # no score exists: every gradient is zero (the kernel takes no empty views)
         for a in (dq_full, dk_own, dv_own, dmask_full):
             if a is not None:
