@@ -7,6 +7,8 @@ import statistics
 import sys
 import time
 
+from graphattn.testing import cpuinfo_field
+
 
 def attention_flops(batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int, *, causal: bool = False,
                     backward: bool = False) -> float:
@@ -21,14 +23,7 @@ def attention_flops(batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: i
 
 def cpu_model() -> str:
     """lscpu's model name (the figure is meaningless without it)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return cpuinfo_field("model name") or platform.processor() or "unknown"
 
 
 def core_count() -> int:

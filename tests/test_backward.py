@@ -8,7 +8,8 @@ import pytest
 import graphattn as ga
 from graphattn.testing import assert_grad_close, random_array, sdpa_reference, sdpa_reference_backward
 
-from subprocess_helpers import run_python
+from cpu_helpers import bf16_pairs_expected
+from subprocess_helpers import run_python, run_python_logged
 
 pytestmark = pytest.mark.cpu
 
@@ -266,8 +267,55 @@ def test_verbose_logs_the_functional_backward(dtype, capsys, rng):
     err = capsys.readouterr().err
     isa = ga.backward_isa(dtype, 70, 70)
     assert err.count(f"graphattn_verbose,compile,functional_backward,sdpa_backward_cpu,isa={isa},why=") == 1
-    assert f",layout={'tiles' if isa.startswith('amx') else 'lanes'},key_block=" in err
+    pairs = isa == "avx512" and dtype == "bf16" and bf16_pairs_expected()
+    layout = "tiles" if isa.startswith("amx") else ("lanes_bf16_pairs" if pairs else "lanes")
+    assert f",layout={layout},key_block=" in err
     assert err.count("graphattn_verbose,exec,functional_backward,sdpa_backward_cpu,batch=1x1x2,sq=70,skv=70") == 2
+
+
+BF16_PAIR_CASES = ("plain", "s17_d80", "d256", "long", "gqa_causal", "tiles_d80_dv48", "many_key_blocks_gqa_causal",
+                   "short_queries_split_keys_causal")
+
+
+def test_bf16_pair_products_on_the_vector_build():
+    """Where bf16 pairs pay off, the vector build's bf16 backward takes its five products on them
+    (lane_gemm_bf16.hpp): odd row counts and key counts (pairs reaching past the last row or key), GQA, causal,
+    split keys, a mask with an empty row and its gradient, checked with the choice capped at the vector build
+    (AMX would take most of these); an odd head dim keeps the f32 products, as does every call on CPUs where
+    pairs do not pay off.  The log names the layout of each."""
+    cases = {name: CASES[name] for name in BF16_PAIR_CASES}
+    cases["mask_d64"] = dict(q=(1, 2, 37, 64), k=(1, 2, 45, 64), v=(1, 2, 45, 64))
+    cases["odd_head_dim_mask"] = dict(q=(1, 2, 37, 33), k=(1, 2, 45, 33), v=(1, 2, 45, 20))
+    script = (
+        "import sys\n"
+        "import numpy as np, graphattn as ga\n"
+        "from graphattn.testing import assert_grad_close, random_array, sdpa_reference_backward\n"
+        "ga.set_verbose(1)\n"
+        "rng = np.random.default_rng(4)\n"
+        f"for name, case in {cases!r}.items():\n"
+        "    args = dict(case)\n"
+        "    q, k, v = (random_array(args.pop(n), 'bf16', rng) for n in ('q', 'k', 'v'))\n"
+        "    mask = None\n"
+        "    if 'mask' in name:\n"
+        "        mask = rng.standard_normal((q.shape[-2], k.shape[-2])).astype(np.float32)\n"
+        "        mask[3] = -np.inf  # a row that sees no key\n"
+        "    out, st = ga.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_stats=True, **args)\n"
+        "    do = random_array(out.shape, 'bf16', rng)\n"
+        "    got = ga.scaled_dot_product_attention_backward(do, q, k, v, out, st, attn_mask=mask,\n"
+        "                                                   return_mask_grad=mask is not None, **args)\n"
+        "    want = sdpa_reference_backward(do, q, k, v, attn_mask=mask, **args)\n"
+        "    for what, g, w in zip(('dq', 'dk', 'dv', 'dmask'), got, want):\n"
+        "        if w is not None:\n"
+        "            assert_grad_close(g, w, 'bf16', name + ' ' + what)\n"
+        "    print(name, file=sys.stderr)\n")
+    _, log = run_python_logged(script, GRAPHATTN_ISA="avx512")
+    layouts = {}
+    name_of = iter(cases)
+    for line in log.splitlines():  # each case's backward compile line comes before its name
+        if ",compile,functional_backward," in line:
+            layouts[next(name_of)] = line.split(",layout=")[1].split(",")[0]
+    pairs = bf16_pairs_expected()
+    assert layouts == {name: "lanes_bf16_pairs" if pairs and not name.startswith("odd") else "lanes" for name in cases}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

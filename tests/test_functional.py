@@ -7,7 +7,8 @@ import pytest
 import graphattn as ga
 from graphattn.testing import STATS_TOLERANCE, assert_close, random_array, sdpa_reference
 
-from subprocess_helpers import run_python
+from cpu_helpers import bf16_pairs_expected
+from subprocess_helpers import run_python, run_python_logged
 
 pytestmark = pytest.mark.cpu
 
@@ -245,6 +246,47 @@ def test_bf16_row_layout_on_the_vector_build():
         "print(ga.forward_isa('bf16', 12), ga.forward_isa('bf16', 1))\n")
     twelve_rows, one_row = run_python(script, GRAPHATTN_ISA="avx512").split()
     assert twelve_rows == one_row and not twelve_rows.startswith("amx")  # the vector build, as decode
+
+
+BF16_PAIR_SCRIPT = """
+import numpy as np, graphattn as ga
+from graphattn.testing import assert_close, random_array, sdpa_reference
+rng = np.random.default_rng(9)
+ga.set_verbose(True)
+cases = {  # name: (q, k, v shapes, keyword arguments, how K and V are laid out)
+    # odd head dim: Q and K packed into pairs, the last paired with zero; odd key count, a partial last pair
+    "odd_head_dim": ((1, 2, 70, 17), (1, 2, 33, 17), (1, 2, 33, 17), {}, "rows"),
+    "d80_dv_40_causal": ((2, 2, 130, 80), (2, 2, 131, 80), (2, 2, 131, 40), dict(is_causal=True), "rows"),
+    "d256_gqa_bottom_right": ((1, 4, 40, 256), (1, 2, 300, 256), (1, 2, 300, 256),
+                              dict(enable_gqa=True, is_causal=True, causal_alignment="bottom_right"), "rows"),
+    # K and V read through column strides (transposed views): K copied into pairs, V packed from its columns
+    "strided_k_v": ((1, 3, 64, 64), (1, 3, 129, 64), (1, 3, 129, 48), dict(scale=0.3), "transposed"),
+    "one_key": ((1, 2, 100, 32), (1, 2, 1, 32), (1, 2, 1, 32), {}, "rows"),
+    "mask_with_empty_rows": ((1, 2, 64, 48), (1, 2, 200, 48), (1, 2, 200, 48), dict(attn_mask="empty_rows"), "rows"),
+}
+for name, (qs, ks, vs, kwargs, layout) in cases.items():
+    q, k, v = (random_array(s, "bf16", rng) for s in (qs, ks, vs))
+    if layout == "transposed":  # same values, column strides of a whole sequence
+        k, v = (np.ascontiguousarray(np.swapaxes(x, -1, -2)).swapaxes(-1, -2) for x in (k, v))
+    if kwargs.get("attn_mask") == "empty_rows":
+        mask = rng.random((qs[-2], ks[-2])) < 0.7
+        mask[5] = False  # a row that sees no key: zeros
+        kwargs = dict(kwargs, attn_mask=mask)
+    got = ga.scaled_dot_product_attention(q, k, v, **kwargs)
+    assert_close(got, sdpa_reference(q, k, v, **kwargs), "bf16", name)
+    if "attn_mask" in kwargs:
+        assert np.all(got[..., 5, :].astype(np.float32) == 0)
+"""
+
+
+def test_bf16_pair_products_on_the_vector_build():
+    """bf16 query blocks on the vector build take both products on bf16 pairs (VDPBF16PS; lane_gemm_bf16.hpp)
+    where those pay off, else f32 FMAs: checked on odd head dims, odd key counts, strided K and V, a single
+    key, GQA, causal and a mask with an empty row, with the choice capped at the vector build (AMX would take
+    these calls); the verbose log names the layout each call took."""
+    _, log = run_python_logged(BF16_PAIR_SCRIPT, GRAPHATTN_ISA="avx512")
+    layouts = [line.split(",layout=")[1].split(",")[0] for line in log.splitlines() if ",compile," in line]
+    assert layouts == ["lanes_bf16_pairs" if bf16_pairs_expected() else "lanes"] * 6
 
 
 OVERSUBSCRIBED_SCRIPT = """

@@ -34,6 +34,18 @@ GRAD_TOLERANCES: dict[DataType, tuple[float, float]] = {
 }
 
 
+
+def cpuinfo_field(key: str) -> str:
+    """The first value of `key` ("model name", "vendor_id", ...) in /proc/cpuinfo, or "" where there is none."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.split(":", 1)[0].strip() == key:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
 def assert_close(actual: np.ndarray, expected: np.ndarray, dtype, what: str = "result",
                  tolerance: tuple[float, float] | None = None) -> None:
     """Asserts equal NaN and infinity positions and |actual - expected| <= atol + rtol * |expected| elsewhere."""

@@ -29,6 +29,8 @@ bool bit(unsigned int reg, int index) { return (reg >> index) & 1u; }
 CpuFeatures detect() {
     CpuFeatures f;
     unsigned int eax, ebx, ecx, edx;
+    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return f;
+    f.amd = ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;  // "AuthenticAMD"
     if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return f;
     const bool osxsave = bit(ecx, 27);
     const bool fma = bit(ecx, 12), f16c = bit(ecx, 29);

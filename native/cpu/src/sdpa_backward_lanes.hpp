@@ -33,10 +33,12 @@
 
 #include "block_io.hpp"
 #include "dropout.hpp"
+#include "graphattn/cpu_features.hpp"
 #include "graphattn/sdpa.hpp"
 #include "kv_grouping.hpp"
 #include "isa_namespace.hpp"
 #include "lane_gemm.hpp"
+#include "lane_gemm_bf16.hpp"
 #include "lane_masks.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
@@ -67,6 +69,7 @@ struct LaneBackward {
     int64_t dq_plane = 0;     // floats per dQ buffer
     AlignedFloats dq_sum;     // dq_splits buffers of f32 dQ / scale, rows (flat batch * Sq + i)
     int team = 1;             // threads of every parallel region of the call (team_for_items)
+    bool pair_dots = false;   // the five products on bf16 pairs (uses_pair_dots); Q and dO then stay bf16
 
     explicit LaneBackward(const SdpaBackwardArgs& backward)
         : args(backward),
@@ -79,7 +82,8 @@ struct LaneBackward {
           dropout(a),
           batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
           kv(a),
-          row_delta(AlignedFloats::uninitialized(size_t(batch_total * a.seq_q))) {
+          row_delta(AlignedFloats::uninitialized(size_t(batch_total * a.seq_q))),
+          pair_dots(uses_pair_dots(backward)) {
         d_padded = int(round_up(D, kLanes));
         dq_plane = dq_plane_of(a);
         const KeyPassWork work = key_work(a, kv, dq_plane);
@@ -97,9 +101,34 @@ struct LaneBackward {
         // of all K and V, fresh memory on every call, cost a bf16 call of
         // (2,16,16,12,2048,80) more than its arithmetic (this machine: page
         // faults and conversions, 26.7 ms against 10.2 ms in f32).
+        if (pair_dots) return;  // read as they are
         as_f32(args.forward.query, a.seq_q, D, f32_copies[0]);
         as_f32(args.grad_output, a.seq_q, Dv, f32_copies[1]);
     }
+
+    // Whether the products run on bf16 pairs (lane_gemm_bf16.hpp): bf16 Q, K, V and dO whose rows give
+    // their pairs in place (unit column stride, even head dims), on a CPU where pairs pay off.  Others are
+    // converted to f32 as before.
+    static bool uses_pair_dots(const SdpaBackwardArgs& backward) {
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        const SdpaForwardArgs& f = backward.forward;
+        auto pairs_in_place = [](const TensorView& t, int64_t cols) {
+            return t.dtype == DType::bf16 && t.strides[4] == 1 && cols % 2 == 0;
+        };
+        return bf16_pairs_pay_off() && pairs_in_place(f.query, f.head_dim_qk) &&
+               pairs_in_place(f.key, f.head_dim_qk) && pairs_in_place(f.value, f.head_dim_v) &&
+               pairs_in_place(backward.grad_output, f.head_dim_v);
+#else
+        (void)backward;
+        return false;
+#endif
+    }
+
+    static const uint16_t* bf16_rows(const TensorView& t, const int64_t b[kBatchDims], int64_t row0) {
+        return static_cast<const uint16_t*>(t.data) + view_batch_offset(t, b) + row0 * t.strides[3];
+    }
+
+    static uint32_t* words(const AlignedFloats& buffer) { return reinterpret_cast<uint32_t*>(buffer.get()); }
 
     // Row row0 of batch index b of Q or dO (f32 with unit column stride once
     // the constructor has run), or of K or V where they are such f32; rows
@@ -169,6 +198,9 @@ struct LaneBackward {
     // ---- pass 2: dK, dV and dQ with keys as lanes -------------------------------------------
     struct KeyScratch {
         AlignedFloats k_t, v_t, dk_t, dv_t, s, dp, mask_rows, out_rows, z, k_rows, v_rows;
+        // pair_dots (32-bit words of bf16 pairs): K^T and V^T along the head dims, K's rows along the keys;
+        // per row chunk P^T and dS^T along the rows, Q's and dO's rows along the rows, dS rows in bf16.
+        AlignedFloats kt_pairs, vt_pairs, k_row_pairs, p_pairs, ds_pairs, q_pairs, do_pairs, ds_rows;
         float lse[kRowChunk], delta[kRowChunk];
         uint64_t drop_base[kRowChunk];
         uint8_t keep[kLaneBlock];
@@ -177,9 +209,9 @@ struct LaneBackward {
         // others) must start as zeros; the rest is written before it is read,
         // and clearing it took 6-7% of small calls (perf, this machine:
         // (1,8,8,1,17,80) bf16, (2,16,16,8,300,128) f32).
-        KeyScratch(int D, int Dv, int d_padded, bool dropout)
-            : k_t(AlignedFloats::uninitialized(size_t(D) * kLaneBlock)),
-              v_t(AlignedFloats::uninitialized(size_t(Dv) * kLaneBlock)),
+        KeyScratch(int D, int Dv, int d_padded, bool dropout, bool pairs)
+            : k_t(AlignedFloats::uninitialized(pairs ? 0 : size_t(D) * kLaneBlock)),
+              v_t(AlignedFloats::uninitialized(pairs ? 0 : size_t(Dv) * kLaneBlock)),
               dk_t(AlignedFloats::uninitialized(size_t(D) * kLaneBlock)),
               dv_t(AlignedFloats::uninitialized(size_t(Dv) * kLaneBlock)),
               s(AlignedFloats::uninitialized(size_t(kRowChunk) * kLaneBlock)),
@@ -187,8 +219,16 @@ struct LaneBackward {
               mask_rows(AlignedFloats::uninitialized(size_t(kRowChunk) * kLaneBlock)),
               out_rows(AlignedFloats::uninitialized(size_t(kTransposedRowsAtOnce) * std::max(D, Dv))),
               z(dropout ? size_t(kRowChunk) * kLaneBlock : 0),
-              k_rows(size_t(kLaneBlock) * d_padded),
-              v_rows(AlignedFloats::uninitialized(size_t(kLaneBlock) * Dv)) {}
+              k_rows(pairs ? 0 : size_t(kLaneBlock) * d_padded),
+              v_rows(AlignedFloats::uninitialized(pairs ? 0 : size_t(kLaneBlock) * Dv)),
+              kt_pairs(AlignedFloats::uninitialized(pairs ? size_t(D / 2) * kLaneBlock : 0)),
+              vt_pairs(AlignedFloats::uninitialized(pairs ? size_t(Dv / 2) * kLaneBlock : 0)),
+              k_row_pairs(AlignedFloats::uninitialized(pairs ? size_t(kLaneBlock / 2) * d_padded : 0)),
+              p_pairs(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk / 2) * kLaneBlock : 0)),
+              ds_pairs(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk / 2) * kLaneBlock : 0)),
+              q_pairs(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk / 2) * d_padded : 0)),
+              do_pairs(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk / 2) * round_up(Dv, kLanes) : 0)),
+              ds_rows(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk) * kLaneBlock / 2 : 0)) {}
     };
 
     // Rows j0 .. j0 + rows of V at outer_b as f32 rows with unit column stride:
@@ -210,9 +250,6 @@ struct LaneBackward {
     void key_item_rows(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows, int64_t j0, int kv_rows,
                        float* dq_buffer, std::mutex* dq_lock) {
         const int64_t fb = flat_batch(b);
-        const float* q_rows = f32_rows(a.query, b, i0);
-        const float* do_rows = f32_rows(args.grad_output, b, i0);
-        const int64_t q_stride = a.query.strides[3], do_stride = args.grad_output.strides[3];
         for (int r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
             sc.lse[r] = lse_log2(b, i);
@@ -224,13 +261,13 @@ struct LaneBackward {
         }
         float* s = sc.s.get();
         float* dp = sc.dp.get();
-        // S (log2 units, K^T carries scale * log2 e), masked; then P = 2^(S - lse).
-        lane_gemm<RV, NT, false>(sc.k_t.get(), D, q_rows, q_stride, 1, rows, s);
+        // S (log2 units, scale * log2 e applied), masked; then P = 2^(S - lse).
+        scores(sc, b, i0, rows);
         mask_key_lanes<RV>(a, s, sc.mask_rows.get(), sc.m_off, sc.qi, rows, kv_rows, j0);
         for (int r = 0; r < rows; ++r)
             for (int v = 0; v < RV; ++v) store(s + r * kLaneBlock + v * kLanes, vexp2(load(s + r * kLaneBlock + v * kLanes) - sc.lse[r]));
         // dP = dO V^T (through the dropout mask Z when there is one), then dS = P (dP - D).
-        lane_gemm<RV, NT, false>(sc.v_t.get(), Dv, do_rows, do_stride, 1, rows, dp);
+        grad_probs(sc, b, i0, rows);
         float* z = sc.z.get();
         if (dropout.active) {
             for (int r = 0; r < rows; ++r) dropout.multipliers(sc.drop_base[r], j0, kv_rows, z + r * kLaneBlock, 1, sc.keep);
@@ -255,21 +292,97 @@ struct LaneBackward {
                     store(x, load(x) * load(z + r * kLaneBlock + v * kLanes));
                 }
         // dV^T += P^T dO and dK^T += dS^T Q (the scale is applied once, at the end).
-        lane_gemm<RV, NT, true>(s, rows, do_rows, 1, do_stride, Dv, sc.dv_t.get());
-        lane_gemm<RV, NT, true>(dp, rows, q_rows, 1, q_stride, D, sc.dk_t.get());
-        // dQ rows += dS K (K rows padded with zeros to d_padded); pieces of one item take turns.
+        key_grads(sc, b, i0, rows);
+        // dQ rows += dS K; pieces of one item take turns.
         std::unique_lock<std::mutex> hold;
         if (dq_lock) hold = std::unique_lock<std::mutex>(*dq_lock);
-        lane_gemm_wide<RV, NT, true>(sc.k_rows.get(), d_padded, kv_rows, dp, kLaneBlock, 1, rows,
-                                     dq_buffer + (fb * a.seq_q + i0) * d_padded, d_padded, d_padded);
+        query_grads(sc, rows, kv_rows, dq_buffer + (fb * a.seq_q + i0) * d_padded);
     }
 
-    // Key block j0 of K/V batch index outer_b; dq_buffer receives dS K.
-    void key_item(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t j0, float* dq_buffer, std::mutex* dq_lock) {
-        const int kv_rows = int(std::min<int64_t>(kLaneBlock, a.seq_kv - j0));
+    // The five products of key_item_rows, in f32 or on bf16 pairs.
+    // s = Q K^T * scale * log2(e) for rows i0.. of batch index b.
+    void scores(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows) const {
+        const int64_t q_stride = a.query.strides[3];
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        if (pair_dots) {
+            pair_gemm<RV, NT, false>(words(sc.kt_pairs), D / 2, bf16_rows(a.query, b, i0), q_stride, 2, rows,
+                                     sc.s.get(), scale * kLog2e);
+            return;
+        }
+#endif
+        lane_gemm<RV, NT, false>(sc.k_t.get(), D, f32_rows(a.query, b, i0), q_stride, 1, rows, sc.s.get());  // K^T scaled
+    }
+
+    // dp = dO V^T.
+    void grad_probs(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows) const {
+        const TensorView& g = args.grad_output;
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        if (pair_dots) {
+            pair_gemm<RV, NT, false>(words(sc.vt_pairs), Dv / 2, bf16_rows(g, b, i0), g.strides[3], 2, rows, sc.dp.get());
+            return;
+        }
+#endif
+        lane_gemm<RV, NT, false>(sc.v_t.get(), Dv, f32_rows(g, b, i0), g.strides[3], 1, rows, sc.dp.get());
+    }
+
+    // dV^T += P^T dO (P in s) and dK^T += dS^T Q (dS in dp).
+    void key_grads(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows) const {
+        const TensorView &q = a.query, &g = args.grad_output;
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        if (pair_dots) {
+            const int row_pairs = (rows + 1) / 2;
+            const int64_t dv_padded = round_up(Dv, kLanes);
+            pack_lane_pairs(sc.s.get(), rows, kLaneBlock, words(sc.p_pairs));
+            pack_lane_pairs(sc.dp.get(), rows, kLaneBlock, words(sc.ds_pairs));
+            pack_row_pairs(bf16_rows(g, b, i0), g.strides[3], rows, Dv, words(sc.do_pairs), dv_padded);
+            pack_row_pairs(bf16_rows(q, b, i0), q.strides[3], rows, D, words(sc.q_pairs), d_padded);
+            pair_gemm<RV, NT, true>(words(sc.p_pairs), row_pairs, reinterpret_cast<const uint16_t*>(sc.do_pairs.get()),
+                                    2, 2 * dv_padded, Dv, sc.dv_t.get());
+            pair_gemm<RV, NT, true>(words(sc.ds_pairs), row_pairs, reinterpret_cast<const uint16_t*>(sc.q_pairs.get()),
+                                    2, 2 * d_padded, D, sc.dk_t.get());
+            return;
+        }
+#endif
+        lane_gemm<RV, NT, true>(sc.s.get(), rows, f32_rows(g, b, i0), 1, g.strides[3], Dv, sc.dv_t.get());
+        lane_gemm<RV, NT, true>(sc.dp.get(), rows, f32_rows(q, b, i0), 1, q.strides[3], D, sc.dk_t.get());
+    }
+
+    // dQ rows (d_padded apart) += dS K over the block's kv_rows keys (K's rows padded with zeros to d_padded).
+    void query_grads(KeyScratch& sc, int rows, int kv_rows, float* dq_rows) const {
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        if (pair_dots) {
+            uint16_t* ds_rows = reinterpret_cast<uint16_t*>(sc.ds_rows.get());
+            round_rows_to_bf16(sc.dp.get(), kLaneBlock, rows, kLaneBlock, kv_rows, ds_rows, kLaneBlock);
+            pair_gemm_wide<RV, NT, true>(words(sc.k_row_pairs), d_padded, (kv_rows + 1) / 2, ds_rows, kLaneBlock, 2,
+                                         rows, dq_rows, d_padded, d_padded);
+            return;
+        }
+#endif
+        lane_gemm_wide<RV, NT, true>(sc.k_rows.get(), d_padded, kv_rows, sc.dp.get(), kLaneBlock, 1, rows, dq_rows,
+                                     d_padded, d_padded);
+    }
+
+    // Key block j0 (kv_rows keys) of K/V batch index outer_b as the products read it: K's rows in f32
+    // for dQ += dS K (columns past D zero), K^T and V^T with lanes past kv_rows zero, K^T carrying
+    // scale * log2(e); or, on bf16 pairs, K^T and V^T pairs along the head dims and K's rows paired
+    // along the keys.
+    void load_key_block(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t j0, int kv_rows) const {
         const TensorView &k = a.key, &v = a.value;
-        // K's rows in f32 for dQ += dS K (columns past D stay zero), then K^T
-        // and V^T, lanes past kv_rows zero; K^T carries scale * log2(e).
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        if (pair_dots) {
+            const uint16_t* k_rows = bf16_rows(k, outer_b, j0);
+            const uint16_t* v_rows = bf16_rows(v, outer_b, j0);
+            auto word_rows = [](const uint16_t* rows, int64_t stride) {
+                return [=](int r) { return reinterpret_cast<const uint32_t*>(rows + r * stride); };
+            };
+            transpose_rows<uint32_t>(word_rows(k_rows, k.strides[3]), kv_rows, D / 2, words(sc.kt_pairs), kLaneBlock,
+                                     1.0f, kLaneBlock);
+            transpose_rows<uint32_t>(word_rows(v_rows, v.strides[3]), kv_rows, Dv / 2, words(sc.vt_pairs), kLaneBlock,
+                                     1.0f, kLaneBlock);
+            pack_row_pairs(k_rows, k.strides[3], kv_rows, D, words(sc.k_row_pairs), d_padded);
+            return;
+        }
+#endif
         float* k_rows = sc.k_rows.get();
         load_block(element_ptr(k.data, k.dtype, view_batch_offset(k, outer_b) + j0 * k.strides[3]), k.dtype,
                    k.strides[3], k.strides[4], kv_rows, D, k_rows, d_padded, 1);
@@ -279,6 +392,12 @@ struct LaneBackward {
                            scale * kLog2e, kLaneBlock);
         transpose_rows_f32([=](int r) { return v_rows + r * v_stride; }, kv_rows, Dv, sc.v_t.get(), kLaneBlock, 1.0f,
                            kLaneBlock);
+    }
+
+    // Key block j0 of K/V batch index outer_b; dq_buffer receives dS K.
+    void key_item(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t j0, float* dq_buffer, std::mutex* dq_lock) {
+        const int kv_rows = int(std::min<int64_t>(kLaneBlock, a.seq_kv - j0));
+        load_key_block(sc, outer_b, j0, kv_rows);
         std::fill(sc.dk_t.get(), sc.dk_t.get() + size_t(D) * kLaneBlock, 0.0f);
         std::fill(sc.dv_t.get(), sc.dv_t.get() + size_t(Dv) * kLaneBlock, 0.0f);
 
@@ -305,7 +424,7 @@ struct LaneBackward {
         // 0.99-1.02x elsewhere; this machine 1.00-1.08x.
         const KeyBlockWave wave(kv.outer_items * dq_splits, dq_splits, key_blocks, omp_get_max_threads());
         run_on_team(team, [&] {
-            KeyScratch sc(D, Dv, d_padded, dropout.active);
+            KeyScratch sc(D, Dv, d_padded, dropout.active, pair_dots);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t u = 0; u < wave.units(); ++u) {
                 const KeyBlockWave::Unit unit = wave.unit(u);
@@ -350,7 +469,7 @@ struct LaneBackward {
         const KvGrouping kv(a);
         const int64_t plane = dq_plane_of(a);
         const KeyPassWork work = key_work(a, kv, plane);
-        return key_pass_text("lanes", kLaneBlock, kv.outer_items, work.splits, work.splits * plane, work.team);
+        return key_pass_text(uses_pair_dots(backward) ? "lanes_bf16_pairs" : "lanes", kLaneBlock, kv.outer_items, work.splits, work.splits * plane, work.team);
     }
 
     static Status run(const SdpaBackwardArgs& backward) {

@@ -38,6 +38,7 @@
 #include "isa_namespace.hpp"
 #include "key_splits.hpp"
 #include "lane_gemm.hpp"
+#include "lane_gemm_bf16.hpp"
 #include "lane_masks.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
@@ -100,20 +101,24 @@ struct LaneForward {
     // lanes per thread (perf, f32 (2,16,16,17,17,64): memset 7% of the call,
     // with O^T's and Q^T's padding fills).
     struct Scratch {
-        KeyReads keys;  // the row layout's; first, as the buffers below are sized by it
+        KeyReads keys;    // the row layout's; first, as the buffers below are sized by it
+        bool pair_dots;   // the lane layout's products on bf16 pairs (uses_pair_dots)
         AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_rows, drop_t;
         // Row layout (attend_rows): rows of Q and O padded to whole vectors (Q's padding cleared
         // per row), K/V rows likewise (padding zero); P rows, the row-key partials and K^T, each written
         // before it is read.
         AlignedFloats q_pad, o_pad, k_pad, v_pad, p_rows, mask_row, partials, k_t;
+        // pair_dots: Q^T, P^T and V as bf16 pairs, and K's where it is not read in place (32-bit words).
+        AlignedFloats q_pairs, p_pairs, v_pairs, k_pairs;
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
         uint64_t drop_base[kBlockQ];
         uint8_t keep[kBlockKV > kRowLayoutKeys ? kBlockKV : kRowLayoutKeys];
         Scratch(const SdpaForwardArgs& a, int64_t item_rows)
             : keys(RowLayout ? key_reads(a, item_rows) : KeyReads{}),
-              q_t(AlignedFloats::uninitialized(!RowLayout ? size_t(a.head_dim_qk) * kBlockQ : 0)),  // attend's
-              k_rows(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * a.head_dim_qk : 0)),
-              v_rows(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * a.head_dim_v : 0)),
+              pair_dots(uses_pair_dots(a)),
+              q_t(AlignedFloats::uninitialized(f32_lanes() ? size_t(a.head_dim_qk) * kBlockQ : 0)),  // attend's
+              k_rows(AlignedFloats::uninitialized(f32_lanes() ? size_t(kBlockKV) * a.head_dim_qk : 0)),
+              v_rows(AlignedFloats::uninitialized(f32_lanes() ? size_t(kBlockKV) * a.head_dim_v : 0)),
               s_t(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * kBlockQ : 0)),
               mask_t(!RowLayout && a.mask_kind != MaskKind::none ? size_t(kBlockKV) * kBlockQ : 0),
               o_t(AlignedFloats::uninitialized(size_t(a.head_dim_v) * kBlockQ)),
@@ -132,9 +137,33 @@ struct LaneForward {
               mask_row(kRowLayoutKeys),
               partials(AlignedFloats::uninitialized(
                   RowLayout ? size_t(kPartialsRowBlock) * kRowLayoutKeys * kLanes : 0)),
-              k_t(AlignedFloats::uninitialized(keys.transposed ? size_t(a.head_dim_qk) * kRowLayoutKeys : 0)) {}
+              k_t(AlignedFloats::uninitialized(keys.transposed ? size_t(a.head_dim_qk) * kRowLayoutKeys : 0)),
+              q_pairs(AlignedFloats::uninitialized(pair_dots ? size_t(pairs(a.head_dim_qk)) * kBlockQ : 0)),
+              p_pairs(AlignedFloats::uninitialized(pair_dots ? size_t(pairs(kBlockKV)) * kBlockQ : 0)),
+              v_pairs(AlignedFloats::uninitialized(pair_dots ? size_t(pairs(kBlockKV)) * padded(a.head_dim_v) : 0)),
+              k_pairs(AlignedFloats::uninitialized(
+                  pair_dots && !pairs_in_place(a.key, a.head_dim_qk) ? size_t(kBlockKV) * pairs(a.head_dim_qk) : 0)) {}
         static int padded(int64_t n) { return int(round_up(n, kLanes)); }
+        static int pairs(int64_t n) { return int((n + 1) / 2); }
+        bool f32_lanes() const { return !RowLayout && !pair_dots; }
     };
+
+    // Whether the lane layout's products run on bf16 pairs (lane_gemm_bf16.hpp): bf16 Q, K and V on a
+    // CPU where they pay off.
+    static bool uses_pair_dots(const SdpaForwardArgs& a) {
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        return !RowLayout && bf16_pairs_pay_off() && a.query.dtype == DType::bf16 &&
+               a.key.dtype == DType::bf16 && a.value.dtype == DType::bf16;
+#else
+        (void)a;
+        return false;
+#endif
+    }
+
+    // Whether rows of a bf16 operand give their column pairs in place: unit column stride, even width.
+    static bool pairs_in_place(const TensorView& t, int64_t cols) { return t.strides[4] == 1 && cols % 2 == 0; }
+
+    static uint32_t* words(const AlignedFloats& buffer) { return reinterpret_cast<uint32_t*>(buffer.get()); }
 
     // Whether the row layout reads rows of K or V (cols wide) in place, in
     // their dtype: unit column stride and whole vectors; else it copies them
@@ -344,28 +373,110 @@ struct LaneForward {
             }
     }
 
-    // Keys [key_begin, key_end) of one item into sc.o_t, row_max, row_sum.
-    static void attend(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
-                       int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
-        const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
-        const TensorView &q = a.query, &k = a.key, &v = a.value;
-        const DropoutPlan dropout(a);
+    static float score_scale(const SdpaForwardArgs& a) {
+        return (a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f) * kLog2e;
+    }
 
-        // Q^T with the scale and log2(e) folded in; lanes past the last row stay 0.
+    // The item's queries as the scores' lane operand, lanes past the last row 0: Q^T with the scale
+    // (and log2(e)) folded in, or Q^T's bf16 pairs, the scale then applied to the scores.
+    static void load_query_block(const SdpaForwardArgs& a, Scratch& sc, int rows) {
+        const TensorView& q = a.query;
+        const int D = int(a.head_dim_qk);
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        if (sc.pair_dots) {
+            const uint16_t* q_data = static_cast<const uint16_t*>(q.data);
+            uint32_t* q_pairs = words(sc.q_pairs);
+            if (pairs_in_place(q, D)) {
+                transpose_rows<uint32_t>([&](int r) { return reinterpret_cast<const uint32_t*>(q_data + sc.q_off[r]); },
+                                         rows, Scratch::pairs(D), q_pairs, kBlockQ, 1.0f, kBlockQ);
+            } else {
+                for (int r = 0; r < kBlockQ; ++r)  // padding lanes: no columns, so zero pairs
+                    pack_strided_pairs(q_data + sc.q_off[std::min(r, rows - 1)], 0, q.strides[4], 1, r < rows ? D : 0,
+                                      Scratch::pairs(D), q_pairs + r, 0, kBlockQ);
+            }
+            return;
+        }
+#endif
         float* q_t = sc.q_t.get();
-        const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
+        const float scale = score_scale(a);
         if (q.dtype == DType::f32 && q.strides[4] == 1) {
             const float* q_data = static_cast<const float*>(q.data);
-            transpose_rows_f32([&](int r) { return q_data + sc.q_off[r]; }, rows, D, q_t, kBlockQ, scale * kLog2e,
-                               kBlockQ);
+            transpose_rows_f32([&](int r) { return q_data + sc.q_off[r]; }, rows, D, q_t, kBlockQ, scale, kBlockQ);
         } else {
             for (int r = 0; r < rows; ++r)
                 load_block(element_ptr(q.data, q.dtype, sc.q_off[r]), q.dtype, 0, q.strides[4], 1, D, q_t + r, 1,
                            kBlockQ);
             if (rows < kBlockQ)
                 for (int d = 0; d < D; ++d) std::fill(q_t + d * kBlockQ + rows, q_t + (d + 1) * kBlockQ, 0.0f);
-            for (int x = 0; x < D * kBlockQ; x += kLanes) store(q_t + x, load(q_t + x) * (scale * kLog2e));
+            for (int x = 0; x < D * kBlockQ; x += kLanes) store(q_t + x, load(q_t + x) * scale);
         }
+    }
+
+    // S^T of keys [j0, j0 + kv_rows) into sc.s_t, scaled.
+    static void score_block(const SdpaForwardArgs& a, Scratch& sc, int64_t k_base, int64_t j0, int kv_rows) {
+        const TensorView& k = a.key;
+        const int D = int(a.head_dim_qk);
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        if (sc.pair_dots) {
+            const uint16_t* k_rows = static_cast<const uint16_t*>(k.data) + k_base + j0 * k.strides[3];
+            int64_t k_stride = k.strides[3];
+            if (!pairs_in_place(k, D)) {
+                pack_strided_pairs(k_rows, k.strides[3], k.strides[4], kv_rows, D, Scratch::pairs(D), words(sc.k_pairs),
+                                  Scratch::pairs(D), 1);
+                k_rows = reinterpret_cast<const uint16_t*>(sc.k_pairs.get());
+                k_stride = 2 * Scratch::pairs(D);
+            }
+            pair_gemm<RV, NT, false>(words(sc.q_pairs), Scratch::pairs(D), k_rows, k_stride, 2, kv_rows, sc.s_t.get(),
+                                     score_scale(a));
+            return;
+        }
+#endif
+        int64_t k_stride;
+        const float* k_rows = rows_as_f32(k, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
+        lane_gemm<RV, NT, false>(sc.q_t.get(), D, k_rows, k_stride, 1, kv_rows, sc.s_t.get());
+    }
+
+    // O^T (+)= V^T P^T for keys [j0, j0 + kv_rows), P^T in sc.s_t; the first block sets O^T.
+    static void accumulate_block(const SdpaForwardArgs& a, Scratch& sc, int64_t v_base, int64_t j0, int kv_rows,
+                                 bool first) {
+        const TensorView& v = a.value;
+        const int Dv = int(a.head_dim_v);
+        float* o_t = sc.o_t.get();
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        if (sc.pair_dots) {
+            const int key_pairs = Scratch::pairs(kv_rows), ld = Scratch::padded(Dv);
+            uint32_t* v_pairs = words(sc.v_pairs);
+            const uint16_t* v_rows = static_cast<const uint16_t*>(v.data) + v_base + j0 * v.strides[3];
+            if (v.strides[4] == 1) {
+                pack_row_pairs(v_rows, v.strides[3], kv_rows, Dv, v_pairs, ld);
+            } else {  // V^T's rows are V's columns
+                for (int c = 0; c < Dv; ++c)
+                    pack_strided_pairs(v_rows + c * v.strides[4], 0, v.strides[3], 1, kv_rows, key_pairs, v_pairs + c, 0, ld);
+            }
+            pack_lane_pairs(sc.s_t.get(), kv_rows, kBlockQ, words(sc.p_pairs));
+            const uint16_t* v_words = reinterpret_cast<const uint16_t*>(v_pairs);
+            if (first)
+                pair_gemm<RV, NT, false>(words(sc.p_pairs), key_pairs, v_words, 2, 2 * ld, Dv, o_t);
+            else
+                pair_gemm<RV, NT, true>(words(sc.p_pairs), key_pairs, v_words, 2, 2 * ld, Dv, o_t);
+            return;
+        }
+#endif
+        int64_t v_stride;
+        const float* v_rows = rows_as_f32(v, v_base, j0, kv_rows, Dv, sc.v_rows.get(), v_stride);
+        if (first)
+            lane_gemm<RV, NT, false>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, o_t);
+        else
+            lane_gemm<RV, NT, true>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, o_t);
+    }
+
+    // Keys [key_begin, key_end) of one item into sc.o_t, row_max, row_sum.
+    static void attend(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
+                       int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
+        const int Dv = int(a.head_dim_v);
+        const DropoutPlan dropout(a);
+
+        load_query_block(a, sc, rows);
         std::fill(sc.row_max.get(), sc.row_max.get() + kBlockQ, -__builtin_inff());
         std::fill(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, 0.0f);
 
@@ -380,7 +491,7 @@ struct LaneForward {
                                      : a.causal ? causal_key_end(int64_t(*std::min_element(qi, qi + rows)),
                                                                  a.causal_offset, a.seq_kv)
                                                 : a.seq_kv;
-        const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
+        const int64_t k_base = view_batch_offset(a.key, outer_b), v_base = view_batch_offset(a.value, outer_b);
         // O^T is not cleared up front: the first key block sets it, unscaled, instead of clearing it,
         // rescaling the zeros and adding to them (with the two changes to Scratch and Q^T's padding: f32
         // (2,16,16,17,17,64) 49.9 -> 36.2 us on the 2-core Xeon).
@@ -388,18 +499,12 @@ struct LaneForward {
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockKV) {
             const int kv_rows = int(std::min<int64_t>(kBlockKV, key_end - j0));
             const bool first = j0 == key_begin;
-            int64_t k_stride, v_stride;
-            const float* k_rows = rows_as_f32(k, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
-            const float* v_rows = rows_as_f32(v, v_base, j0, kv_rows, Dv, sc.v_rows.get(), v_stride);
-            lane_gemm<RV, NT, false>(q_t, D, k_rows, k_stride, 1, kv_rows, sc.s_t.get());
+            score_block(a, sc, k_base, j0, kv_rows);
             if (j0 + kv_rows > unmasked_end)
                 mask_query_lanes<RV>(a, sc.s_t.get(), sc.mask_t.get(), sc.m_off, qi, rows, kv_rows, j0);
             online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), first ? nullptr : o_t, Dv);
             if (dropout.active) apply_dropout(dropout, sc, rows, kv_rows, j0);
-            if (first)
-                lane_gemm<RV, NT, false>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, o_t);
-            else
-                lane_gemm<RV, NT, true>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, o_t);
+            accumulate_block(a, sc, v_base, j0, kv_rows, first);
         }
         if (key_begin >= key_end) std::fill(o_t, o_t + size_t(Dv) * kBlockQ, 0.0f);  // no keys: an all-zero O
     }
@@ -566,7 +671,8 @@ struct LaneForward {
     static std::string describe(const SdpaForwardArgs& a) {
         const LanePlan p = plan(a);
         const bool skip_causal_blocks = skips_causal_blocks(a);
-        return work_plan_text(RowLayout ? "rows" : "lanes", std::min(p.item_rows, p.rows_total), p.outer_items,
+        const char* layout = RowLayout ? "rows" : (uses_pair_dots(a) ? "lanes_bf16_pairs" : "lanes");
+        return work_plan_text(layout, std::min(p.item_rows, p.rows_total), p.outer_items,
                               p.splits, std::min(p.keys_per_split, a.seq_kv), team_for_items(p.outer_items * p.splits),
                               order_name(!skip_causal_blocks,
                                          longest_first(skip_causal_blocks, p.outer_items, omp_get_max_threads())));

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -48,10 +50,19 @@ inline void transpose_16x16_words(const __m512i in[16], __m512i out[16]) {
 // row(r) is the address of source row r (rows need not be evenly spaced);
 // rows from `rows` up to `padded_rows` are written as zeros (padding lanes:
 // transposed with the last rows, not cleared apart, which took one small fill
-// per column).
-template <typename RowAddress>
-inline void transpose_rows_f32(RowAddress row, int rows, int cols, float* dst, int64_t dst_ld, float factor = 1.0f,
-                               int padded_rows = 0) {
+// per column).  T is float, or uint32_t for words moved as they are (bf16
+// pairs; rows at any alignment, no factor).
+template <typename T, typename RowAddress>
+inline void transpose_rows(RowAddress row, int rows, int cols, T* dst, int64_t dst_ld, float factor = 1.0f,
+                           int padded_rows = 0) {
+    static_assert(sizeof(T) == 4, "32-bit elements");
+    constexpr bool scaled = std::is_same_v<T, float>;
+    auto element = [&](const T* src, int c) {  // src[c], read at any alignment, times the factor
+        T x;
+        std::memcpy(&x, src + c, sizeof x);
+        if constexpr (scaled) return x * factor;
+        return x;
+    };
     padded_rows = std::max(padded_rows, rows);
     int r0 = 0;
 #if defined(__AVX512F__)
@@ -59,32 +70,39 @@ inline void transpose_rows_f32(RowAddress row, int rows, int cols, float* dst, i
     for (; r0 + 16 <= padded_rows; r0 += 16) {
         const int real = std::clamp(rows - r0, 0, 16);  // source rows in this group; the rest are zeros
         if (real == 0) {  // padding only: nothing to transpose
-            for (int c = 0; c < cols; ++c) _mm512_storeu_ps(dst + c * dst_ld + r0, _mm512_setzero_ps());
+            for (int c = 0; c < cols; ++c) _mm512_storeu_si512(dst + c * dst_ld + r0, _mm512_setzero_si512());
             continue;
         }
-        const float* src[16];
+        const T* src[16];
         for (int i = 0; i < real; ++i) src[i] = row(r0 + i);
         int c0 = 0;
         for (; c0 + 16 <= cols; c0 += 16) {
             __m512i in[16], out[16];
-            for (int i = 0; i < 16; ++i)
-                in[i] = i < real ? _mm512_castps_si512(_mm512_loadu_ps(src[i] + c0)) : _mm512_setzero_si512();
+            for (int i = 0; i < 16; ++i) in[i] = i < real ? _mm512_loadu_si512(src[i] + c0) : _mm512_setzero_si512();
             transpose_16x16_words(in, out);
-            for (int i = 0; i < 16; ++i)
-                _mm512_storeu_ps(dst + (c0 + i) * dst_ld + r0, _mm512_mul_ps(_mm512_castsi512_ps(out[i]), f));
+            for (int i = 0; i < 16; ++i) {
+                if constexpr (scaled) out[i] = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(out[i]), f));
+                _mm512_storeu_si512(dst + (c0 + i) * dst_ld + r0, out[i]);
+            }
         }
         for (int c = c0; c < cols; ++c)
-            for (int i = 0; i < 16; ++i) dst[c * dst_ld + r0 + i] = i < real ? src[i][c] * factor : 0.0f;
+            for (int i = 0; i < 16; ++i) dst[c * dst_ld + r0 + i] = i < real ? element(src[i], c) : T(0);
     }
 #endif
     for (int r = r0; r < padded_rows; ++r) {
         if (r >= rows) {
-            for (int c = 0; c < cols; ++c) dst[c * dst_ld + r] = 0.0f;
+            for (int c = 0; c < cols; ++c) dst[c * dst_ld + r] = T(0);
             continue;
         }
-        const float* src = row(r);
-        for (int c = 0; c < cols; ++c) dst[c * dst_ld + r] = src[c] * factor;
+        const T* src = row(r);
+        for (int c = 0; c < cols; ++c) dst[c * dst_ld + r] = element(src, c);
     }
+}
+
+template <typename RowAddress>
+inline void transpose_rows_f32(RowAddress row, int rows, int cols, float* dst, int64_t dst_ld, float factor = 1.0f,
+                               int padded_rows = 0) {
+    transpose_rows<float>(row, rows, cols, dst, dst_ld, factor, padded_rows);
 }
 
 // The same for rows src_ld floats apart.

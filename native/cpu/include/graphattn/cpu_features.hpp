@@ -18,6 +18,7 @@ struct CpuFeatures {
     bool amx_tile = false;
     bool amx_bf16 = false;
     bool amx_fp16 = false;
+    bool amd = false;  // the vendor, where the same instructions run at other rates (lane_gemm_bf16.hpp)
 };
 
 // Detected once, then cached.
