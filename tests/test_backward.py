@@ -308,7 +308,7 @@ def test_bf16_pair_products_on_the_vector_build():
         "        if w is not None:\n"
         "            assert_grad_close(g, w, 'bf16', name + ' ' + what)\n"
         "    print(name, file=sys.stderr)\n")
-    _, log = run_python_logged(script, GRAPHATTN_ISA="avx512")
+    _, log = run_python_logged(script, GRAPHATTN_ISA="avx512", OMP_NUM_THREADS="2")
     layouts = {}
     name_of = iter(cases)
     for line in log.splitlines():  # each case's backward compile line comes before its name
