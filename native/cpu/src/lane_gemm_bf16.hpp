@@ -15,16 +15,28 @@
 // subnormal bf16 as zero.
 #pragma once
 
+#include <cstdint>
+
+#include "graphattn/sdpa.hpp"
+#include "isa_namespace.hpp"
+
+namespace graphattn {
+namespace GRAPHATTN_ISA_NS {
+
+// Whether rows of a 16-bit operand give their column pairs in place: unit column stride, even width.
+inline bool pairs_in_place(const TensorView& t, int64_t cols) { return t.strides[4] == 1 && cols % 2 == 0; }
+
+}  // namespace GRAPHATTN_ISA_NS
+}  // namespace graphattn
+
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
 
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <cstring>
 
 #include "graphattn/cpu_features.hpp"
-#include "isa_namespace.hpp"
 #include "simd.hpp"
 
 #define GRAPHATTN_BF16_DOTS __attribute__((target("avx512bf16")))
@@ -113,8 +125,7 @@ GRAPHATTN_BF16_DOTS inline void pair_gemm_wide(const uint32_t* a_pairs, int64_t 
     }
 }
 
-// Words of bf16 pairs from two rows of `cols` f32 or 16-bit values:
-// word c = (lo[c], hi[c]).  A missing hi row (null) pairs with zeros.
+// The 16 words (lo[i], hi[i]) of two f32 vectors rounded to bf16 (nearest even).
 GRAPHATTN_BF16_DOTS inline __m512i pair_words(__m512 lo, __m512 hi) {
     // VCVTNE2PS2BF16 gives hi's 16 bf16 above lo's; the permutation interleaves them.
     const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
@@ -122,13 +133,14 @@ GRAPHATTN_BF16_DOTS inline __m512i pair_words(__m512 lo, __m512 hi) {
     return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-// P^T pairs[p][lanes] from the f32 rows 2p and 2p + 1 of p_t (`lanes` wide,
-// a multiple of 16): keys [0, keys) in (keys + 1) / 2 pairs, an odd last key
-// paired with zeros (its partner row in p_t need not hold finite values).
-GRAPHATTN_BF16_DOTS inline void pack_lane_pairs(const float* p_t, int keys, int lanes, uint32_t* pairs) {
-    for (int p = 0; p < (keys + 1) / 2; ++p) {
-        const float* lo = p_t + 2 * p * lanes;
-        const bool has_hi = 2 * p + 1 < keys;
+// Pairs along the rows of an f32 block in the lanes layout (P^T, dS^T):
+// pairs[p][lanes] from rows 2p and 2p + 1 of x_t (`lanes` wide, a multiple of
+// 16), for rows [0, rows) in (rows + 1) / 2 pairs, an odd last row paired with
+// zeros (the row after it in x_t need not hold finite values).
+GRAPHATTN_BF16_DOTS inline void pack_lane_pairs(const float* x_t, int rows, int lanes, uint32_t* pairs) {
+    for (int p = 0; p < (rows + 1) / 2; ++p) {
+        const float* lo = x_t + 2 * p * lanes;
+        const bool has_hi = 2 * p + 1 < rows;
         for (int x = 0; x < lanes; x += kLanes) {
             const __m512 hi = has_hi ? _mm512_loadu_ps(lo + lanes + x) : _mm512_setzero_ps();
             _mm512_storeu_si512(pairs + p * lanes + x, pair_words(_mm512_loadu_ps(lo + x), hi));
@@ -136,13 +148,14 @@ GRAPHATTN_BF16_DOTS inline void pack_lane_pairs(const float* p_t, int keys, int 
     }
 }
 
-// V pairs[p][c] = (V[2p][c], V[2p + 1][c]) for c < cols from `keys` bf16
-// rows row_stride apart with unit column stride (an odd last key pairs with
-// zeros); rows of `pairs` are ld words apart.
-inline void pack_row_pairs(const uint16_t* rows, int64_t row_stride, int keys, int cols, uint32_t* pairs, int64_t ld) {
-    for (int p = 0; p < (keys + 1) / 2; ++p) {
+// Pairs along the rows of a bf16 block (V, K, Q or dO rows): pairs[p][c] =
+// (X[2p][c], X[2p + 1][c]) for c < cols, from `count` rows row_stride apart
+// with unit column stride (an odd last row pairs with zeros); rows of `pairs`
+// are ld words apart, and their words from cols to ld are not written.
+inline void pack_row_pairs(const uint16_t* rows, int64_t row_stride, int count, int cols, uint32_t* pairs, int64_t ld) {
+    for (int p = 0; p < (count + 1) / 2; ++p) {
         const uint16_t* lo = rows + 2 * p * row_stride;
-        const uint16_t* hi = 2 * p + 1 < keys ? lo + row_stride : nullptr;
+        const uint16_t* hi = 2 * p + 1 < count ? lo + row_stride : nullptr;
         uint32_t* out = pairs + p * ld;
         for (int c = 0; c < cols; c += kLanes) {
             const __mmask16 m = cols - c >= kLanes ? __mmask16(0xffff) : __mmask16((1u << (cols - c)) - 1);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -108,6 +109,8 @@ public:
         return *this;
     }
     float* get() const { return data_; }
+    // The same storage as 32-bit words (bf16 pairs, lane_gemm_bf16.hpp), for buffers only ever read that way.
+    uint32_t* words() const { return reinterpret_cast<uint32_t*>(data_); }
 
 private:
     static float* allocate(size_t bytes) {

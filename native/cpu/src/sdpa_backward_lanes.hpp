@@ -1,4 +1,6 @@
-// FlashAttention-2 backward in f32 on the lane GEMMs of lane_gemm.hpp.
+// FlashAttention-2 backward in f32 on the lane GEMMs of lane_gemm.hpp, or,
+// for bf16 where they pay off, on their bf16-pair forms (lane_gemm_bf16.hpp:
+// P and dS rounded to bf16, sums in f32).
 //
 // P is recomputed from the forward's log-sum-exp, so nothing of size
 // Sq x Skv is stored.  Two parallel passes:
@@ -112,12 +114,11 @@ struct LaneBackward {
     static bool uses_pair_dots(const SdpaBackwardArgs& backward) {
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         const SdpaForwardArgs& f = backward.forward;
-        auto pairs_in_place = [](const TensorView& t, int64_t cols) {
-            return t.dtype == DType::bf16 && t.strides[4] == 1 && cols % 2 == 0;
+        auto bf16_pairs = [](const TensorView& t, int64_t cols) {
+            return t.dtype == DType::bf16 && pairs_in_place(t, cols);
         };
-        return bf16_pairs_pay_off() && pairs_in_place(f.query, f.head_dim_qk) &&
-               pairs_in_place(f.key, f.head_dim_qk) && pairs_in_place(f.value, f.head_dim_v) &&
-               pairs_in_place(backward.grad_output, f.head_dim_v);
+        return bf16_pairs_pay_off() && bf16_pairs(f.query, f.head_dim_qk) && bf16_pairs(f.key, f.head_dim_qk) &&
+               bf16_pairs(f.value, f.head_dim_v) && bf16_pairs(backward.grad_output, f.head_dim_v);
 #else
         (void)backward;
         return false;
@@ -127,8 +128,6 @@ struct LaneBackward {
     static const uint16_t* bf16_rows(const TensorView& t, const int64_t b[kBatchDims], int64_t row0) {
         return static_cast<const uint16_t*>(t.data) + view_batch_offset(t, b) + row0 * t.strides[3];
     }
-
-    static uint32_t* words(const AlignedFloats& buffer) { return reinterpret_cast<uint32_t*>(buffer.get()); }
 
     // Row row0 of batch index b of Q or dO (f32 with unit column stride once
     // the constructor has run), or of K or V where they are such f32; rows
@@ -305,7 +304,7 @@ struct LaneBackward {
         const int64_t q_stride = a.query.strides[3];
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (pair_dots) {
-            pair_gemm<RV, NT, false>(words(sc.kt_pairs), D / 2, bf16_rows(a.query, b, i0), q_stride, 2, rows,
+            pair_gemm<RV, NT, false>(sc.kt_pairs.words(), D / 2, bf16_rows(a.query, b, i0), q_stride, 2, rows,
                                      sc.s.get(), scale * kLog2e);
             return;
         }
@@ -318,7 +317,7 @@ struct LaneBackward {
         const TensorView& g = args.grad_output;
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (pair_dots) {
-            pair_gemm<RV, NT, false>(words(sc.vt_pairs), Dv / 2, bf16_rows(g, b, i0), g.strides[3], 2, rows, sc.dp.get());
+            pair_gemm<RV, NT, false>(sc.vt_pairs.words(), Dv / 2, bf16_rows(g, b, i0), g.strides[3], 2, rows, sc.dp.get());
             return;
         }
 #endif
@@ -332,13 +331,13 @@ struct LaneBackward {
         if (pair_dots) {
             const int row_pairs = (rows + 1) / 2;
             const int64_t dv_padded = round_up(Dv, kLanes);
-            pack_lane_pairs(sc.s.get(), rows, kLaneBlock, words(sc.p_pairs));
-            pack_lane_pairs(sc.dp.get(), rows, kLaneBlock, words(sc.ds_pairs));
-            pack_row_pairs(bf16_rows(g, b, i0), g.strides[3], rows, Dv, words(sc.do_pairs), dv_padded);
-            pack_row_pairs(bf16_rows(q, b, i0), q.strides[3], rows, D, words(sc.q_pairs), d_padded);
-            pair_gemm<RV, NT, true>(words(sc.p_pairs), row_pairs, reinterpret_cast<const uint16_t*>(sc.do_pairs.get()),
+            pack_lane_pairs(sc.s.get(), rows, kLaneBlock, sc.p_pairs.words());
+            pack_lane_pairs(sc.dp.get(), rows, kLaneBlock, sc.ds_pairs.words());
+            pack_row_pairs(bf16_rows(g, b, i0), g.strides[3], rows, Dv, sc.do_pairs.words(), dv_padded);
+            pack_row_pairs(bf16_rows(q, b, i0), q.strides[3], rows, D, sc.q_pairs.words(), d_padded);
+            pair_gemm<RV, NT, true>(sc.p_pairs.words(), row_pairs, reinterpret_cast<const uint16_t*>(sc.do_pairs.get()),
                                     2, 2 * dv_padded, Dv, sc.dv_t.get());
-            pair_gemm<RV, NT, true>(words(sc.ds_pairs), row_pairs, reinterpret_cast<const uint16_t*>(sc.q_pairs.get()),
+            pair_gemm<RV, NT, true>(sc.ds_pairs.words(), row_pairs, reinterpret_cast<const uint16_t*>(sc.q_pairs.get()),
                                     2, 2 * d_padded, D, sc.dk_t.get());
             return;
         }
@@ -353,7 +352,7 @@ struct LaneBackward {
         if (pair_dots) {
             uint16_t* ds_rows = reinterpret_cast<uint16_t*>(sc.ds_rows.get());
             round_rows_to_bf16(sc.dp.get(), kLaneBlock, rows, kLaneBlock, kv_rows, ds_rows, kLaneBlock);
-            pair_gemm_wide<RV, NT, true>(words(sc.k_row_pairs), d_padded, (kv_rows + 1) / 2, ds_rows, kLaneBlock, 2,
+            pair_gemm_wide<RV, NT, true>(sc.k_row_pairs.words(), d_padded, (kv_rows + 1) / 2, ds_rows, kLaneBlock, 2,
                                          rows, dq_rows, d_padded, d_padded);
             return;
         }
@@ -375,11 +374,12 @@ struct LaneBackward {
             auto word_rows = [](const uint16_t* rows, int64_t stride) {
                 return [=](int r) { return reinterpret_cast<const uint32_t*>(rows + r * stride); };
             };
-            transpose_rows<uint32_t>(word_rows(k_rows, k.strides[3]), kv_rows, D / 2, words(sc.kt_pairs), kLaneBlock,
+            transpose_rows<uint32_t>(word_rows(k_rows, k.strides[3]), kv_rows, D / 2, sc.kt_pairs.words(), kLaneBlock,
                                      1.0f, kLaneBlock);
-            transpose_rows<uint32_t>(word_rows(v_rows, v.strides[3]), kv_rows, Dv / 2, words(sc.vt_pairs), kLaneBlock,
+            transpose_rows<uint32_t>(word_rows(v_rows, v.strides[3]), kv_rows, Dv / 2, sc.vt_pairs.words(), kLaneBlock,
                                      1.0f, kLaneBlock);
-            pack_row_pairs(k_rows, k.strides[3], kv_rows, D, words(sc.k_row_pairs), d_padded);
+            // Words from D to d_padded stay unwritten: they reach only dQ's padding columns, never read.
+            pack_row_pairs(k_rows, k.strides[3], kv_rows, D, sc.k_row_pairs.words(), d_padded);
             return;
         }
 #endif

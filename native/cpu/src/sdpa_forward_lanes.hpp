@@ -8,7 +8,9 @@
 // costs one exp2.  K and V rows
 // are read in place when they are f32 with unit column stride; other dtypes
 // or strides are converted block by block into f32 scratch.  The scale is
-// folded into Q^T once per work item.
+// folded into Q^T once per work item.  bf16 Q, K and V, where pairs pay off,
+// take both products on bf16 pairs instead (lane_gemm_bf16.hpp): Q^T, P^T
+// and V packed into pairs, K read in place, the scale applied to the scores.
 //
 // A lane is one (query row, batch index) pair.  Where K and V ignore a
 // batch dimension (the query heads of a GQA/MQA group), the rows of all its
@@ -159,11 +161,6 @@ struct LaneForward {
         return false;
 #endif
     }
-
-    // Whether rows of a bf16 operand give their column pairs in place: unit column stride, even width.
-    static bool pairs_in_place(const TensorView& t, int64_t cols) { return t.strides[4] == 1 && cols % 2 == 0; }
-
-    static uint32_t* words(const AlignedFloats& buffer) { return reinterpret_cast<uint32_t*>(buffer.get()); }
 
     // Whether the row layout reads rows of K or V (cols wide) in place, in
     // their dtype: unit column stride and whole vectors; else it copies them
@@ -385,7 +382,7 @@ struct LaneForward {
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (sc.pair_dots) {
             const uint16_t* q_data = static_cast<const uint16_t*>(q.data);
-            uint32_t* q_pairs = words(sc.q_pairs);
+            uint32_t* q_pairs = sc.q_pairs.words();
             if (pairs_in_place(q, D)) {
                 transpose_rows<uint32_t>([&](int r) { return reinterpret_cast<const uint32_t*>(q_data + sc.q_off[r]); },
                                          rows, Scratch::pairs(D), q_pairs, kBlockQ, 1.0f, kBlockQ);
@@ -421,12 +418,12 @@ struct LaneForward {
             const uint16_t* k_rows = static_cast<const uint16_t*>(k.data) + k_base + j0 * k.strides[3];
             int64_t k_stride = k.strides[3];
             if (!pairs_in_place(k, D)) {
-                pack_strided_pairs(k_rows, k.strides[3], k.strides[4], kv_rows, D, Scratch::pairs(D), words(sc.k_pairs),
+                pack_strided_pairs(k_rows, k.strides[3], k.strides[4], kv_rows, D, Scratch::pairs(D), sc.k_pairs.words(),
                                   Scratch::pairs(D), 1);
                 k_rows = reinterpret_cast<const uint16_t*>(sc.k_pairs.get());
                 k_stride = 2 * Scratch::pairs(D);
             }
-            pair_gemm<RV, NT, false>(words(sc.q_pairs), Scratch::pairs(D), k_rows, k_stride, 2, kv_rows, sc.s_t.get(),
+            pair_gemm<RV, NT, false>(sc.q_pairs.words(), Scratch::pairs(D), k_rows, k_stride, 2, kv_rows, sc.s_t.get(),
                                      score_scale(a));
             return;
         }
@@ -445,7 +442,7 @@ struct LaneForward {
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (sc.pair_dots) {
             const int key_pairs = Scratch::pairs(kv_rows), ld = Scratch::padded(Dv);
-            uint32_t* v_pairs = words(sc.v_pairs);
+            uint32_t* v_pairs = sc.v_pairs.words();
             const uint16_t* v_rows = static_cast<const uint16_t*>(v.data) + v_base + j0 * v.strides[3];
             if (v.strides[4] == 1) {
                 pack_row_pairs(v_rows, v.strides[3], kv_rows, Dv, v_pairs, ld);
@@ -453,12 +450,12 @@ struct LaneForward {
                 for (int c = 0; c < Dv; ++c)
                     pack_strided_pairs(v_rows + c * v.strides[4], 0, v.strides[3], 1, kv_rows, key_pairs, v_pairs + c, 0, ld);
             }
-            pack_lane_pairs(sc.s_t.get(), kv_rows, kBlockQ, words(sc.p_pairs));
+            pack_lane_pairs(sc.s_t.get(), kv_rows, kBlockQ, sc.p_pairs.words());
             const uint16_t* v_words = reinterpret_cast<const uint16_t*>(v_pairs);
             if (first)
-                pair_gemm<RV, NT, false>(words(sc.p_pairs), key_pairs, v_words, 2, 2 * ld, Dv, o_t);
+                pair_gemm<RV, NT, false>(sc.p_pairs.words(), key_pairs, v_words, 2, 2 * ld, Dv, o_t);
             else
-                pair_gemm<RV, NT, true>(words(sc.p_pairs), key_pairs, v_words, 2, 2 * ld, Dv, o_t);
+                pair_gemm<RV, NT, true>(sc.p_pairs.words(), key_pairs, v_words, 2, 2 * ld, Dv, o_t);
             return;
         }
 #endif
