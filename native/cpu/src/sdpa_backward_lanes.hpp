@@ -9,7 +9,9 @@
 //      K^T and V^T are loaded once per key block, and the item walks every
 //      query row of every batch index that shares these K/V (all heads of a
 //      GQA group), so the group reduction happens in registers and no
-//      per-head dK/dV is ever materialised.  dQ += dS K goes to an f32 buffer
+//      per-head dK/dV is ever materialised.  It takes kKeyBlocksAtOnce key
+//      blocks at a time, so that each chunk of query rows (Q, dO and dQ, and
+//      on bf16 pairs Q's and dO's packed pairs) serves them all.  dQ += dS K goes to an f32 buffer
 //      of dQ's size per key split, summed at the end.
 // A K/V batch index's key blocks are split among items (KvGrouping::key_splits)
 // until every thread has kItemsPerThread of them (one under a causal mask,
@@ -32,6 +34,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "block_io.hpp"
 #include "dropout.hpp"
@@ -54,6 +57,12 @@ struct LaneBackward {
     static constexpr int kLaneBlock = RV * kLanes;  // keys per key block
     static constexpr int kRowChunk = 64;           // query rows per step
     static constexpr int64_t kItemsPerThread = 4;   // items wanted per thread
+    // Key blocks an item takes at once, reading each chunk of query rows once for them all
+    // (key_items).  2-core AMD EPYC, in-process A/B against one block at a time: GQA
+    // (1,32,8,1024,1024,128) f32 1.07-1.10x, bf16 1.08x, (1,16,4,1024,1024,256) f32 1.08x,
+    // causal (1,32,8,2048,2048,128) f32 1.10x; calls without GQA 0.97-1.03x.  16-core
+    // Xeon f32: 0.98-1.02x (its items there hold four key blocks or fewer).
+    static constexpr int kKeyBlocksAtOnce = 4;
 
     SdpaBackwardArgs args;  // the caller's, with Q and dO possibly redirected to f32 copies
     const SdpaForwardArgs& a;
@@ -195,39 +204,52 @@ struct LaneBackward {
     }
 
     // ---- pass 2: dK, dV and dQ with keys as lanes -------------------------------------------
-    struct KeyScratch {
-        AlignedFloats k_t, v_t, dk_t, dv_t, s, dp, mask_rows, out_rows, z, k_rows, v_rows;
-        // pair_dots (32-bit words of bf16 pairs): K^T and V^T along the head dims, K's rows along the keys;
-        // per row chunk P^T and dS^T along the rows, Q's and dO's rows along the rows, dS rows in bf16.
-        AlignedFloats kt_pairs, vt_pairs, k_row_pairs, p_pairs, ds_pairs, q_pairs, do_pairs, ds_rows;
-        float lse[kRowChunk], delta[kRowChunk];
-        uint64_t drop_base[kRowChunk];
-        uint8_t keep[kLaneBlock];
-        int64_t m_off[kRowChunk], dm_off[kRowChunk], qi[kRowChunk];
-        // Only k_rows (its padding columns) and z (whose padding lanes multiply
-        // others) must start as zeros; the rest is written before it is read,
-        // and clearing it took 6-7% of small calls (perf, this machine:
-        // (1,8,8,1,17,80) bf16, (2,16,16,8,300,128) f32).
-        KeyScratch(int D, int Dv, int d_padded, bool dropout, bool pairs)
+    // One key block's operands as the products read them, and its dK^T, dV^T sums.
+    struct KeyBlock {
+        AlignedFloats k_t, v_t, dk_t, dv_t, k_rows;
+        // pair_dots (32-bit words of bf16 pairs): K^T and V^T along the head dims, K's rows along the keys.
+        AlignedFloats kt_pairs, vt_pairs, k_row_pairs;
+        int64_t j0 = 0, first_row = 0;  // its first key; query rows before first_row see none of its keys
+        int kv_rows = 0;                // its keys
+        // Only k_rows (its padding columns) must start as zeros; the rest is written before it is read.
+        KeyBlock(int D, int Dv, int d_padded, bool pairs)
             : k_t(AlignedFloats::uninitialized(pairs ? 0 : size_t(D) * kLaneBlock)),
               v_t(AlignedFloats::uninitialized(pairs ? 0 : size_t(Dv) * kLaneBlock)),
               dk_t(AlignedFloats::uninitialized(size_t(D) * kLaneBlock)),
               dv_t(AlignedFloats::uninitialized(size_t(Dv) * kLaneBlock)),
-              s(AlignedFloats::uninitialized(size_t(kRowChunk) * kLaneBlock)),
+              k_rows(pairs ? 0 : size_t(kLaneBlock) * d_padded),
+              kt_pairs(AlignedFloats::uninitialized(pairs ? size_t(D / 2) * kLaneBlock : 0)),
+              vt_pairs(AlignedFloats::uninitialized(pairs ? size_t(Dv / 2) * kLaneBlock : 0)),
+              k_row_pairs(AlignedFloats::uninitialized(pairs ? size_t(kLaneBlock / 2) * d_padded : 0)) {}
+    };
+
+    struct KeyScratch {
+        std::vector<KeyBlock> blocks;  // the key blocks taken at once
+        AlignedFloats s, dp, mask_rows, out_rows, z, v_rows;
+        // pair_dots: per row chunk P^T and dS^T along the rows, Q's and dO's rows along the rows, dS rows in bf16.
+        AlignedFloats p_pairs, ds_pairs, q_pairs, do_pairs, ds_rows;
+        float lse[kRowChunk], delta[kRowChunk];
+        uint64_t drop_base[kRowChunk];
+        uint8_t keep[kLaneBlock];
+        int64_t m_off[kRowChunk], dm_off[kRowChunk], qi[kRowChunk];
+        // Only z (whose padding lanes multiply others) must start as zeros; the
+        // rest is written before it is read, and clearing it took 6-7% of small
+        // calls (perf, this machine: (1,8,8,1,17,80) bf16, (2,16,16,8,300,128) f32).
+        KeyScratch(int D, int Dv, int d_padded, bool dropout, bool pairs, int key_blocks)
+            : s(AlignedFloats::uninitialized(size_t(kRowChunk) * kLaneBlock)),
               dp(AlignedFloats::uninitialized(size_t(kRowChunk) * kLaneBlock)),
               mask_rows(AlignedFloats::uninitialized(size_t(kRowChunk) * kLaneBlock)),
               out_rows(AlignedFloats::uninitialized(size_t(kTransposedRowsAtOnce) * std::max(D, Dv))),
               z(dropout ? size_t(kRowChunk) * kLaneBlock : 0),
-              k_rows(pairs ? 0 : size_t(kLaneBlock) * d_padded),
               v_rows(AlignedFloats::uninitialized(pairs ? 0 : size_t(kLaneBlock) * Dv)),
-              kt_pairs(AlignedFloats::uninitialized(pairs ? size_t(D / 2) * kLaneBlock : 0)),
-              vt_pairs(AlignedFloats::uninitialized(pairs ? size_t(Dv / 2) * kLaneBlock : 0)),
-              k_row_pairs(AlignedFloats::uninitialized(pairs ? size_t(kLaneBlock / 2) * d_padded : 0)),
               p_pairs(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk / 2) * kLaneBlock : 0)),
               ds_pairs(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk / 2) * kLaneBlock : 0)),
               q_pairs(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk / 2) * d_padded : 0)),
               do_pairs(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk / 2) * round_up(Dv, kLanes) : 0)),
-              ds_rows(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk) * kLaneBlock / 2 : 0)) {}
+              ds_rows(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk) * kLaneBlock / 2 : 0)) {
+            blocks.reserve(size_t(key_blocks));
+            for (int g = 0; g < key_blocks; ++g) blocks.emplace_back(D, Dv, d_padded, pairs);
+        }
     };
 
     // Rows j0 .. j0 + rows of V at outer_b as f32 rows with unit column stride:
@@ -246,8 +268,12 @@ struct LaneBackward {
     }
 
     // Rows i0 .. i0 + rows of batch index b against the item's keys.
-    void key_item_rows(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows, int64_t j0, int kv_rows,
-                       float* dq_buffer, std::mutex* dq_lock) {
+    // On bf16 pairs, Q's and dO's rows from chunk_row0 on are in sc.q_pairs and sc.do_pairs
+    // (pack_row_chunk), i0 - chunk_row0 even.
+    void key_item_rows(KeyScratch& sc, KeyBlock& kb, const int64_t b[kBatchDims], int64_t chunk_row0, int64_t i0,
+                       int rows, float* dq_buffer, std::mutex* dq_lock) {
+        const int64_t j0 = kb.j0;
+        const int kv_rows = kb.kv_rows;
         const int64_t fb = flat_batch(b);
         for (int r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
@@ -261,12 +287,12 @@ struct LaneBackward {
         float* s = sc.s.get();
         float* dp = sc.dp.get();
         // S (log2 units, scale * log2 e applied), masked; then P = 2^(S - lse).
-        scores(sc, b, i0, rows);
+        scores(sc, kb, b, i0, rows);
         mask_key_lanes<RV>(a, s, sc.mask_rows.get(), sc.m_off, sc.qi, rows, kv_rows, j0);
         for (int r = 0; r < rows; ++r)
             for (int v = 0; v < RV; ++v) store(s + r * kLaneBlock + v * kLanes, vexp2(load(s + r * kLaneBlock + v * kLanes) - sc.lse[r]));
         // dP = dO V^T (through the dropout mask Z when there is one), then dS = P (dP - D).
-        grad_probs(sc, b, i0, rows);
+        grad_probs(sc, kb, b, i0, rows);
         float* z = sc.z.get();
         if (dropout.active) {
             for (int r = 0; r < rows; ++r) dropout.multipliers(sc.drop_base[r], j0, kv_rows, z + r * kLaneBlock, 1, sc.keep);
@@ -291,41 +317,42 @@ struct LaneBackward {
                     store(x, load(x) * load(z + r * kLaneBlock + v * kLanes));
                 }
         // dV^T += P^T dO and dK^T += dS^T Q (the scale is applied once, at the end).
-        key_grads(sc, b, i0, rows);
+        key_grads(sc, kb, b, i0, rows, int((i0 - chunk_row0) / 2));
         // dQ rows += dS K; pieces of one item take turns.
         std::unique_lock<std::mutex> hold;
         if (dq_lock) hold = std::unique_lock<std::mutex>(*dq_lock);
-        query_grads(sc, rows, kv_rows, dq_buffer + (fb * a.seq_q + i0) * d_padded);
+        query_grads(sc, kb, rows, dq_buffer + (fb * a.seq_q + i0) * d_padded);
     }
 
     // The five products of key_item_rows, in f32 or on bf16 pairs.
     // s = Q K^T * scale * log2(e) for rows i0.. of batch index b.
-    void scores(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows) const {
+    void scores(KeyScratch& sc, const KeyBlock& kb, const int64_t b[kBatchDims], int64_t i0, int rows) const {
         const int64_t q_stride = a.query.strides[3];
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (pair_dots) {
-            pair_gemm<RV, NT, false>(sc.kt_pairs.words(), D / 2, bf16_rows(a.query, b, i0), q_stride, 2, rows,
+            pair_gemm<RV, NT, false>(kb.kt_pairs.words(), D / 2, bf16_rows(a.query, b, i0), q_stride, 2, rows,
                                      sc.s.get(), scale * kLog2e);
             return;
         }
 #endif
-        lane_gemm<RV, NT, false>(sc.k_t.get(), D, f32_rows(a.query, b, i0), q_stride, 1, rows, sc.s.get());  // K^T scaled
+        lane_gemm<RV, NT, false>(kb.k_t.get(), D, f32_rows(a.query, b, i0), q_stride, 1, rows, sc.s.get());  // K^T scaled
     }
 
     // dp = dO V^T.
-    void grad_probs(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows) const {
+    void grad_probs(KeyScratch& sc, const KeyBlock& kb, const int64_t b[kBatchDims], int64_t i0, int rows) const {
         const TensorView& g = args.grad_output;
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (pair_dots) {
-            pair_gemm<RV, NT, false>(sc.vt_pairs.words(), Dv / 2, bf16_rows(g, b, i0), g.strides[3], 2, rows, sc.dp.get());
+            pair_gemm<RV, NT, false>(kb.vt_pairs.words(), Dv / 2, bf16_rows(g, b, i0), g.strides[3], 2, rows, sc.dp.get());
             return;
         }
 #endif
-        lane_gemm<RV, NT, false>(sc.v_t.get(), Dv, f32_rows(g, b, i0), g.strides[3], 1, rows, sc.dp.get());
+        lane_gemm<RV, NT, false>(kb.v_t.get(), Dv, f32_rows(g, b, i0), g.strides[3], 1, rows, sc.dp.get());
     }
 
     // dV^T += P^T dO (P in s) and dK^T += dS^T Q (dS in dp).
-    void key_grads(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows) const {
+    void key_grads(KeyScratch& sc, KeyBlock& kb, const int64_t b[kBatchDims], int64_t i0, int rows,
+                   int packed_pair0) const {
         const TensorView &q = a.query, &g = args.grad_output;
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (pair_dots) {
@@ -333,31 +360,43 @@ struct LaneBackward {
             const int64_t dv_padded = round_up(Dv, kLanes);
             pack_lane_pairs(sc.s.get(), rows, kLaneBlock, sc.p_pairs.words());
             pack_lane_pairs(sc.dp.get(), rows, kLaneBlock, sc.ds_pairs.words());
-            pack_row_pairs(bf16_rows(g, b, i0), g.strides[3], rows, Dv, sc.do_pairs.words(), dv_padded);
-            pack_row_pairs(bf16_rows(q, b, i0), q.strides[3], rows, D, sc.q_pairs.words(), d_padded);
-            pair_gemm<RV, NT, true>(sc.p_pairs.words(), row_pairs, reinterpret_cast<const uint16_t*>(sc.do_pairs.get()),
-                                    2, 2 * dv_padded, Dv, sc.dv_t.get());
-            pair_gemm<RV, NT, true>(sc.ds_pairs.words(), row_pairs, reinterpret_cast<const uint16_t*>(sc.q_pairs.get()),
-                                    2, 2 * d_padded, D, sc.dk_t.get());
+            const uint32_t* do_pairs = sc.do_pairs.words() + packed_pair0 * dv_padded;
+            const uint32_t* q_pairs = sc.q_pairs.words() + packed_pair0 * d_padded;
+            pair_gemm<RV, NT, true>(sc.p_pairs.words(), row_pairs, reinterpret_cast<const uint16_t*>(do_pairs), 2,
+                                    2 * dv_padded, Dv, kb.dv_t.get());
+            pair_gemm<RV, NT, true>(sc.ds_pairs.words(), row_pairs, reinterpret_cast<const uint16_t*>(q_pairs), 2,
+                                    2 * d_padded, D, kb.dk_t.get());
             return;
         }
 #endif
-        lane_gemm<RV, NT, true>(sc.s.get(), rows, f32_rows(g, b, i0), 1, g.strides[3], Dv, sc.dv_t.get());
-        lane_gemm<RV, NT, true>(sc.dp.get(), rows, f32_rows(q, b, i0), 1, q.strides[3], D, sc.dk_t.get());
+        lane_gemm<RV, NT, true>(sc.s.get(), rows, f32_rows(g, b, i0), 1, g.strides[3], Dv, kb.dv_t.get());
+        lane_gemm<RV, NT, true>(sc.dp.get(), rows, f32_rows(q, b, i0), 1, q.strides[3], D, kb.dk_t.get());
+    }
+
+    // Q's and dO's rows i0 .. i0 + rows of batch index b as pairs of rows (bf16 pair products only).
+    void pack_row_chunk(KeyScratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows) const {
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        const TensorView &q = a.query, &g = args.grad_output;
+        pack_row_pairs(bf16_rows(g, b, i0), g.strides[3], rows, Dv, sc.do_pairs.words(), round_up(Dv, kLanes));
+        pack_row_pairs(bf16_rows(q, b, i0), q.strides[3], rows, D, sc.q_pairs.words(), d_padded);
+#else
+        (void)sc, (void)b, (void)i0, (void)rows;
+#endif
     }
 
     // dQ rows (d_padded apart) += dS K over the block's kv_rows keys (K's rows padded with zeros to d_padded).
-    void query_grads(KeyScratch& sc, int rows, int kv_rows, float* dq_rows) const {
+    void query_grads(KeyScratch& sc, const KeyBlock& kb, int rows, float* dq_rows) const {
+        const int kv_rows = kb.kv_rows;
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (pair_dots) {
             uint16_t* ds_rows = reinterpret_cast<uint16_t*>(sc.ds_rows.get());
             round_rows_to_bf16(sc.dp.get(), kLaneBlock, rows, kLaneBlock, kv_rows, ds_rows, kLaneBlock);
-            pair_gemm_wide<RV, NT, true>(sc.k_row_pairs.words(), d_padded, (kv_rows + 1) / 2, ds_rows, kLaneBlock, 2,
+            pair_gemm_wide<RV, NT, true>(kb.k_row_pairs.words(), d_padded, (kv_rows + 1) / 2, ds_rows, kLaneBlock, 2,
                                          rows, dq_rows, d_padded, d_padded);
             return;
         }
 #endif
-        lane_gemm_wide<RV, NT, true>(sc.k_rows.get(), d_padded, kv_rows, sc.dp.get(), kLaneBlock, 1, rows, dq_rows,
+        lane_gemm_wide<RV, NT, true>(kb.k_rows.get(), d_padded, kv_rows, sc.dp.get(), kLaneBlock, 1, rows, dq_rows,
                                      d_padded, d_padded);
     }
 
@@ -365,7 +404,9 @@ struct LaneBackward {
     // for dQ += dS K (columns past D zero), K^T and V^T with lanes past kv_rows zero, K^T carrying
     // scale * log2(e); or, on bf16 pairs, K^T and V^T pairs along the head dims and K's rows paired
     // along the keys.
-    void load_key_block(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t j0, int kv_rows) const {
+    void load_key_block(KeyScratch& sc, KeyBlock& kb, const int64_t outer_b[kBatchDims]) const {
+        const int64_t j0 = kb.j0;
+        const int kv_rows = kb.kv_rows;
         const TensorView &k = a.key, &v = a.value;
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (pair_dots) {
@@ -374,46 +415,69 @@ struct LaneBackward {
             auto word_rows = [](const uint16_t* rows, int64_t stride) {
                 return [=](int r) { return reinterpret_cast<const uint32_t*>(rows + r * stride); };
             };
-            transpose_rows<uint32_t>(word_rows(k_rows, k.strides[3]), kv_rows, D / 2, sc.kt_pairs.words(), kLaneBlock,
+            transpose_rows<uint32_t>(word_rows(k_rows, k.strides[3]), kv_rows, D / 2, kb.kt_pairs.words(), kLaneBlock,
                                      1.0f, kLaneBlock);
-            transpose_rows<uint32_t>(word_rows(v_rows, v.strides[3]), kv_rows, Dv / 2, sc.vt_pairs.words(), kLaneBlock,
+            transpose_rows<uint32_t>(word_rows(v_rows, v.strides[3]), kv_rows, Dv / 2, kb.vt_pairs.words(), kLaneBlock,
                                      1.0f, kLaneBlock);
             // Words from D to d_padded stay unwritten: they reach only dQ's padding columns, never read.
-            pack_row_pairs(k_rows, k.strides[3], kv_rows, D, sc.k_row_pairs.words(), d_padded);
+            pack_row_pairs(k_rows, k.strides[3], kv_rows, D, kb.k_row_pairs.words(), d_padded);
             return;
         }
 #endif
-        float* k_rows = sc.k_rows.get();
+        float* k_rows = kb.k_rows.get();
         load_block(element_ptr(k.data, k.dtype, view_batch_offset(k, outer_b) + j0 * k.strides[3]), k.dtype,
                    k.strides[3], k.strides[4], kv_rows, D, k_rows, d_padded, 1);
         int64_t v_stride;
         const float* v_rows = f32_value_rows(v, outer_b, j0, kv_rows, Dv, sc.v_rows.get(), Dv, v_stride);
-        transpose_rows_f32([=](int r) { return k_rows + r * d_padded; }, kv_rows, D, sc.k_t.get(), kLaneBlock,
+        transpose_rows_f32([=](int r) { return k_rows + r * d_padded; }, kv_rows, D, kb.k_t.get(), kLaneBlock,
                            scale * kLog2e, kLaneBlock);
-        transpose_rows_f32([=](int r) { return v_rows + r * v_stride; }, kv_rows, Dv, sc.v_t.get(), kLaneBlock, 1.0f,
+        transpose_rows_f32([=](int r) { return v_rows + r * v_stride; }, kv_rows, Dv, kb.v_t.get(), kLaneBlock, 1.0f,
                            kLaneBlock);
     }
 
-    // Key block j0 of K/V batch index outer_b; dq_buffer receives dS K.
-    void key_item(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t j0, float* dq_buffer, std::mutex* dq_lock) {
-        const int kv_rows = int(std::min<int64_t>(kLaneBlock, a.seq_kv - j0));
-        load_key_block(sc, outer_b, j0, kv_rows);
-        std::fill(sc.dk_t.get(), sc.dk_t.get() + size_t(D) * kLaneBlock, 0.0f);
-        std::fill(sc.dv_t.get(), sc.dv_t.get() + size_t(Dv) * kLaneBlock, 0.0f);
-
-        // Query rows before first_row see none of these keys through the causal mask.
-        const int64_t first_row = skip_causal ? std::max<int64_t>(0, j0 - a.causal_offset) : 0;
-        for (int64_t gi = 0; gi < kv.group; ++gi) {
-            int64_t b[kBatchDims];
-            kv.member(outer_b, gi, b);
-            for (int64_t i0 = first_row; i0 < a.seq_q; i0 += kRowChunk)
-                key_item_rows(sc, b, i0, int(std::min<int64_t>(kRowChunk, a.seq_q - i0)), j0, kv_rows, dq_buffer,
-                              dq_lock);
+    // Key blocks first, first + step, ... < end of K/V batch index outer_b, up to
+    // sc.blocks.size() of them at once: each chunk of query rows is read once for
+    // them all.  dq_buffer receives dS K.
+    void key_items(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t first, int64_t end, int64_t step,
+                   float* dq_buffer, std::mutex* dq_lock) {
+        const int64_t at_once = int64_t(sc.blocks.size());
+        for (int64_t kb0 = first; kb0 < end; kb0 += at_once * step) {
+            int taken = 0;
+            for (int64_t kb = kb0; kb < end && taken < at_once; kb += step, ++taken) {
+                KeyBlock& blk = sc.blocks[size_t(taken)];
+                blk.j0 = kb * kLaneBlock;
+                blk.kv_rows = int(std::min<int64_t>(kLaneBlock, a.seq_kv - blk.j0));
+                blk.first_row = skip_causal ? std::max<int64_t>(0, blk.j0 - a.causal_offset) : 0;
+                load_key_block(sc, blk, outer_b);
+                std::fill(blk.dk_t.get(), blk.dk_t.get() + size_t(D) * kLaneBlock, 0.0f);
+                std::fill(blk.dv_t.get(), blk.dv_t.get() + size_t(Dv) * kLaneBlock, 0.0f);
+            }
+            // The blocks' keys ascend, so the first block's first row is the lowest.
+            const int64_t first_row = sc.blocks[0].first_row;
+            for (int64_t gi = 0; gi < kv.group; ++gi) {
+                int64_t b[kBatchDims];
+                kv.member(outer_b, gi, b);
+                for (int64_t i0 = first_row; i0 < a.seq_q; i0 += kRowChunk) {
+                    const int64_t i_end = std::min<int64_t>(i0 + kRowChunk, a.seq_q);
+                    if (pair_dots) pack_row_chunk(sc, b, i0, int(i_end - i0));
+                    for (int g = 0; g < taken; ++g) {
+                        KeyBlock& blk = sc.blocks[size_t(g)];
+                        // From an even row of the chunk, so that the packed pairs line up; rows
+                        // above first_row see none of the block's keys and add nothing.
+                        const int64_t from = i0 + (std::max<int64_t>(0, blk.first_row - i0) & ~int64_t(1));
+                        if (from < i_end) key_item_rows(sc, blk, b, i0, from, int(i_end - from), dq_buffer, dq_lock);
+                    }
+                }
+            }
+            // dK = scale * dK^T, dV = dV^T, transposed back into their rows.
+            for (int g = 0; g < taken; ++g) {
+                const KeyBlock& blk = sc.blocks[size_t(g)];
+                store_transposed_rows(blk.dk_t.get(), kLaneBlock, blk.kv_rows, D, scale, args.grad_key, outer_b, blk.j0,
+                                      sc.out_rows.get());
+                store_transposed_rows(blk.dv_t.get(), kLaneBlock, blk.kv_rows, Dv, 1.0f, args.grad_value, outer_b,
+                                      blk.j0, sc.out_rows.get());
+            }
         }
-
-        // dK = scale * dK^T, dV = dV^T, transposed back into their rows.
-        store_transposed_rows(sc.dk_t.get(), kLaneBlock, kv_rows, D, scale, args.grad_key, outer_b, j0, sc.out_rows.get());
-        store_transposed_rows(sc.dv_t.get(), kLaneBlock, kv_rows, Dv, 1.0f, args.grad_value, outer_b, j0, sc.out_rows.get());
     }
 
     void key_pass() {
@@ -424,15 +488,14 @@ struct LaneBackward {
         // 0.99-1.02x elsewhere; this machine 1.00-1.08x.
         const KeyBlockWave wave(kv.outer_items * dq_splits, dq_splits, key_blocks, omp_get_max_threads());
         run_on_team(team, [&] {
-            KeyScratch sc(D, Dv, d_padded, dropout.active, pair_dots);
+            KeyScratch sc(D, Dv, d_padded, dropout.active, pair_dots, kKeyBlocksAtOnce);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t u = 0; u < wave.units(); ++u) {
                 const KeyBlockWave::Unit unit = wave.unit(u);
                 int64_t b[kBatchDims];
                 kv.outer_index(unit.item / dq_splits, b);
                 float* dq_buffer = dq_sum.get() + unit.item % dq_splits * dq_plane;
-                for (int64_t kb = unit.first; kb < unit.end; kb += dq_splits)
-                    key_item(sc, b, kb * kLaneBlock, dq_buffer, unit.lock);
+                key_items(sc, b, unit.first, unit.end, dq_splits, dq_buffer, unit.lock);
             }
         });
         write_dq();
