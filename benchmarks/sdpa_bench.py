@@ -4,8 +4,10 @@
                                     [--direction forward|backward|both] [--only causal|plain]
                                     [--plot out.png] [--memory]
 
-Peers: PyTorch's CPU F.scaled_dot_product_attention when torch is importable
-(oneDNN's Graph API has no CPU build on PyPI; its figures are in the issues).
+Peers: PyTorch's CPU F.scaled_dot_product_attention when torch is importable, and
+oneDNN's Graph API through PyTorch's TorchScript oneDNN fusion where that takes
+the case (onednn_peer.py: forward, f32 and bf16, no GQA; causal calls give it an
+explicit -inf mask).
 Each case times graphattn and every peer alternately on the same inputs and
 reports the median. The backward times graphattn's fused backward against
 torch's autograd backward of F.scaled_dot_product_attention (retained graph, so
@@ -31,6 +33,7 @@ import numpy as np
 
 import graphattn as ga
 from bench_common import Progress, attention_flops, core_count, cpu_model, median, time_call
+from onednn_peer import onednn_sdpa, onednn_version, unusable_reason
 
 try:
     import torch
@@ -74,20 +77,25 @@ def make_inputs(shape, dtype: str, rng):
     return [x.astype(np_dtype) for x in (q, k, v)]
 
 
-def contenders(shape, causal: bool, inputs):
+PEERS = ("torch", "onednn")
+
+
+def contenders(shape, dtype: str, causal: bool, inputs, peers=PEERS):
     n, hq, hkv, sq, skv, d = shape
     gqa = hq != hkv
     q, k, v = inputs
     runs = {"graphattn": lambda: ga.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)}
-    if torch is not None:
+    if torch is not None and "torch" in peers:
         def torch_sdpa():
             with torch.no_grad():
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         runs["torch"] = torch_sdpa
+    if "onednn" in peers and unusable_reason(dtype, hq, hkv) is None and (onednn := onednn_sdpa(q, k, v, causal)) is not None:
+        runs["onednn"] = onednn
     return runs
 
 
-def backward_contenders(shape, causal: bool, inputs):
+def backward_contenders(shape, causal: bool, inputs, peers=PEERS):
     n, hq, hkv, sq, skv, d = shape
     gqa = hq != hkv
     q, k, v = inputs
@@ -95,7 +103,7 @@ def backward_contenders(shape, causal: bool, inputs):
     grad_out = out.clone() if torch is not None else out.copy()
     runs = {"graphattn": lambda: ga.scaled_dot_product_attention_backward(grad_out, q, k, v, out, stats,
                                                                           is_causal=causal, enable_gqa=gqa)}
-    if torch is not None:
+    if torch is not None and "torch" in peers:
         tq, tk, tv = (x.detach().clone().requires_grad_() for x in (q, k, v))
         tout = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=gqa)
 
@@ -106,12 +114,14 @@ def backward_contenders(shape, causal: bool, inputs):
     return runs
 
 
-def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backward: bool = False) -> dict:
+def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backward: bool = False,
+               peers=PEERS) -> dict:
     n, hq, hkv, sq, skv, d = shape
     if causal and sq == 1:
         causal = False  # one query row: the causal mask keeps every key
     inputs = make_inputs(shape, dtype, rng)
-    runs = backward_contenders(shape, causal, inputs) if backward else contenders(shape, causal, inputs)
+    runs = (backward_contenders(shape, causal, inputs, peers) if backward
+            else contenders(shape, dtype, causal, inputs, peers))
     times = {name: [] for name in runs}
     for name, fn in runs.items():  # warm-up (compiles and caches graphattn's partition)
         fn()
@@ -194,6 +204,9 @@ def print_table(rows: list[dict], peaks: dict) -> None:
             if f"{peer}_ms" in row:
                 line += f" {row[peer + '_ms']:>10.3f} {row[peer + '_gflops']:>8.1f} {row['vs_' + peer]:>6.2f}"
         print(line)
+    if "onednn" in peers:
+        print(f"onednn: oneDNN Graph v{onednn_version()} (PyTorch's build, through torch.jit's oneDNN fusion, one "
+              "partition per call); causal rows give it an explicit -inf mask, computed in full")
     if peaks:
         print("practical peak (2048^3 GEMM, measured after the cases; %peak = graphattn's share of it): "
               + ", ".join(f"{dt} {gf:.0f} GFLOP/s" for dt, gf in peaks.items()))
@@ -241,12 +254,17 @@ def main() -> None:
     parser.add_argument("--plot", default=None, help="write a PNG bar chart here (needs matplotlib)")
     parser.add_argument("--memory", action="store_true", help="also measure peak extra memory at S=32768")
     parser.add_argument("--no-peak", action="store_true", help="skip the GEMM peak measurement")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help="peers to time where installed (default: %(default)s; empty: graphattn alone)")
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # idle BLAS threads would spin on our cores
     if torch is not None:
         torch.set_num_threads(ga.thread_count())
 
     dtypes = args.dtypes.split(",")
+    peers = [p for p in args.peers.split(",") if p]
+    if unknown := set(peers) - set(PEERS):
+        parser.error(f"--peers: unknown {', '.join(sorted(unknown))}; known: {', '.join(PEERS)}")
     causal_flags = {"causal": [True], "plain": [False], None: [False, True]}[args.only]
     direction = args.direction or ("both" if args.suite == "training" else "forward")
     directions = {"forward": [False], "backward": [True], "both": [False, True]}[direction]
@@ -257,7 +275,7 @@ def main() -> None:
     rows = []
     for shape, dtype, causal, backward in cases:
         progress.step(f"{'backward' if backward else 'forward'} {shape} {dtype} {'causal' if causal else ''}")
-        row = bench_case(shape, dtype, causal, rng, args.seconds, backward)
+        row = bench_case(shape, dtype, causal, rng, args.seconds, backward, peers)
         print(json.dumps(row), flush=True)
         rows.append(row)
     peaks = {} if args.no_peak else {dt: gf for dt in dtypes if (gf := gemm_peak(dt)) is not None}

@@ -1,10 +1,14 @@
 """The benchmark runs end to end: JSON lines, the table, and per peer the count of cases under 1.0x and 1.3x."""
+import importlib
 import json
 import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+
+from graphattn.testing import assert_close, random_array, sdpa_reference
 
 pytestmark = pytest.mark.cpu
 
@@ -25,5 +29,57 @@ def test_benchmark_prints_rows_table_and_summary():
     summaries = [line for line in lines if line.startswith("vs ")]
     assert [s.split(":")[0] for s in summaries] == [f"vs {peer}" for peer in peers]
     for peer, summary in zip(peers, summaries):
-        below = sum(r["vs_" + peer] < 1.0 for r in rows)
-        assert f": {below} of {len(rows)} cases below 1.0" in summary
+        compared = [r for r in rows if "vs_" + peer in r]  # a peer may not take every case (oneDNN: no GQA)
+        below = sum(r["vs_" + peer] < 1.0 for r in compared)
+        assert f": {below} of {len(compared)} cases below 1.0" in summary
+
+
+def test_benchmark_refuses_an_unknown_peer():
+    result = subprocess.run([sys.executable, str(BENCH), "--suite", "quick", "--peers", "torch,mkl"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "--peers: unknown mkl" in result.stderr
+
+
+def _onednn_peer():
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        return importlib.import_module("onednn_peer")
+    finally:
+        sys.path.remove(str(BENCH.parent))
+
+
+def test_onednn_partition_check_needs_both_matmuls_and_the_softmax_in_one_group():
+    peer = _onednn_peer()
+    fused = "%3 = prim::oneDNNFusionGroup_0(%q)\nwith prim::oneDNNFusionGroup_0 = graph(%q):\n  aten::matmul\n" \
+            "  aten::mul\n  aten::softmax\n  aten::matmul\n"
+    split = "with prim::oneDNNFusionGroup_0 = graph(%q):\n  aten::matmul\n  aten::mul\n" \
+            "with prim::oneDNNFusionGroup_1 = graph(%s):\n  aten::softmax\n  aten::matmul\n"
+    assert peer.is_one_partition(fused)
+    assert not peer.is_one_partition(split)
+    assert not peer.is_one_partition("aten::matmul aten::softmax aten::matmul")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_onednn_peer_computes_attention(dtype, causal):
+    peer = _onednn_peer()
+    if peer.onednn_version() is None:
+        pytest.skip("PyTorch with its oneDNN fusion is not installed")
+    import torch
+    rng = np.random.default_rng(3)
+    q, k, v = (random_array(shape, "f32", rng) for shape in ((1, 2, 17, 32), (1, 2, 40, 32), (1, 2, 40, 32)))
+    torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    run = peer.onednn_sdpa(*(torch.from_numpy(x).to(torch_dtype) for x in (q, k, v)), causal)
+    assert run is not None, "oneDNN did not take the SDPA pattern as one partition"
+    expected = sdpa_reference(q, k, v, is_causal=causal)
+    assert_close(run().float().numpy(), expected, dtype, what="oneDNN peer output")
+
+
+def test_onednn_peer_names_what_it_cannot_take():
+    peer = _onednn_peer()
+    if peer.onednn_version() is None:
+        assert "not installed" in peer.unusable_reason("f32", 4, 4)
+        return
+    assert peer.unusable_reason("f32", 4, 4) is None
+    assert "bf16" in peer.unusable_reason("f16", 4, 4)
+    assert "GQA" in peer.unusable_reason("bf16", 8, 2)
