@@ -261,6 +261,8 @@ cases = {  # name: (q, k, v shapes, keyword arguments, how K and V are laid out)
                               dict(enable_gqa=True, is_causal=True, causal_alignment="bottom_right"), "rows"),
     # K and V read through column strides (transposed views): K copied into pairs, V packed from its columns
     "strided_k_v": ((1, 3, 64, 64), (1, 3, 129, 64), (1, 3, 129, 48), dict(scale=0.3), "transposed"),
+    # Three query blocks per head reuse the head's packed V, its last key block odd.
+    "strided_v_reused": ((2, 2, 150, 32), (2, 2, 301, 32), (2, 2, 301, 24), {}, "transposed"),
     "one_key": ((1, 2, 100, 32), (1, 2, 1, 32), (1, 2, 1, 32), {}, "rows"),
     "mask_with_empty_rows": ((1, 2, 64, 48), (1, 2, 200, 48), (1, 2, 200, 48), dict(attn_mask="empty_rows"), "rows"),
 }
@@ -287,7 +289,7 @@ def test_bf16_pair_products_on_the_vector_build():
     # Two threads: on more, the row layout takes the shorter of these calls (its items fill the threads).
     _, log = run_python_logged(BF16_PAIR_SCRIPT, GRAPHATTN_ISA="avx512", OMP_NUM_THREADS="2")
     layouts = [line.split(",layout=")[1].split(",")[0] for line in log.splitlines() if ",compile," in line]
-    assert layouts == ["lanes_bf16_pairs" if bf16_pairs_expected() else "lanes"] * 6, log
+    assert layouts == ["lanes_bf16_pairs" if bf16_pairs_expected() else "lanes"] * 7, log
 
 
 OVERSUBSCRIBED_SCRIPT = """
