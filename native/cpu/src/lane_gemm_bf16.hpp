@@ -148,6 +148,23 @@ GRAPHATTN_BF16_DOTS inline void pack_lane_pairs(const float* x_t, int rows, int 
     }
 }
 
+// One lane vector of a block in the lanes layout: 2^(x - base) of its rows
+// [0, rows) (rows ld floats apart), written as pack_lane_pairs would pair
+// them (pair rows ld_pairs words apart, an odd last row paired with zero);
+// returns the sum of the values before rounding.  The degree-4 exp2 serves:
+// the values are rounded to bf16 next.
+GRAPHATTN_BF16_DOTS inline VecF exp2_to_lane_pairs(const float* x, int64_t ld, int rows, VecF base, uint32_t* pairs,
+                                                   int64_t ld_pairs) {
+    VecF sum{};
+    for (int r = 0; r < rows; r += 2) {
+        const VecF lo = vexp2<true>(load(x + r * ld) - base);
+        const VecF hi = r + 1 < rows ? vexp2<true>(load(x + (r + 1) * ld) - base) : VecF{};
+        sum += lo + hi;
+        _mm512_storeu_si512(pairs + (r / 2) * ld_pairs, pair_words((__m512)lo, (__m512)hi));
+    }
+    return sum;
+}
+
 // Pairs along the rows of a bf16 block (V, K, Q or dO rows): pairs[p][c] =
 // (X[2p][c], X[2p + 1][c]) for c < cols, from `count` rows row_stride apart
 // with unit column stride (an odd last row pairs with zeros); rows of `pairs`

@@ -313,7 +313,9 @@ struct LaneForward {
 
     // Online softmax over one key block: S^T becomes P^T relative to the new
     // running max; O^T is rescaled where the max grew (o_t null: the first block, no O^T yet).
-    static void online_softmax(float* s_t, int kv_rows, float* row_max, float* row_sum, float* o_t, int Dv) {
+    // p_pairs set (bf16 pair products): P^T goes straight to its pairs (exp2_to_lane_pairs), not to s_t.
+    static void online_softmax(float* s_t, int kv_rows, float* row_max, float* row_sum, float* o_t, int Dv,
+                               uint32_t* p_pairs = nullptr) {
         const VecF neg_inf = splat(-__builtin_inff());
         VecF correction[RV];
         bool rescale = false;
@@ -324,7 +326,11 @@ struct LaneForward {
             // A row with no finite score yet subtracts 0, so 2^-inf = 0 and no NaN appears.
             const VecF base = m == neg_inf ? VecF{} : m;
             VecF sum{};
-            for (int j = 0; j < kv_rows; ++j) {
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+            if (p_pairs)
+                sum = exp2_to_lane_pairs(s_t + v * kLanes, kBlockQ, kv_rows, base, p_pairs + v * kLanes, kBlockQ);
+#endif
+            for (int j = 0; j < kv_rows && !p_pairs; ++j) {
                 float* s = s_t + j * kBlockQ + v * kLanes;
                 const VecF p = vexp2(load(s) - base);
                 store(s, p);
@@ -454,9 +460,10 @@ struct LaneForward {
         lane_gemm<RV, NT, false>(sc.q_t.get(), D, k_rows, k_stride, 1, kv_rows, sc.s_t.get());
     }
 
-    // O^T (+)= V^T P^T for keys [j0, j0 + kv_rows), P^T in sc.s_t; the first block sets O^T.
+    // O^T (+)= V^T P^T for keys [j0, j0 + kv_rows), P^T in sc.s_t (or, p_paired, already in sc.p_pairs);
+    // the first block sets O^T.
     static void accumulate_block(const SdpaForwardArgs& a, Scratch& sc, int64_t v_base, int64_t j0, int kv_rows,
-                                 bool first) {
+                                 bool first, bool p_paired) {
         const TensorView& v = a.value;
         const int Dv = int(a.head_dim_v);
         float* o_t = sc.o_t.get();
@@ -488,7 +495,7 @@ struct LaneForward {
                     pack_strided_pairs(v_rows + c * v.strides[4], 0, v.strides[3], 1, pack_rows,
                                        Scratch::pairs(pack_rows), v_pairs + c, 0, ld);
             }
-            pack_lane_pairs(sc.s_t.get(), kv_rows, kBlockQ, sc.p_pairs.words());
+            if (!p_paired) pack_lane_pairs(sc.s_t.get(), kv_rows, kBlockQ, sc.p_pairs.words());
             const uint16_t* v_words = reinterpret_cast<const uint16_t*>(v_pairs);
             if (first)
                 pair_gemm<RV, NT, false>(sc.p_pairs.words(), key_pairs, v_words, 2, 2 * ld, Dv, o_t);
@@ -537,9 +544,13 @@ struct LaneForward {
             score_block(a, sc, k_base, j0, kv_rows);
             if (j0 + kv_rows > unmasked_end)
                 mask_query_lanes<RV>(a, sc.s_t.get(), sc.mask_t.get(), sc.m_off, qi, rows, kv_rows, j0);
-            online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), first ? nullptr : o_t, Dv);
+            // Without dropout, the pair products' P^T goes to its pairs in the softmax pass (2-core AMD
+            // EPYC, in-process A/B against packing s_t after it: 1.01-1.07x, causal 0.99x).
+            uint32_t* p_pairs = sc.pair_dots && !dropout.active ? sc.p_pairs.words() : nullptr;
+            online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), first ? nullptr : o_t, Dv,
+                           p_pairs);
             if (dropout.active) apply_dropout(dropout, sc, rows, kv_rows, j0);
-            accumulate_block(a, sc, v_base, j0, kv_rows, first);
+            accumulate_block(a, sc, v_base, j0, kv_rows, first, p_pairs != nullptr);
         }
         if (key_begin >= key_end) std::fill(o_t, o_t + size_t(Dv) * kBlockQ, 0.0f);  // no keys: an all-zero O
     }
