@@ -160,6 +160,14 @@ def gemm_peak(dtype: str) -> float | None:
     return 2.0 * size ** 3 / median(time_call(fn, 0.5)) / 1e9
 
 
+def practical_peaks(gemm_rates: dict, dtypes: list[str]) -> dict:
+    """Per dtype, the faster of its own GEMM and the f32 GEMM: bf16 or f16 operands can always widen to f32,
+    and a CPU without native f16 products (PyTorch's f16 GEMM on AVX-512 without AVX512-FP16 ran at
+    0.4 GFLOP/s on a 2-core AMD EPYC) would otherwise give a share of peak in the tens of thousands."""
+    f32 = gemm_rates.get("f32", 0.0)
+    return {dt: max(gemm_rates[dt], f32) for dt in dtypes if dt in gemm_rates}
+
+
 MEMORY_SCRIPT = r"""
 import numpy as np, graphattn as ga
 def peak_kib():
@@ -208,7 +216,8 @@ def print_table(rows: list[dict], peaks: dict) -> None:
         print(f"onednn: oneDNN Graph v{onednn_version()} (PyTorch's build, through torch.jit's oneDNN fusion, one "
               "partition per call); causal rows give it an explicit -inf mask, computed in full")
     if peaks:
-        print("practical peak (2048^3 GEMM, measured after the cases; %peak = graphattn's share of it): "
+        print("practical peak (2048^3 GEMM, measured after the cases, the f32 one where a dtype's own is slower; "
+              "%peak = graphattn's share of it): "
               + ", ".join(f"{dt} {gf:.0f} GFLOP/s" for dt, gf in peaks.items()))
     for peer in peers:
         ratios = sorted(((row["vs_" + peer], row) for row in rows if "vs_" + peer in row), key=lambda x: x[0])
@@ -278,9 +287,11 @@ def main() -> None:
         row = bench_case(shape, dtype, causal, rng, args.seconds, backward, peers)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    peaks = {} if args.no_peak else {dt: gf for dt in dtypes if (gf := gemm_peak(dt)) is not None}
-    for dt, gf in peaks.items():
+    gemm_rates = {} if args.no_peak else {dt: gf for dt in dict.fromkeys(dtypes + ["f32"])
+                                           if (gf := gemm_peak(dt)) is not None}
+    for dt, gf in gemm_rates.items():
         print(json.dumps({"bench": "gemm_peak", "dtype": dt, "gflops": round(gf, 1), "cpu": cpu_model()}), flush=True)
+    peaks = practical_peaks(gemm_rates, dtypes)
     if args.memory:
         progress.step("memory S=32768")
         print(json.dumps(memory_case()), flush=True)

@@ -40,12 +40,21 @@ def test_benchmark_refuses_an_unknown_peer():
     assert result.returncode != 0 and "--peers: unknown mkl" in result.stderr
 
 
-def _onednn_peer():
+def _bench_module(name: str):
     sys.path.insert(0, str(BENCH.parent))
     try:
-        return importlib.import_module("onednn_peer")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCH.parent))
+
+
+def _onednn_peer():
+    return _bench_module("onednn_peer")
+
+
+def test_practical_peak_is_never_below_the_f32_gemm():
+    peaks = _bench_module("sdpa_bench").practical_peaks({"f32": 100.0, "bf16": 300.0, "f16": 0.4}, ["bf16", "f16"])
+    assert peaks == {"bf16": 300.0, "f16": 100.0}
 
 
 def test_onednn_partition_check_needs_both_matmuls_and_the_softmax_in_one_group():
