@@ -23,6 +23,7 @@ and prints its peak memory beyond inputs and outputs.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -78,6 +79,7 @@ def make_inputs(shape, dtype: str, rng):
 
 
 PEERS = ("torch", "onednn")
+ONEDNN_LEFT_OUT: collections.Counter = collections.Counter()  # why oneDNN sat out a case: cases
 
 
 def contenders(shape, dtype: str, causal: bool, inputs, peers=PEERS):
@@ -90,8 +92,13 @@ def contenders(shape, dtype: str, causal: bool, inputs, peers=PEERS):
             with torch.no_grad():
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         runs["torch"] = torch_sdpa
-    if "onednn" in peers and unusable_reason(dtype, hq, hkv) is None and (onednn := onednn_sdpa(q, k, v, causal)) is not None:
-        runs["onednn"] = onednn
+    if "onednn" in peers:
+        reason = unusable_reason(dtype, hq, hkv)
+        onednn = onednn_sdpa(q, k, v, causal) if reason is None else None
+        if onednn is not None:
+            runs["onednn"] = onednn
+        else:
+            ONEDNN_LEFT_OUT[reason or "oneDNN split the pattern into several partitions"] += 1
     return runs
 
 
@@ -215,6 +222,8 @@ def print_table(rows: list[dict], peaks: dict) -> None:
     if "onednn" in peers:
         print(f"onednn: oneDNN Graph v{onednn_version()} (PyTorch's build, through torch.jit's oneDNN fusion, one "
               "partition per call); causal rows give it an explicit -inf mask, computed in full")
+    for reason, cases in ONEDNN_LEFT_OUT.items():
+        print(f"onednn left out of {cases} case(s): {reason}")
     if peaks:
         print("practical peak (2048^3 GEMM, measured after the cases, the f32 one where a dtype's own is slower; "
               "%peak = graphattn's share of it): "

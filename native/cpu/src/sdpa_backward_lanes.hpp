@@ -11,8 +11,8 @@
 //      GQA group), so the group reduction happens in registers and no
 //      per-head dK/dV is ever materialised.  It takes kKeyBlocksAtOnce key
 //      blocks at a time, so that each chunk of query rows (Q, dO and dQ, and
-//      on bf16 pairs Q's and dO's packed pairs) serves them all.  dQ += dS K goes to an f32 buffer
-//      of dQ's size per key split, summed at the end.
+//      on bf16 pairs Q's and dO's packed pairs) serves them all.  dQ += dS K
+//      goes to an f32 buffer of dQ's size per key split, summed at the end.
 // A K/V batch index's key blocks are split among items (KvGrouping::key_splits)
 // until every thread has kItemsPerThread of them (one under a causal mask,
 // whose skipped blocks halve the work for the same buffers), as far as the
@@ -463,7 +463,7 @@ struct LaneBackward {
                     for (int g = 0; g < taken; ++g) {
                         KeyBlock& blk = sc.blocks[size_t(g)];
                         // From an even row of the chunk, so that the packed pairs line up; rows
-                        // above first_row see none of the block's keys and add nothing.
+                        // before first_row see none of the block's keys and add nothing.
                         const int64_t from = i0 + (std::max<int64_t>(0, blk.first_row - i0) & ~int64_t(1));
                         if (from < i_end) key_item_rows(sc, blk, b, i0, from, int(i_end - from), dq_buffer, dq_lock);
                     }

@@ -471,21 +471,23 @@ struct LaneForward {
         if (sc.pair_dots) {
             const int key_pairs = Scratch::pairs(kv_rows), ld = Scratch::padded(Dv);
             uint32_t* v_pairs = sc.v_pairs.words();
-            // A cached block holds all its keys; it serves any even count of them, or all of them
-            // (an odd count takes its last pair's upper half as zero, which a cached block need not hold).
-            const int block_rows = int(std::min<int64_t>(kBlockKV, a.seq_kv - j0));
-            const bool cached = sc.v_block_packed.size() > 1 && j0 % kBlockKV == 0 &&
-                                (kv_rows % 2 == 0 || kv_rows == block_rows);
             int pack_rows = kv_rows;
-            if (cached) {
+            if (sc.v_block_packed.size() > 1) {  // v_pairs caches the blocks of V at v_pairs_of
                 if (sc.v_pairs_of != v_base) {
                     std::fill(sc.v_block_packed.begin(), sc.v_block_packed.end(), uint8_t(0));
                     sc.v_pairs_of = v_base;
                 }
+                // A cached block holds all its keys: it serves any even count of them, or all of them
+                // (an odd count takes its last pair's upper half as zero, which a cached block need not hold).
+                const int block_rows = int(std::min<int64_t>(kBlockKV, a.seq_kv - j0));
                 const int64_t block = j0 / kBlockKV;
-                v_pairs += block * Scratch::pairs(kBlockKV) * ld;
-                pack_rows = sc.v_block_packed[size_t(block)] ? 0 : block_rows;
-                sc.v_block_packed[size_t(block)] = 1;
+                if (j0 % kBlockKV == 0 && (kv_rows % 2 == 0 || kv_rows == block_rows)) {
+                    v_pairs += block * Scratch::pairs(kBlockKV) * ld;
+                    pack_rows = sc.v_block_packed[size_t(block)] ? 0 : block_rows;
+                    sc.v_block_packed[size_t(block)] = 1;
+                } else {
+                    sc.v_block_packed[0] = 0;  // packed below into block 0's place
+                }
             }
             const uint16_t* v_rows = static_cast<const uint16_t*>(v.data) + v_base + j0 * v.strides[3];
             if (pack_rows > 0 && v.strides[4] == 1) {
