@@ -1,5 +1,7 @@
 """ga.scaled_dot_product_attention against a float64 reference, and its argument checks."""
 
+import json
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -290,6 +292,54 @@ def test_bf16_pair_products_on_the_vector_build():
     _, log = run_python_logged(BF16_PAIR_SCRIPT, GRAPHATTN_ISA="avx512", OMP_NUM_THREADS="2")
     layouts = [line.split(",layout=")[1].split(",")[0] for line in log.splitlines() if ",compile," in line]
     assert layouts == ["lanes_bf16_pairs" if bf16_pairs_expected() else "lanes"] * 7, log
+
+
+ROW_PAIR_SCRIPT = """
+import json, sys
+import numpy as np, graphattn as ga
+from graphattn.testing import assert_close, random_array, sdpa_reference
+rng = np.random.default_rng(11)
+ga.set_verbose(True)
+cases = {  # name: (q, k, v shapes, keyword arguments, how K and V are laid out, whether pairs are due)
+    "rows_12_d80": ((2, 3, 12, 80), (2, 3, 300, 80), (2, 3, 300, 80), {}, "rows", True),
+    # GQA: four heads of 5 rows in one item; an odd key count, bottom-right causal
+    "gqa_causal_odd_keys": ((1, 8, 5, 64), (1, 2, 301, 64), (1, 2, 301, 64),
+                            dict(enable_gqa=True, is_causal=True, causal_alignment="bottom_right"), "rows", True),
+    "dv_32_mask_with_empty_row": ((1, 2, 9, 48), (1, 2, 77, 48), (1, 2, 77, 32), dict(attn_mask="empty_rows"),
+                                  "rows", True),
+    "dropout": ((1, 2, 12, 64), (1, 2, 130, 64), (1, 2, 130, 64), dict(dropout_p=0.3, dropout_seed=5), "rows", True),
+    # decode's few rows keep the row-key partials; strided K and an odd head dim keep the f32 products
+    "decode_gqa": ((1, 8, 1, 128), (1, 2, 500, 128), (1, 2, 500, 128), dict(enable_gqa=True), "rows", False),
+    "strided_k_v": ((1, 2, 12, 64), (1, 2, 130, 64), (1, 2, 130, 64), {}, "transposed", False),
+    "odd_head_dim": ((1, 2, 12, 17), (1, 2, 40, 17), (1, 2, 40, 17), {}, "rows", False),
+}
+for name, (qs, ks, vs, kwargs, layout, pairs) in cases.items():
+    q, k, v = (random_array(s, "bf16", rng) for s in (qs, ks, vs))
+    if layout == "transposed":
+        k, v = (np.ascontiguousarray(np.swapaxes(x, -1, -2)).swapaxes(-1, -2) for x in (k, v))
+    if kwargs.get("attn_mask") == "empty_rows":
+        mask = rng.random((qs[-2], ks[-2])) < 0.7
+        mask[5] = False
+        kwargs = dict(kwargs, attn_mask=mask)
+    got = ga.scaled_dot_product_attention(q, k, v, **kwargs)
+    assert_close(got, sdpa_reference(q, k, v, **kwargs), "bf16", name)
+    if "attn_mask" in kwargs:
+        assert np.all(got[..., 5, :].astype(np.float32) == 0)
+    print(json.dumps([name, pairs]), flush=True)
+    sys.stderr.flush()
+"""
+
+
+def test_bf16_pair_products_in_the_row_layout():
+    """Query blocks of 5 rows and more in the row layout take both products on bf16 pairs where those pay off
+    (K^T's pairs packed per key block, P rounded to bf16, V's pairs along the keys): checked on odd key counts,
+    GQA under a bottom-right causal mask, a mask with an empty row and dropout; decode's few rows, strided K and
+    an odd head dim keep their f32 products.  The verbose log names the layout each call took."""
+    out, log = run_python_logged(ROW_PAIR_SCRIPT, GRAPHATTN_ISA="avx512", OMP_NUM_THREADS="2")
+    expected = [json.loads(line)[1] for line in out.splitlines() if line.startswith("[")]
+    layouts = [line.split(",layout=")[1].split(",")[0] for line in log.splitlines() if ",compile," in line]
+    assert len(expected) == 7, out
+    assert layouts == ["rows_bf16_pairs" if pairs and bf16_pairs_expected() else "rows" for pairs in expected], log
 
 
 OVERSUBSCRIBED_SCRIPT = """

@@ -96,6 +96,7 @@ struct LaneForward {
         bool transposed = false;  // scores against K^T packed per key block (row_scores_from_k_t)
         bool bf16_dots = false;   // row-key partials on AVX512-BF16, from Q's and K's own bf16 rows
         bool copied = false;      // K rows through padded f32 copies (k_pad)
+        bool pairs = false;       // both products on bf16 pairs (row_pairs_pay_off), in place of the above
     };
 
     // Scratch of one thread, allocated once per parallel region.  Buffers
@@ -116,6 +117,9 @@ struct LaneForward {
         // per row), K/V rows likewise (padding zero); P rows, the row-key partials and K^T, each written
         // before it is read.
         AlignedFloats q_pad, o_pad, k_pad, v_pad, p_rows, mask_row, partials, k_t;
+        // Row layout on bf16 pairs (keys.pairs), 32-bit words: Q's rows (bf16, Dp apart), K^T's pairs
+        // along the head dim (keys as lanes), P's rows rounded to bf16, V's pairs along the keys.
+        AlignedFloats row_q_bf16, row_kt_pairs, row_p_bf16, row_v_pairs;
         // pair_dots: Q^T, P^T and V as bf16 pairs, and K's where it is not read in place (32-bit words).
         // v_pairs holds one key block's V pairs, or, where the head's V fits kVPairCacheBytes, every key
         // block's: packed once for the items of one K/V batch index that follow each other on this thread.
@@ -143,7 +147,7 @@ struct LaneForward {
               q_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_qk) : 0)),
               o_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_v) : 0)),
               k_pad(keys.copied ? size_t(kRowLayoutKeys) * padded(a.head_dim_qk) : 0),
-              v_pad(RowLayout && !row_layout_reads_in_place(a.value, int(a.head_dim_v))
+              v_pad(RowLayout && !keys.pairs && !row_layout_reads_in_place(a.value, int(a.head_dim_v))
                         ? size_t(kRowLayoutKeys) * padded(a.head_dim_v)
                         : 0),
               p_rows(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * kRowLayoutKeys : 0)),
@@ -151,6 +155,10 @@ struct LaneForward {
               partials(AlignedFloats::uninitialized(
                   RowLayout ? size_t(kPartialsRowBlock) * kRowLayoutKeys * kLanes : 0)),
               k_t(AlignedFloats::uninitialized(keys.transposed ? size_t(a.head_dim_qk) * kRowLayoutKeys : 0)),
+              row_q_bf16(AlignedFloats::uninitialized(keys.pairs ? size_t(kBlockQ) * padded(a.head_dim_qk) / 2 : 0)),
+              row_kt_pairs(AlignedFloats::uninitialized(keys.pairs ? size_t(a.head_dim_qk / 2) * kRowLayoutKeys : 0)),
+              row_p_bf16(AlignedFloats::uninitialized(keys.pairs ? size_t(kBlockQ) * kRowLayoutKeys / 2 : 0)),
+              row_v_pairs(keys.pairs ? size_t(kRowLayoutKeys / 2) * padded(a.head_dim_v) : 0),  // padding words 0
               q_pairs(AlignedFloats::uninitialized(pair_dots ? size_t(pairs(a.head_dim_qk)) * kBlockQ : 0)),
               p_pairs(AlignedFloats::uninitialized(pair_dots ? size_t(pairs(kBlockKV)) * kBlockQ : 0)),
               v_pairs(AlignedFloats::uninitialized(
@@ -173,6 +181,19 @@ struct LaneForward {
 
     // Whether the lane layout's products run on bf16 pairs (lane_gemm_bf16.hpp): bf16 Q, K and V on a
     // CPU where they pay off.
+    // Whether the row layout takes both products on bf16 pairs: bf16 Q, K and V, K's and V's rows
+    // giving their pairs in place (unit column stride, even head dims), on a CPU where pairs pay off.
+    static bool row_pairs_pay_off(const SdpaForwardArgs& a) {
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        return RowLayout && bf16_pairs_pay_off() && a.query.dtype == DType::bf16 && a.key.dtype == DType::bf16 &&
+               a.value.dtype == DType::bf16 && pairs_in_place(a.key, a.head_dim_qk) &&
+               pairs_in_place(a.value, a.head_dim_v);
+#else
+        (void)a;
+        return false;
+#endif
+    }
+
     static bool uses_pair_dots(const SdpaForwardArgs& a) {
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         return !RowLayout && bf16_pairs_pay_off() && a.query.dtype == DType::bf16 &&
@@ -221,6 +242,14 @@ struct LaneForward {
         (void)q;
 #endif
         KeyReads reads;
+        // Pairs pack K^T per key block as the f32 product does, so they take the same least row count.
+        // 2-core AMD EPYC, in-process A/B against the f32 row layout: 5-17 rows 1.19-1.53x
+        // ((2,16,16,8,300,80) 1.53x, (2,16,16,12,2048,80) 1.46x, (1,1,1,17,768,128) 1.29x); 4 rows 0.90x
+        // and decode's 1-4 rows 0.61-0.80x against the bf16 row-key partials.
+        if (row_pairs_pay_off(a) && rows >= kPackedKeyMinRows) {
+            reads.pairs = true;
+            return reads;
+        }
         reads.transposed = kLanes >= 16 && rows >= (bf16_dots ? kPackedKeyMinRowsBf16Dots : kPackedKeyMinRows);
         reads.bf16_dots = bf16_dots && !reads.transposed;
         reads.copied = !in_place || (reads.transposed && k.dtype != DType::f32);
@@ -562,8 +591,9 @@ struct LaneForward {
     // dim, instead of idling the lanes a block's missing rows would fill in
     // attend.  Scores come from a product with K^T packed per key block where
     // the item has rows enough to share the packing, else from row-key dot
-    // products reduced by one transposing sum per row and block.  Results
-    // land in sc.o_pad (rows) / row_max / row_sum.
+    // products reduced by one transposing sum per row and block; or, for bf16
+    // where pairs pay off, both products on bf16 pairs (row_pair_products).
+    // Results land in sc.o_pad (rows) / row_max / row_sum.
     static void attend_rows(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
                             int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
@@ -575,6 +605,7 @@ struct LaneForward {
         float* o_pad = sc.o_pad.get();
         const float* qi = sc.query_index.get();
         const bool k_transposed = sc.keys.transposed, bf16_dots = sc.keys.bf16_dots, k_copied = sc.keys.copied;
+        const bool row_pairs = sc.keys.pairs;
         const bool v_in_place = row_layout_reads_in_place(v, Dv);
         const DType k_type = k_copied ? DType::f32 : k.dtype, v_type = v_in_place ? v.dtype : DType::f32;
         // bf16_dots: the partials come straight from Q's bf16 rows, and the scores are scaled after.
@@ -587,7 +618,11 @@ struct LaneForward {
             q_rows[r] = q_pad + r * Dp;
             o_rows[r] = o_pad + r * Dvp;
             p_rows[r] = sc.p_rows.get() + r * kRowLayoutKeys;
-            if (bf16_dots) {
+            if (row_pairs) {  // Q's bf16 rows, Dp apart (the scale goes to the scores)
+                uint16_t* q_row = reinterpret_cast<uint16_t*>(sc.row_q_bf16.get()) + r * Dp;
+                const uint16_t* src = static_cast<const uint16_t*>(q.data) + sc.q_off[r];
+                for (int d = 0; d < D; ++d) q_row[d] = src[d * q.strides[4]];
+            } else if (bf16_dots) {
                 q_bf16[r] = static_cast<const uint16_t*>(q.data) + sc.q_off[r];
             } else {  // Q as scaled f32 rows
                 float* q_row = q_pad + r * Dp;
@@ -612,6 +647,10 @@ struct LaneForward {
                 load_block(k_rows, k.dtype, k.strides[3], k.strides[4], kv, D, sc.k_pad.get(), Dp, 1);
                 k_rows = sc.k_pad.get();
                 k_stride = Dp;
+            }
+            if (row_pairs) {
+                row_pair_products(a, dropout, sc, rows, j0, kv, k_rows, v_rows, p_rows, o_rows, scale);
+                continue;
             }
             if (!v_in_place) {
                 load_block(v_rows, v.dtype, v.strides[3], v.strides[4], kv, Dv, sc.v_pad.get(), Dvp, 1);
@@ -648,6 +687,35 @@ struct LaneForward {
                 accumulate_pv_in_row_blocks(v_type, R, p_rows + r0, v_rows, v_stride, kv, Dvp, o_rows + r0);
             }
         }
+    }
+
+    // One key block of attend_rows on bf16 pairs: S = Q K^T (scaled) from K^T's pairs, each row's softmax
+    // step (masks, dropout), then O += P V from P rounded to bf16 and V's pairs along the keys.
+    static void row_pair_products(const SdpaForwardArgs& a, const DropoutPlan& dropout, Scratch& sc, int rows,
+                                  int64_t j0, int kv, const void* k_rows, const void* v_rows, float* const* p_rows,
+                                  float* const* o_rows, float scale) {
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+        const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
+        const int Dp = Scratch::padded(D), Dvp = Scratch::padded(Dv);
+        const int key_vectors = (kv + kLanes - 1) / kLanes;
+        const int64_t k_stride = a.key.strides[3];
+        const uint16_t* k_bf16 = static_cast<const uint16_t*>(k_rows);
+        transpose_rows<uint32_t>([&](int j) { return reinterpret_cast<const uint32_t*>(k_bf16 + j * k_stride); }, kv,
+                                 D / 2, sc.row_kt_pairs.words(), kRowLayoutKeys, 1.0f, kRowLayoutKeys);
+        pack_row_pairs(static_cast<const uint16_t*>(v_rows), a.value.strides[3], kv, Dv, sc.row_v_pairs.words(), Dvp);
+        // p_rows and o_rows are kRowLayoutKeys and Dvp floats apart (Scratch).
+        pair_gemm<kRowLayoutKeyVectors, kKeyTransposeRowBlock, false>(
+            sc.row_kt_pairs.words(), D / 2, reinterpret_cast<const uint16_t*>(sc.row_q_bf16.get()), Dp, 2, rows,
+            p_rows[0], scale);
+        for (int r = 0; r < rows; ++r) row_softmax_step(a, dropout, sc, r, j0, kv, p_rows[r], o_rows[r], Dvp);
+        uint16_t* p_bf16 = reinterpret_cast<uint16_t*>(sc.row_p_bf16.get());
+        round_rows_to_bf16(p_rows[0], kRowLayoutKeys, rows, key_vectors * kLanes, kv, p_bf16, kRowLayoutKeys);
+        pair_gemm_wide<kRowLayoutKeyVectors, kKeyTransposeRowBlock, true>(
+            sc.row_v_pairs.words(), Dvp, (kv + 1) / 2, p_bf16, kRowLayoutKeys, 2, rows, o_rows[0], Dvp, Dvp);
+#else
+        (void)a, (void)dropout, (void)sc, (void)rows, (void)j0, (void)kv, (void)k_rows, (void)v_rows, (void)p_rows,
+            (void)o_rows, (void)scale;
+#endif
     }
 
     // Row r's scores of keys [j0, j0 + kv) in p_row, masked; its online
@@ -719,7 +787,8 @@ struct LaneForward {
     static std::string describe(const SdpaForwardArgs& a) {
         const LanePlan p = plan(a);
         const bool skip_causal_blocks = skips_causal_blocks(a);
-        const char* layout = RowLayout ? "rows" : (uses_pair_dots(a) ? "lanes_bf16_pairs" : "lanes");
+        const char* layout = RowLayout ? (key_reads(a, p.item_rows).pairs ? "rows_bf16_pairs" : "rows")
+                                       : (uses_pair_dots(a) ? "lanes_bf16_pairs" : "lanes");
         return work_plan_text(layout, std::min(p.item_rows, p.rows_total), p.outer_items,
                               p.splits, std::min(p.keys_per_split, a.seq_kv), team_for_items(p.outer_items * p.splits),
                               order_name(!skip_causal_blocks,
