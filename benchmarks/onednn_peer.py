@@ -11,6 +11,7 @@ causal call gets an explicit -inf mask, which oneDNN computes in full), the trai
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 import warnings
@@ -23,6 +24,7 @@ except ImportError:  # the peer is optional
 PEER_DTYPES = ("f32", "bf16")
 
 
+@functools.lru_cache(maxsize=None)
 def onednn_version() -> str | None:
     """The oneDNN version PyTorch was built with, or None where the bridge is missing."""
     if torch is None or not hasattr(torch.jit, "enable_onednn_fusion"):

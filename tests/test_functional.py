@@ -250,25 +250,18 @@ def test_bf16_row_layout_on_the_vector_build():
     assert twelve_rows == one_row and not twelve_rows.startswith("amx")  # the vector build, as decode
 
 
-BF16_PAIR_SCRIPT = """
+def pair_products_script(seed: int, cases: str) -> str:
+    """A child script that runs bf16 `cases` (a dict literal: name -> (q, k, v shapes, keyword arguments, how K
+    and V are laid out, whether pairs are due)) against the reference and prints each name and flag as JSON;
+    the verbose log on stderr names each call's layout."""
+    return f"""
+import json
 import numpy as np, graphattn as ga
 from graphattn.testing import assert_close, random_array, sdpa_reference
-rng = np.random.default_rng(9)
+rng = np.random.default_rng({seed})
 ga.set_verbose(True)
-cases = {  # name: (q, k, v shapes, keyword arguments, how K and V are laid out)
-    # odd head dim: Q and K packed into pairs, the last paired with zero; odd key count, a partial last pair
-    "odd_head_dim": ((1, 2, 70, 17), (1, 2, 33, 17), (1, 2, 33, 17), {}, "rows"),
-    "d80_dv_40_causal": ((2, 2, 130, 80), (2, 2, 131, 80), (2, 2, 131, 40), dict(is_causal=True), "rows"),
-    "d256_gqa_bottom_right": ((1, 4, 40, 256), (1, 2, 300, 256), (1, 2, 300, 256),
-                              dict(enable_gqa=True, is_causal=True, causal_alignment="bottom_right"), "rows"),
-    # K and V read through column strides (transposed views): K copied into pairs, V packed from its columns
-    "strided_k_v": ((1, 3, 64, 64), (1, 3, 129, 64), (1, 3, 129, 48), dict(scale=0.3), "transposed"),
-    # Three query blocks per head reuse the head's packed V, its last key block odd.
-    "strided_v_reused": ((2, 2, 150, 32), (2, 2, 301, 32), (2, 2, 301, 24), {}, "transposed"),
-    "one_key": ((1, 2, 100, 32), (1, 2, 1, 32), (1, 2, 1, 32), {}, "rows"),
-    "mask_with_empty_rows": ((1, 2, 64, 48), (1, 2, 200, 48), (1, 2, 200, 48), dict(attn_mask="empty_rows"), "rows"),
-}
-for name, (qs, ks, vs, kwargs, layout) in cases.items():
+cases = {cases}
+for name, (qs, ks, vs, kwargs, layout, pairs) in cases.items():
     q, k, v = (random_array(s, "bf16", rng) for s in (qs, ks, vs))
     if layout == "transposed":  # same values, column strides of a whole sequence
         k, v = (np.ascontiguousarray(np.swapaxes(x, -1, -2)).swapaxes(-1, -2) for x in (k, v))
@@ -280,7 +273,33 @@ for name, (qs, ks, vs, kwargs, layout) in cases.items():
     assert_close(got, sdpa_reference(q, k, v, **kwargs), "bf16", name)
     if "attn_mask" in kwargs:
         assert np.all(got[..., 5, :].astype(np.float32) == 0)
+    print(json.dumps([name, pairs]), flush=True)
 """
+
+
+def run_pair_products(seed: int, cases: str) -> tuple[list[bool], list[str]]:
+    """Runs pair_products_script on the vector build, two threads (on more, the row layout takes the shorter
+    calls, as its items fill the threads); returns the cases' flags and the layouts the log names."""
+    out, log = run_python_logged(pair_products_script(seed, cases), GRAPHATTN_ISA="avx512", OMP_NUM_THREADS="2")
+    flags = [json.loads(line)[1] for line in out.splitlines() if line.startswith("[")]
+    layouts = [line.split(",layout=")[1].split(",")[0] for line in log.splitlines() if ",compile," in line]
+    return flags, layouts
+
+
+LANE_PAIR_CASES = """{
+    # odd head dim: Q and K packed into pairs, the last paired with zero; odd key count, a partial last pair
+    "odd_head_dim": ((1, 2, 70, 17), (1, 2, 33, 17), (1, 2, 33, 17), {}, "rows", True),
+    "d80_dv_40_causal": ((2, 2, 130, 80), (2, 2, 131, 80), (2, 2, 131, 40), dict(is_causal=True), "rows", True),
+    "d256_gqa_bottom_right": ((1, 4, 40, 256), (1, 2, 300, 256), (1, 2, 300, 256),
+                              dict(enable_gqa=True, is_causal=True, causal_alignment="bottom_right"), "rows", True),
+    # K and V read through column strides (transposed views): K copied into pairs, V packed from its columns
+    "strided_k_v": ((1, 3, 64, 64), (1, 3, 129, 64), (1, 3, 129, 48), dict(scale=0.3), "transposed", True),
+    # Three query blocks per head reuse the head's packed V, its last key block odd.
+    "strided_v_reused": ((2, 2, 150, 32), (2, 2, 301, 32), (2, 2, 301, 24), {}, "transposed", True),
+    "one_key": ((1, 2, 100, 32), (1, 2, 1, 32), (1, 2, 1, 32), {}, "rows", True),
+    "mask_with_empty_rows": ((1, 2, 64, 48), (1, 2, 200, 48), (1, 2, 200, 48), dict(attn_mask="empty_rows"), "rows",
+                             True),
+}"""
 
 
 def test_bf16_pair_products_on_the_vector_build():
@@ -288,19 +307,12 @@ def test_bf16_pair_products_on_the_vector_build():
     where those pay off, else f32 FMAs: checked on odd head dims, odd key counts, strided K and V, a single
     key, GQA, causal and a mask with an empty row, with the choice capped at the vector build (AMX would take
     these calls); the verbose log names the layout each call took."""
-    # Two threads: on more, the row layout takes the shorter of these calls (its items fill the threads).
-    _, log = run_python_logged(BF16_PAIR_SCRIPT, GRAPHATTN_ISA="avx512", OMP_NUM_THREADS="2")
-    layouts = [line.split(",layout=")[1].split(",")[0] for line in log.splitlines() if ",compile," in line]
-    assert layouts == ["lanes_bf16_pairs" if bf16_pairs_expected() else "lanes"] * 7, log
+    flags, layouts = run_pair_products(9, LANE_PAIR_CASES)
+    assert len(flags) == 7
+    assert layouts == ["lanes_bf16_pairs" if bf16_pairs_expected() else "lanes"] * 7, layouts
 
 
-ROW_PAIR_SCRIPT = """
-import json, sys
-import numpy as np, graphattn as ga
-from graphattn.testing import assert_close, random_array, sdpa_reference
-rng = np.random.default_rng(11)
-ga.set_verbose(True)
-cases = {  # name: (q, k, v shapes, keyword arguments, how K and V are laid out, whether pairs are due)
+ROW_PAIR_CASES = """{
     "rows_12_d80": ((2, 3, 12, 80), (2, 3, 300, 80), (2, 3, 300, 80), {}, "rows", True),
     # GQA: four heads of 5 rows in one item; an odd key count, bottom-right causal
     "gqa_causal_odd_keys": ((1, 8, 5, 64), (1, 2, 301, 64), (1, 2, 301, 64),
@@ -312,22 +324,7 @@ cases = {  # name: (q, k, v shapes, keyword arguments, how K and V are laid out,
     "decode_gqa": ((1, 8, 1, 128), (1, 2, 500, 128), (1, 2, 500, 128), dict(enable_gqa=True), "rows", False),
     "strided_k_v": ((1, 2, 12, 64), (1, 2, 130, 64), (1, 2, 130, 64), {}, "transposed", False),
     "odd_head_dim": ((1, 2, 12, 17), (1, 2, 40, 17), (1, 2, 40, 17), {}, "rows", False),
-}
-for name, (qs, ks, vs, kwargs, layout, pairs) in cases.items():
-    q, k, v = (random_array(s, "bf16", rng) for s in (qs, ks, vs))
-    if layout == "transposed":
-        k, v = (np.ascontiguousarray(np.swapaxes(x, -1, -2)).swapaxes(-1, -2) for x in (k, v))
-    if kwargs.get("attn_mask") == "empty_rows":
-        mask = rng.random((qs[-2], ks[-2])) < 0.7
-        mask[5] = False
-        kwargs = dict(kwargs, attn_mask=mask)
-    got = ga.scaled_dot_product_attention(q, k, v, **kwargs)
-    assert_close(got, sdpa_reference(q, k, v, **kwargs), "bf16", name)
-    if "attn_mask" in kwargs:
-        assert np.all(got[..., 5, :].astype(np.float32) == 0)
-    print(json.dumps([name, pairs]), flush=True)
-    sys.stderr.flush()
-"""
+}"""
 
 
 def test_bf16_pair_products_in_the_row_layout():
@@ -335,11 +332,9 @@ def test_bf16_pair_products_in_the_row_layout():
     (K^T's pairs packed per key block, P rounded to bf16, V's pairs along the keys): checked on odd key counts,
     GQA under a bottom-right causal mask, a mask with an empty row and dropout; decode's few rows, strided K and
     an odd head dim keep their f32 products.  The verbose log names the layout each call took."""
-    out, log = run_python_logged(ROW_PAIR_SCRIPT, GRAPHATTN_ISA="avx512", OMP_NUM_THREADS="2")
-    expected = [json.loads(line)[1] for line in out.splitlines() if line.startswith("[")]
-    layouts = [line.split(",layout=")[1].split(",")[0] for line in log.splitlines() if ",compile," in line]
-    assert len(expected) == 7, out
-    assert layouts == ["rows_bf16_pairs" if pairs and bf16_pairs_expected() else "rows" for pairs in expected], log
+    flags, layouts = run_pair_products(11, ROW_PAIR_CASES)
+    assert len(flags) == 7
+    assert layouts == ["rows_bf16_pairs" if pairs and bf16_pairs_expected() else "rows" for pairs in flags], layouts
 
 
 OVERSUBSCRIBED_SCRIPT = """
