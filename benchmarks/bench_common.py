@@ -7,15 +7,23 @@ import statistics
 import sys
 import time
 
+import numpy as np
+
 from graphattn.testing import cpuinfo_field
 
 
 def attention_flops(batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int, *, causal: bool = False,
-                    backward: bool = False) -> float:
-    """FLOPs of one SDPA call: 4*N*H*Sq*Skv*D (two matmuls), half of it when causal, 2.5x for the backward."""
-    flops = 4.0 * batch * heads * seq_q * seq_kv * head_dim
-    if causal:
-        flops /= 2
+                    backward: bool = False, alignment: str = "top_left") -> float:
+    """FLOPs of one SDPA call: 4*N*H*Sq*Skv*D (two matmuls), 2.5x for the backward.  Causal: half of it
+    where Sq == Skv; otherwise the (query, key) pairs the mask keeps (top-left aligned, 64 query rows
+    against 4096 keys keep 64*65/2 pairs, not 64*4096/2)."""
+    pairs = float(seq_q * seq_kv)
+    if causal and seq_q == seq_kv:
+        pairs /= 2
+    elif causal:  # row i keeps keys 0..i, shifted by Skv - Sq where bottom-right aligned
+        shift = seq_kv - seq_q if alignment == "bottom_right" else 0
+        pairs = float(np.clip(np.arange(seq_q) + shift + 1, 0, seq_kv).sum())
+    flops = 4.0 * batch * heads * pairs * head_dim
     if backward:
         flops *= 2.5
     return flops

@@ -1,6 +1,6 @@
 """oneDNN Graph as a benchmark peer, reached through PyTorch's TorchScript oneDNN fusion (LLGA).
 
-PyPI has no CPU build of oneDNN's Graph API, but PyTorch's CPU wheels carry oneDNN with it, and
+PyTorch's CPU wheels carry their own oneDNN (3.12 in torch 2.13) with its Graph API on OpenMP, and
 torch.jit.enable_onednn_fusion(True) hands traced graphs to it: the SDPA pattern (MatMul, scale,
 optional Add of a mask, SoftMax, MatMul) becomes one oneDNN Graph partition, which oneDNN compiles
 with its own SDPA kernel choice (ONEDNN_VERBOSE=all names it, e.g. sdp_decomp_kernel_t).
@@ -8,6 +8,8 @@ with its own SDPA kernel choice (ONEDNN_VERBOSE=all names it, e.g. sdp_decomp_ke
 Reachable this way: inference, f32 and bf16, K/V with as many heads as Q. Not reachable: f16 and
 GQA (the bridge leaves those ops unfused), the implicit causal mask (no PyTorch op maps to it, so a
 causal call gets an explicit -inf mask, which oneDNN computes in full), the training backward.
+sdpa_bench.py's onednn peer (onednn_graph_peer.py, PyPI's oneDNN 3.13 on the C API) has those; this
+one is the onednn_jit peer.
 """
 from __future__ import annotations
 

@@ -4,10 +4,13 @@
                                     [--direction forward|backward|both] [--only causal|plain]
                                     [--plot out.png] [--memory]
 
-Peers: PyTorch's CPU F.scaled_dot_product_attention when torch is importable, and
-oneDNN's Graph API through PyTorch's TorchScript oneDNN fusion where that takes
-the case (onednn_peer.py: forward, f32 and bf16, no GQA; causal calls give it an
-explicit -inf mask).
+Peers (--peers): torch, PyTorch's CPU F.scaled_dot_product_attention when torch is
+importable; onednn, oneDNN's Graph API called through its C API where PyPI's onednn
+wheel is installed (onednn_graph_peer.py: the specification's SDPA patterns, the
+implicit causal mask and 5-D GQA included; forward where oneDNN takes the pattern as
+one partition, backward as the partitions it makes); onednn_jit, not timed unless
+asked for, oneDNN Graph through PyTorch's TorchScript oneDNN fusion (onednn_peer.py:
+forward, f32 and bf16, no GQA; causal calls give it an explicit -inf mask).
 Each case times graphattn and every peer alternately on the same inputs and
 reports the median. The backward times graphattn's fused backward against
 torch's autograd backward of F.scaled_dot_product_attention (retained graph, so
@@ -34,6 +37,7 @@ import numpy as np
 
 import graphattn as ga
 from bench_common import Progress, attention_flops, core_count, cpu_model, median, time_call
+import onednn_graph_peer
 from onednn_peer import onednn_sdpa, onednn_version, unusable_reason
 
 try:
@@ -78,8 +82,25 @@ def make_inputs(shape, dtype: str, rng):
     return [x.astype(np_dtype) for x in (q, k, v)]
 
 
-PEERS = ("torch", "onednn")
-ONEDNN_LEFT_OUT: collections.Counter = collections.Counter()  # why oneDNN sat out a case: cases
+PEERS = ("torch", "onednn", "onednn_jit")
+DEFAULT_PEERS = ("torch", "onednn")
+LEFT_OUT: collections.Counter = collections.Counter()  # (peer, why it sat out a case): cases
+ONEDNN_PARTITIONS: collections.Counter = collections.Counter()  # (direction, partitions oneDNN ran): cases
+
+
+def onednn_peer_run(direction: str, dtype: str, build):
+    """The direct oneDNN Graph peer's callable from build() (onednn_graph_peer.sdpa_forward or
+    sdpa_backward bound to a case), or None, with why in LEFT_OUT."""
+    reason = onednn_graph_peer.unavailable_reason()
+    if reason is None:
+        try:
+            run, _ = build()
+            ONEDNN_PARTITIONS[direction, run.partition_count] += 1
+            return run
+        except onednn_graph_peer.OneDnnError as why:
+            reason = f"{dtype}: {why}"
+    LEFT_OUT["onednn", reason] += 1
+    return None
 
 
 def contenders(shape, dtype: str, causal: bool, inputs, peers=PEERS):
@@ -92,17 +113,20 @@ def contenders(shape, dtype: str, causal: bool, inputs, peers=PEERS):
             with torch.no_grad():
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         runs["torch"] = torch_sdpa
-    if "onednn" in peers:
+    if "onednn" in peers and (run := onednn_peer_run(
+            "forward", dtype, lambda: onednn_graph_peer.sdpa_forward(q, k, v, causal))) is not None:
+        runs["onednn"] = run
+    if "onednn_jit" in peers:
         reason = unusable_reason(dtype, hq, hkv)
         onednn = onednn_sdpa(q, k, v, causal) if reason is None else None
         if onednn is not None:
-            runs["onednn"] = onednn
+            runs["onednn_jit"] = onednn
         else:
-            ONEDNN_LEFT_OUT[reason or "oneDNN split the pattern into several partitions"] += 1
+            LEFT_OUT["onednn_jit", reason or "oneDNN split the pattern into several partitions"] += 1
     return runs
 
 
-def backward_contenders(shape, causal: bool, inputs, peers=PEERS):
+def backward_contenders(shape, dtype: str, causal: bool, inputs, peers=PEERS):
     n, hq, hkv, sq, skv, d = shape
     gqa = hq != hkv
     q, k, v = inputs
@@ -118,6 +142,9 @@ def backward_contenders(shape, causal: bool, inputs, peers=PEERS):
             tq.grad = tk.grad = tv.grad = None
             tout.backward(grad_out, retain_graph=True)
         runs["torch"] = torch_backward
+    if "onednn" in peers and (run := onednn_peer_run(
+            "backward", dtype, lambda: onednn_graph_peer.sdpa_backward(q, k, v, grad_out, stats, causal))) is not None:
+        runs["onednn"] = run
     return runs
 
 
@@ -127,7 +154,7 @@ def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backwar
     if causal and sq == 1:
         causal = False  # one query row: the causal mask keeps every key
     inputs = make_inputs(shape, dtype, rng)
-    runs = (backward_contenders(shape, causal, inputs, peers) if backward
+    runs = (backward_contenders(shape, dtype, causal, inputs, peers) if backward
             else contenders(shape, dtype, causal, inputs, peers))
     times = {name: [] for name in runs}
     for name, fn in runs.items():  # warm-up (compiles and caches graphattn's partition)
@@ -220,10 +247,16 @@ def print_table(rows: list[dict], peaks: dict) -> None:
                 line += f" {row[peer + '_ms']:>10.3f} {row[peer + '_gflops']:>8.1f} {row['vs_' + peer]:>6.2f}"
         print(line)
     if "onednn" in peers:
-        print(f"onednn: oneDNN Graph v{onednn_version()} (PyTorch's build, through torch.jit's oneDNN fusion, one "
-              "partition per call); causal rows give it an explicit -inf mask, computed in full")
-    for reason, cases in ONEDNN_LEFT_OUT.items():
-        print(f"onednn left out of {cases} case(s): {reason}")
+        runs = "; ".join(f"{direction} as {count} partition{'s' if count > 1 else ''} in {cases} case(s)"
+                         for (direction, count), cases in sorted(ONEDNN_PARTITIONS.items()))
+        print(f"onednn: oneDNN Graph v{onednn_graph_peer.onednn_version()} (PyPI's onednn, C API; {runs}); causal "
+              "forward rows use its implicit causal mask, causal backward rows an explicit -inf mask "
+              "(the specification's backward takes explicit masks only)")
+    if "onednn_jit" in peers:
+        print(f"onednn_jit: oneDNN Graph v{onednn_version()} (PyTorch's build, through torch.jit's oneDNN fusion, "
+              "one partition per call); causal rows give it an explicit -inf mask, computed in full")
+    for (peer, reason), cases in LEFT_OUT.items():
+        print(f"{peer} left out of {cases} case(s): {reason}")
     if peaks:
         print("practical peak (2048^3 GEMM, measured after the cases, the f32 one where a dtype's own is slower; "
               "%peak = graphattn's share of it): "
@@ -272,8 +305,9 @@ def main() -> None:
     parser.add_argument("--plot", default=None, help="write a PNG bar chart here (needs matplotlib)")
     parser.add_argument("--memory", action="store_true", help="also measure peak extra memory at S=32768")
     parser.add_argument("--no-peak", action="store_true", help="skip the GEMM peak measurement")
-    parser.add_argument("--peers", default=",".join(PEERS),
-                        help="peers to time where installed (default: %(default)s; empty: graphattn alone)")
+    parser.add_argument("--peers", default=",".join(DEFAULT_PEERS),
+                        help=f"peers to time where installed, of {', '.join(PEERS)} "
+                             "(default: %(default)s; empty: graphattn alone)")
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # idle BLAS threads would spin on our cores
     if torch is not None:

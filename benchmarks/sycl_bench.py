@@ -107,7 +107,7 @@ def main() -> None:
                     finally:
                         sycl_runtime.set_matrix_kernels(previous)
                     seconds = float(np.median(times))
-                    flops = attention_flops(n, hq, sq, skv, d, causal=causal)
+                    flops = attention_flops(n, hq, sq, skv, d, causal=causal, alignment="bottom_right")
                     row = {"what": "forward", "shape": [n, hq, hkv, sq, skv, d], "dtype": dtype, "causal": causal,
                            "kernel": kernel, "ms": round(seconds * 1e3, 3), "gflops": round(flops / seconds / 1e9, 2),
                            "device": device}

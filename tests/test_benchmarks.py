@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from graphattn.testing import assert_close, random_array, sdpa_reference
+from graphattn.testing import assert_close, assert_grad_close, random_array, sdpa_reference, sdpa_reference_backward
 
 pytestmark = pytest.mark.cpu
 
@@ -92,3 +92,81 @@ def test_onednn_peer_names_what_it_cannot_take():
     assert peer.unusable_reason("f32", 4, 4) is None
     assert "bf16" in peer.unusable_reason("f16", 4, 4)
     assert "GQA" in peer.unusable_reason("bf16", 8, 2)
+
+
+def _onednn_graph_peer():
+    peer = _bench_module("onednn_graph_peer")
+    if (reason := peer.unavailable_reason()) is not None:
+        pytest.skip(reason)
+    return peer
+
+
+# (N, Hq, Hkv, Sq, Skv, D): S=1, S=17 against 40 keys at D=80, a GQA group of 4, plain 4-D.
+ONEDNN_CASES = [(1, 2, 2, 17, 40, 80), (2, 8, 2, 17, 17, 64), (1, 4, 1, 1, 33, 32)]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", ONEDNN_CASES)
+def test_onednn_graph_peer_forward_matches_the_reference(shape, dtype, causal):
+    peer = _onednn_graph_peer()
+    n, hq, hkv, sq, skv, d = shape
+    rng = np.random.default_rng(5)
+    q, k, v = (random_array(s, dtype, rng) for s in ((n, hq, sq, d), (n, hkv, skv, d), (n, hkv, skv, d)))
+    run, out = peer.sdpa_forward(q, k, v, causal)
+    assert run.partition_count == 1
+    run()
+    expected = sdpa_reference(q, k, v, is_causal=causal, enable_gqa=hq != hkv)
+    assert_close(out.astype(np.float32), expected, dtype, what=f"oneDNN Graph peer output {shape}")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", ONEDNN_CASES[:2])
+def test_onednn_graph_peer_backward_matches_the_reference(shape, dtype, causal):
+    peer = _onednn_graph_peer()
+    n, hq, hkv, sq, skv, d = shape
+    rng = np.random.default_rng(6)
+    q, k, v = (random_array(s, dtype, rng) for s in ((n, hq, sq, d), (n, hkv, skv, d), (n, hkv, skv, d)))
+    grad_out = random_array((n, hq, sq, d), dtype, rng)
+    _, stats = sdpa_reference(q, k, v, is_causal=causal, enable_gqa=hq != hkv, return_stats=True)
+    run, grads = peer.sdpa_backward(q, k, v, grad_out, np.ascontiguousarray(stats, dtype=np.float32), causal)
+    run()
+    expected = sdpa_reference_backward(grad_out, q, k, v, is_causal=causal, enable_gqa=hq != hkv)[:3]
+    for name, got, want in zip(("dq", "dk", "dv"), grads, expected):
+        assert_grad_close(got.astype(np.float32), want, dtype, what=f"oneDNN Graph peer {name} {shape}")
+
+
+def test_onednn_graph_peer_refuses_a_split_pattern_unless_asked():
+    peer = _onednn_graph_peer()
+
+    def two_softmaxes():  # two unconnected ops: two partitions
+        g = peer._PatternGraph(peer._library())
+        for _ in range(2):
+            x, y = g.tensor("f32", [2, 8]), g.tensor("f32", [2, 8])
+            g.op("softmax", [x], [y], axis=-1)
+        return g, y
+
+    g, y = two_softmaxes()
+    with pytest.raises(peer.OneDnnError, match="split the pattern into 2 partitions"):
+        g.compile([y])
+    g, y = two_softmaxes()
+    assert g.compile([y], allow_split=True).partition_count == 2
+
+
+def test_onednn_graph_peer_says_when_onednn_is_missing(monkeypatch, tmp_path):
+    peer = _bench_module("onednn_graph_peer")
+    monkeypatch.delenv("GRAPHATTN_BENCH_ONEDNN", raising=False)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    assert "not installed" in peer._library.__wrapped__()
+    monkeypatch.setenv("GRAPHATTN_BENCH_ONEDNN", str(tmp_path / "elsewhere" / "libdnnl.so.3"))
+    assert "elsewhere" in peer._library.__wrapped__()
+
+
+def test_causal_flops_count_the_pairs_the_mask_keeps():
+    flops = _bench_module("bench_common").attention_flops
+    assert flops(1, 1, 1024, 1024, 64, causal=True) == flops(1, 1, 1024, 1024, 64) / 2
+    assert flops(1, 1, 64, 4096, 128, causal=True) == 4 * 128 * 64 * 65 / 2  # rows keep 1..64 keys
+    assert flops(1, 1, 5, 2, 8, causal=True) == 4 * 8 * (1 + 2 + 2 + 2 + 2)
+    assert flops(2, 3, 16, 16, 8, backward=True) == 2.5 * 4 * 2 * 3 * 16 * 16 * 8
+    assert flops(1, 1, 2, 5, 8, causal=True, alignment="bottom_right") == 4 * 8 * (4 + 5)

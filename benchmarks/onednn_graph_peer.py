@@ -1,0 +1,410 @@
+"""oneDNN Graph called directly through its C API (ctypes), as a benchmark peer.
+
+The SDPA patterns of the oneDNN Graph specification (../shared/spec) are built op by op: MatMul,
+Multiply by the scale, the implicit causal mask (GenIndex, GreaterEqual, Select) or none, SoftMax,
+MatMul; GQA in its 5-D form (Q as (N, Hkv, Hq/Hkv, S, D), K and V as (N, Hkv, 1, S, D)); and the
+training backward (Subtract and Exp of the stats, SoftMaxBackward, the four MatMuls, TypeCast for
+bf16/f16, ReduceSum over a GQA group).  The forward is taken only where oneDNN returns one
+partition holding every op; the backward, which oneDNN 3.13 does not fuse on CPUs, runs as the
+partitions it makes.
+
+Where it comes from: PyPI's `onednn` wheel (pip install onednn; 2026.1 is oneDNN 3.13).  That
+build runs its CPU engine on the SYCL runtime, i.e. on the OpenCL CPU device of intel-opencl-rt,
+which graphattn.sycl_runtime.configure_environment() makes visible (GRAPHATTN_BENCH_ONEDNN names
+another libdnnl.so.3, its dependencies beside it and OCL_ICD_FILENAMES set by the caller).  With
+that runtime oneDNN does not build its fused SDPA micro-kernel (the specification names OpenMP and
+threadpool runtimes), so the partition goes to its primitive-based kernel (matmul and softmax
+primitives with an O(S^2) scratchpad); `ONEDNN_VERBOSE=graph` prints the kernel it chose.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import os
+import sys
+
+import numpy as np
+
+import graphattn  # noqa: F401  (configures the OpenCL loader at import, before oneDNN enumerates devices)
+
+# Values of the C API's enums (oneapi/dnnl/dnnl_common_types.h and dnnl_graph_types.h of oneDNN 3.13).
+_MAX_NDIMS = 12
+_CPU_ENGINE = 1
+_IN_ORDER_STREAM = 0x1
+_FUSION_POLICY = 1
+_DATA_TYPES = {"f16": 1, "bf16": 2, "f32": 3, "s32": 4, "boolean": 8}
+_OP_KINDS = {"add": 2, "exp": 26, "matmul": 39, "multiply": 46, "reduce_sum": 57, "select": 81,
+             "softmax": 64, "softmax_backward": 65, "subtract": 74, "type_cast": 77, "gen_index": 84,
+             "greater_equal": 85}
+_ATTRS = {"axis": 0x30, "axes": 0x40, "keep_dims": 0x61, "transpose_a": 0x65, "transpose_b": 0x66, "mode": 0x84}
+_STATUS = ["success", "out_of_memory", "invalid_arguments", "unimplemented", "last_impl_reached",
+           "runtime_error", "not_required", "invalid_graph", "invalid_graph_op", "invalid_shape",
+           "invalid_data_type"]
+# Shared libraries libdnnl.so.3 needs that sit in the environment's lib/ rather than on the loader's path.
+_DEPENDENCIES = ("libtbb.so.12", "libintlc.so.5", "libimf.so", "libsvml.so", "libsycl.so.9")
+
+_Dims = ctypes.c_int64 * _MAX_NDIMS
+
+
+class _LogicalTensor(ctypes.Structure):
+    """dnnl_graph_logical_tensor_t."""
+
+    class _Layout(ctypes.Union):
+        _fields_ = [("strides", _Dims), ("layout_id", ctypes.c_size_t)]
+
+    _fields_ = [("id", ctypes.c_size_t), ("ndims", ctypes.c_int), ("dims", _Dims), ("data_type", ctypes.c_int),
+                ("property", ctypes.c_int), ("layout_type", ctypes.c_int), ("layout", _Layout)]
+
+
+class OneDnnError(RuntimeError):
+    """A oneDNN call failed; the message names the call and oneDNN's status."""
+
+
+class _Library:
+    """libdnnl's Graph C API with the process's CPU engine and stream."""
+
+    def __init__(self, path: str):
+        lib_dir = os.path.dirname(path)
+        for name in _DEPENDENCIES:
+            dependency = os.path.join(lib_dir, name)
+            if os.path.exists(dependency):
+                ctypes.CDLL(dependency, mode=ctypes.RTLD_GLOBAL)
+        self.lib = ctypes.CDLL(path)
+        self.engine, self.stream = ctypes.c_void_p(), ctypes.c_void_p()
+        if self.lib.dnnl_engine_get_count(_CPU_ENGINE) < 1:
+            raise OneDnnError("oneDNN finds no CPU engine (its SYCL runtime needs the OpenCL CPU device of "
+                              "intel-opencl-rt)")
+        self.call("dnnl_engine_create", ctypes.byref(self.engine), _CPU_ENGINE, 0)
+        self.call("dnnl_stream_create", ctypes.byref(self.stream), self.engine, _IN_ORDER_STREAM)
+
+    def call(self, name: str, *args) -> None:
+        status = getattr(self.lib, name)(*args)
+        if status != 0:
+            what = _STATUS[status] if 0 <= status < len(_STATUS) else str(status)
+            raise OneDnnError(f"{name} returned {what}")
+
+    def version(self) -> str:
+        class Version(ctypes.Structure):
+            _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int),
+                        ("hash", ctypes.c_char_p), ("cpu_runtime", ctypes.c_uint), ("gpu_runtime", ctypes.c_uint)]
+        self.lib.dnnl_version.restype = ctypes.POINTER(Version)
+        v = self.lib.dnnl_version().contents
+        return f"{v.major}.{v.minor}.{v.patch}"
+
+
+@functools.lru_cache(maxsize=None)
+def _library() -> _Library | str:
+    """The loaded library, or why it cannot be used."""
+    path = os.environ.get("GRAPHATTN_BENCH_ONEDNN") or os.path.join(sys.prefix, "lib", "libdnnl.so.3")
+    if not os.path.exists(path):
+        return f"oneDNN is not installed (pip install onednn; no {path})"
+    try:
+        return _Library(path)
+    except (OSError, OneDnnError) as why:
+        return f"oneDNN cannot be loaded: {why}"
+
+
+def onednn_version() -> str | None:
+    """oneDNN's version, or None where it cannot be used."""
+    lib = _library()
+    return lib.version() if isinstance(lib, _Library) else None
+
+
+def unavailable_reason() -> str | None:
+    """Why this peer cannot run here, or None when it can."""
+    lib = _library()
+    return None if isinstance(lib, _Library) else lib
+
+
+def _pointer(x) -> int:
+    return x.data_ptr() if hasattr(x, "data_ptr") else x.ctypes.data
+
+
+def _dtype_name(x) -> str:
+    name = str(x.dtype).removeprefix("torch.")
+    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[name]
+
+
+class _PatternGraph:
+    """One oneDNN graph under construction: logical tensors and ops, compiled as one partition."""
+
+    def __init__(self, lib: _Library):
+        self.lib = lib
+        self.graph = ctypes.c_void_p()
+        lib.call("dnnl_graph_graph_create", ctypes.byref(self.graph), _CPU_ENGINE)
+        self.ops: list[ctypes.c_void_p] = []
+        self.next_id = 0
+
+    def tensor(self, dtype: str, shape) -> _LogicalTensor:
+        """A dense row-major logical tensor."""
+        shape = [int(s) for s in shape]
+        strides = [int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape))]
+        lt = _LogicalTensor()
+        self.next_id += 1
+        self.lib.call("dnnl_graph_logical_tensor_init_with_strides", ctypes.byref(lt), ctypes.c_size_t(self.next_id),
+                      _DATA_TYPES[dtype], len(shape), _Dims(*shape), _Dims(*strides), 0)
+        return lt
+
+    def op(self, kind: str, inputs, outputs, **attrs) -> None:
+        op = ctypes.c_void_p()
+        self.lib.call("dnnl_graph_op_create", ctypes.byref(op), ctypes.c_size_t(len(self.ops) + 1), _OP_KINDS[kind],
+                      kind.encode())
+        self.ops.append(op)
+        for lt in inputs:
+            self.lib.call("dnnl_graph_op_add_input", op, ctypes.byref(lt))
+        for lt in outputs:
+            self.lib.call("dnnl_graph_op_add_output", op, ctypes.byref(lt))
+        for name, value in attrs.items():
+            if isinstance(value, bool):
+                self.lib.call("dnnl_graph_op_set_attr_bool", op, _ATTRS[name], ctypes.byref(ctypes.c_uint8(value)), 1)
+            elif isinstance(value, int):
+                self.lib.call("dnnl_graph_op_set_attr_s64", op, _ATTRS[name], ctypes.byref(ctypes.c_int64(value)), 1)
+            elif isinstance(value, (list, tuple)):
+                self.lib.call("dnnl_graph_op_set_attr_s64", op, _ATTRS[name], (ctypes.c_int64 * len(value))(*value),
+                              len(value))
+            else:
+                self.lib.call("dnnl_graph_op_set_attr_str", op, _ATTRS[name], value.encode(), len(value))
+        self.lib.call("dnnl_graph_add_op", self.graph, op)
+
+    def compile(self, outputs, allow_split: bool = False) -> "_CompiledGraph":
+        """The graph compiled: as one partition holding every op, or, with allow_split, as the partitions
+        oneDNN makes of it (run in the topological order it returns them in).  OneDnnError otherwise."""
+        call = self.lib.call
+        call("dnnl_graph_graph_finalize", self.graph)
+        call("dnnl_graph_graph_filter", self.graph, _FUSION_POLICY)
+        count = ctypes.c_size_t()
+        call("dnnl_graph_graph_get_partition_num", self.graph, ctypes.byref(count))
+        handles = (ctypes.c_void_p * count.value)()
+        call("dnnl_graph_graph_get_partitions", self.graph, count, handles)
+        partitions = [ctypes.c_void_p(h) for h in handles]
+        output_ids = {lt.id for lt in outputs}
+        parts, ops_taken = [], 0
+        try:
+            if count.value != 1 and not allow_split:
+                raise OneDnnError(f"oneDNN split the pattern into {count.value} partitions")
+            for partition in partitions:
+                supported, op_count = ctypes.c_uint8(), ctypes.c_size_t()
+                call("dnnl_graph_partition_is_supported", partition, ctypes.byref(supported))
+                call("dnnl_graph_partition_get_op_num", partition, ctypes.byref(op_count))
+                if not supported.value:
+                    raise OneDnnError("oneDNN cannot run one of the pattern's partitions")
+                ops_taken += op_count.value
+                parts.append(self._compile_partition(partition, outputs, output_ids))
+        finally:
+            for partition in partitions:
+                call("dnnl_graph_partition_destroy", partition)
+            for op in self.ops:
+                call("dnnl_graph_op_destroy", op)
+            call("dnnl_graph_graph_destroy", self.graph)
+        if ops_taken != len(self.ops):
+            raise OneDnnError(f"oneDNN's partitions hold {ops_taken} of the pattern's {len(self.ops)} ops")
+        return _CompiledGraph(self.lib, parts)
+
+    def _compile_partition(self, partition, outputs, output_ids):
+        """(compiled partition, input ports, output ports); the pattern's outputs keep the shapes asked for."""
+        call = self.lib.call
+        ports = []
+        for kind in ("input", "output"):
+            port_count = ctypes.c_size_t()
+            call(f"dnnl_graph_partition_get_{kind}_ports_num", partition, ctypes.byref(port_count))
+            found = (_LogicalTensor * port_count.value)()
+            call(f"dnnl_graph_partition_get_{kind}_ports", partition, port_count, found)
+            ports.append(list(found))
+        inputs, part_outputs = ports
+        part_outputs = [next(lt for lt in outputs if lt.id == port.id) if port.id in output_ids else port
+                        for port in part_outputs]
+        compiled = ctypes.c_void_p()
+        call("dnnl_graph_compiled_partition_create", ctypes.byref(compiled), partition)
+        input_refs = (ctypes.POINTER(_LogicalTensor) * len(inputs))(*[ctypes.pointer(lt) for lt in inputs])
+        output_refs = (ctypes.POINTER(_LogicalTensor) * len(part_outputs))(
+            *[ctypes.pointer(lt) for lt in part_outputs])
+        try:
+            call("dnnl_graph_partition_compile", partition, compiled, len(inputs), input_refs, len(part_outputs),
+                 output_refs, self.lib.engine)
+        except OneDnnError:
+            call("dnnl_graph_compiled_partition_destroy", compiled)
+            raise
+        return compiled, inputs, part_outputs
+
+
+# Bytes per element of the logical tensors' data types, for intermediate buffers between partitions.
+_ITEM_BYTES = {_DATA_TYPES["f16"]: 2, _DATA_TYPES["bf16"]: 2, _DATA_TYPES["f32"]: 4, _DATA_TYPES["s32"]: 4,
+               _DATA_TYPES["boolean"]: 1}
+
+
+class _CompiledGraph:
+    """Compiled partitions bound to their buffers (torch tensors or NumPy arrays, kept alive here)."""
+
+    def __init__(self, lib: _Library, parts):
+        self.lib, self.parts = lib, parts
+        self.partition_count = len(parts)
+        self.buffers: dict[int, object] = {}
+        self.tensors: list[ctypes.c_void_p] = []
+        self.calls: list = []
+
+    def bind(self, buffers: dict[int, object]) -> None:
+        """buffers: logical tensor id -> buffer, for the pattern's inputs and outputs; tensors passed from
+        one partition to the next get buffers of their own."""
+        self.buffers = dict(buffers)
+        for compiled, inputs, outputs in self.parts:
+            handles = []
+            for lt in inputs + outputs:
+                if lt.id not in self.buffers:
+                    elements = int(np.prod(lt.dims[:lt.ndims], dtype=np.int64))
+                    self.buffers[lt.id] = np.empty(elements * _ITEM_BYTES[lt.data_type], dtype=np.uint8)
+                handle = ctypes.c_void_p()
+                self.lib.call("dnnl_graph_tensor_create", ctypes.byref(handle), ctypes.byref(lt), self.lib.engine,
+                              ctypes.c_void_p(_pointer(self.buffers[lt.id])))
+                handles.append(handle)
+            self.tensors += handles
+            self.calls.append((compiled, len(inputs), (ctypes.c_void_p * len(inputs))(*handles[:len(inputs)]),
+                               len(outputs), (ctypes.c_void_p * len(outputs))(*handles[len(inputs):])))
+
+    def __call__(self) -> None:
+        for compiled, n_in, ins, n_out, outs in self.calls:
+            self.lib.call("dnnl_graph_compiled_partition_execute", compiled, self.lib.stream, n_in, ins, n_out, outs)
+        self.lib.call("dnnl_stream_wait", self.lib.stream)
+
+    def __del__(self):
+        try:
+            for handle in self.tensors:
+                self.lib.lib.dnnl_graph_tensor_destroy(handle)
+            for compiled, _, _ in self.parts:
+                self.lib.lib.dnnl_graph_compiled_partition_destroy(compiled)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def _empty_like(x, shape=None, dtype=None):
+    if hasattr(x, "data_ptr"):
+        import torch
+        return torch.empty(shape if shape is not None else x.shape,
+                           dtype={None: x.dtype, "f32": torch.float32}[dtype])
+    return np.empty(shape if shape is not None else x.shape, dtype={None: x.dtype, "f32": np.float32}[dtype])
+
+
+def _scalar(x, value: float, dtype: str | None = None):
+    out = _empty_like(x, (1,), dtype)
+    out[0] = value
+    return out
+
+
+def _grouped_shapes(q, k):
+    """Q's and K/V's shapes as the pattern takes them: 4-D, or GQA's 5-D form."""
+    n, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    if hq == hkv:
+        return [n, hq, sq, d], [n, hkv, skv, d], [n, hq, sq, skv]
+    return [n, hkv, hq // hkv, sq, d], [n, hkv, 1, skv, d], [n, hkv, hq // hkv, sq, skv]
+
+
+def _scaled_scores(g: _PatternGraph, q_lt, k_lt, scale_lt, scores_shape):
+    scores = g.tensor("f32", scores_shape)
+    g.op("matmul", [q_lt, k_lt], [scores], transpose_b=True)
+    scaled = g.tensor("f32", scores_shape)
+    g.op("multiply", [scores, scale_lt], [scaled])
+    return scaled
+
+
+def _causal_top_left(g: _PatternGraph, scores, scores_shape, minus_inf_lt):
+    """The implicit causal mask: key j is kept for query row i where i >= j (top-left aligned, as
+    graphattn's and PyTorch's is_causal)."""
+    rows, cols = g.tensor("s32", scores_shape), g.tensor("s32", scores_shape)
+    g.op("gen_index", [scores], [rows], axis=-2)
+    g.op("gen_index", [scores], [cols], axis=-1)
+    keep = g.tensor("boolean", scores_shape)
+    g.op("greater_equal", [rows, cols], [keep])
+    masked = g.tensor("f32", scores_shape)
+    g.op("select", [keep, scores, minus_inf_lt], [masked])
+    return masked
+
+
+def sdpa_forward(q, k, v, causal: bool):
+    """A callable running inference SDPA on q (N, Hq, Sq, D), k and v (N, Hkv, Skv, D) through oneDNN
+    Graph (contiguous torch tensors or NumPy arrays of one dtype; Hkv dividing Hq), and its output buffer.
+    OneDnnError where oneDNN does not take the pattern as one compiled partition."""
+    lib = _library()
+    if not isinstance(lib, _Library):
+        raise OneDnnError(lib)
+    dtype = _dtype_name(q)
+    q_shape, kv_shape, scores_shape = _grouped_shapes(q, k)
+    g = _PatternGraph(lib)
+    q_lt, k_lt, v_lt = g.tensor(dtype, q_shape), g.tensor(dtype, kv_shape), g.tensor(dtype, kv_shape)
+    scale_lt = g.tensor(dtype, [1])
+    scores = _scaled_scores(g, q_lt, k_lt, scale_lt, scores_shape)
+    buffers = {q_lt.id: q, k_lt.id: k, v_lt.id: v, scale_lt.id: _scalar(q, 1.0 / math.sqrt(q.shape[-1]))}
+    if causal:
+        minus_inf_lt = g.tensor("f32", [1])
+        scores = _causal_top_left(g, scores, scores_shape, minus_inf_lt)
+        buffers[minus_inf_lt.id] = _scalar(q, float("-inf"), "f32")
+    probs = g.tensor(dtype, scores_shape)
+    g.op("softmax", [scores], [probs], axis=-1, mode="inf_as_zero")
+    out_lt = g.tensor(dtype, q_shape)
+    g.op("matmul", [probs, v_lt], [out_lt])
+    run = g.compile([out_lt])
+    out = _empty_like(q)
+    buffers[out_lt.id] = out
+    run.bind(buffers)
+    return run, out
+
+
+def sdpa_backward(q, k, v, grad_out, stats, causal: bool):
+    """A callable running the training backward through oneDNN Graph (as the partitions oneDNN makes of
+    it), and its (dQ, dK, dV) buffers.  stats: the forward's f32 logsumexp of the scaled (masked) scores,
+    shape (N, Hq, Sq, 1).  The specification's backward takes explicit masks only, so a causal call adds
+    a (Sq, Skv) -inf mask (top-left aligned)."""
+    lib = _library()
+    if not isinstance(lib, _Library):
+        raise OneDnnError(lib)
+    dtype = _dtype_name(q)
+    q_shape, kv_shape, scores_shape = _grouped_shapes(q, k)
+    grouped = len(q_shape) == 5
+    stats_shape = scores_shape[:-1] + [1]
+    g = _PatternGraph(lib)
+    q_lt, k_lt, v_lt = g.tensor(dtype, q_shape), g.tensor(dtype, kv_shape), g.tensor(dtype, kv_shape)
+    do_lt, stats_lt, scale_lt = g.tensor(dtype, q_shape), g.tensor("f32", stats_shape), g.tensor(dtype, [1])
+    scores = _scaled_scores(g, q_lt, k_lt, scale_lt, scores_shape)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    buffers = {q_lt.id: q, k_lt.id: k, v_lt.id: v, do_lt.id: grad_out, stats_lt.id: stats,
+               scale_lt.id: _scalar(q, scale)}
+    if causal:
+        sq, skv = scores_shape[-2], scores_shape[-1]
+        mask_lt = g.tensor("f32", [sq, skv])
+        masked = g.tensor("f32", scores_shape)
+        g.op("add", [scores, mask_lt], [masked])
+        scores = masked
+        mask = np.triu(np.full((sq, skv), -np.inf, dtype=np.float32), 1)
+        buffers[mask_lt.id] = mask
+    shifted, probs = g.tensor("f32", scores_shape), g.tensor("f32", scores_shape)
+    g.op("subtract", [scores, stats_lt], [shifted])
+    g.op("exp", [shifted], [probs])
+    probs_cast = probs
+    if dtype != "f32":
+        probs_cast = g.tensor(dtype, scores_shape)
+        g.op("type_cast", [probs], [probs_cast])
+    dv_full = g.tensor(dtype, q_shape[:-2] + kv_shape[-2:])
+    g.op("matmul", [probs_cast, do_lt], [dv_full], transpose_a=True)
+    dprobs, dscores = g.tensor("f32", scores_shape), g.tensor("f32", scores_shape)
+    g.op("matmul", [do_lt, v_lt], [dprobs], transpose_b=True)
+    g.op("softmax_backward", [dprobs, probs], [dscores], axis=-1)
+    dscaled = g.tensor("f32", scores_shape)
+    g.op("multiply", [dscores, scale_lt], [dscaled])
+    dscaled_cast = dscaled
+    if dtype != "f32":
+        dscaled_cast = g.tensor(dtype, scores_shape)
+        g.op("type_cast", [dscaled], [dscaled_cast])
+    dq_lt = g.tensor(dtype, q_shape)
+    g.op("matmul", [dscaled_cast, k_lt], [dq_lt])
+    dk_full = g.tensor(dtype, q_shape[:-2] + kv_shape[-2:])
+    g.op("matmul", [dscaled_cast, q_lt], [dk_full], transpose_a=True)
+    dk_lt, dv_lt = dk_full, dv_full
+    if grouped:  # a GQA group's gradients sum into its one K/V head
+        dk_lt, dv_lt = g.tensor(dtype, kv_shape), g.tensor(dtype, kv_shape)
+        g.op("reduce_sum", [dk_full], [dk_lt], axes=[2], keep_dims=True)
+        g.op("reduce_sum", [dv_full], [dv_lt], axes=[2], keep_dims=True)
+    run = g.compile([dq_lt, dk_lt, dv_lt], allow_split=True)
+    grads = (_empty_like(q), _empty_like(k), _empty_like(v))
+    buffers.update({dq_lt.id: grads[0], dk_lt.id: grads[1], dv_lt.id: grads[2]})
+    run.bind(buffers)
+    return run, grads
