@@ -27,6 +27,8 @@ import sys
 import numpy as np
 
 import graphattn  # noqa: F401  (configures the OpenCL loader at import, before oneDNN enumerates devices)
+from graphattn.dtypes import from_numpy
+from graphattn.interop import to_numpy
 
 # Values of the C API's enums (oneapi/dnnl/dnnl_common_types.h and dnnl_graph_types.h of oneDNN 3.13).
 _MAX_NDIMS = 12
@@ -117,13 +119,20 @@ def unavailable_reason() -> str | None:
     return None if isinstance(lib, _Library) else lib
 
 
-def _pointer(x) -> int:
-    return x.data_ptr() if hasattr(x, "data_ptr") else x.ctypes.data
+def _arrays(*tensors) -> list[np.ndarray]:
+    """NumPy views of torch tensors or NumPy arrays (same memory), as graphattn takes them; the patterns'
+    logical tensors are dense, so each must be C-contiguous."""
+    arrays = []
+    for tensor, name in zip(tensors, ("query", "key", "value", "grad_out", "stats")):
+        array = to_numpy(tensor, name)[0]
+        if not array.flags.c_contiguous:
+            raise ValueError(f"{name}: the oneDNN peer takes C-contiguous tensors only")
+        arrays.append(array)
+    return arrays
 
 
-def _dtype_name(x) -> str:
-    name = str(x.dtype).removeprefix("torch.")
-    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[name]
+def _dtype_name(array: np.ndarray) -> str:
+    return from_numpy(array.dtype).value
 
 
 class _PatternGraph:
@@ -228,13 +237,8 @@ class _PatternGraph:
         return compiled, inputs, part_outputs
 
 
-# Bytes per element of the logical tensors' data types, for intermediate buffers between partitions.
-_ITEM_BYTES = {_DATA_TYPES["f16"]: 2, _DATA_TYPES["bf16"]: 2, _DATA_TYPES["f32"]: 4, _DATA_TYPES["s32"]: 4,
-               _DATA_TYPES["boolean"]: 1}
-
-
 class _CompiledGraph:
-    """Compiled partitions bound to their buffers (torch tensors or NumPy arrays, kept alive here)."""
+    """Compiled partitions bound to their buffers (NumPy arrays, kept alive here)."""
 
     def __init__(self, lib: _Library, parts):
         self.lib, self.parts = lib, parts
@@ -244,18 +248,19 @@ class _CompiledGraph:
         self.calls: list = []
 
     def bind(self, buffers: dict[int, object]) -> None:
-        """buffers: logical tensor id -> buffer, for the pattern's inputs and outputs; tensors passed from
+        """buffers: logical tensor id -> NumPy array, for the pattern's inputs and outputs; tensors passed from
         one partition to the next get buffers of their own."""
         self.buffers = dict(buffers)
         for compiled, inputs, outputs in self.parts:
             handles = []
             for lt in inputs + outputs:
                 if lt.id not in self.buffers:
-                    elements = int(np.prod(lt.dims[:lt.ndims], dtype=np.int64))
-                    self.buffers[lt.id] = np.empty(elements * _ITEM_BYTES[lt.data_type], dtype=np.uint8)
+                    size = ctypes.c_size_t()
+                    self.lib.call("dnnl_graph_logical_tensor_get_mem_size", ctypes.byref(lt), ctypes.byref(size))
+                    self.buffers[lt.id] = np.empty(size.value, dtype=np.uint8)
                 handle = ctypes.c_void_p()
                 self.lib.call("dnnl_graph_tensor_create", ctypes.byref(handle), ctypes.byref(lt), self.lib.engine,
-                              ctypes.c_void_p(_pointer(self.buffers[lt.id])))
+                              ctypes.c_void_p(self.buffers[lt.id].ctypes.data))
                 handles.append(handle)
             self.tensors += handles
             self.calls.append((compiled, len(inputs), (ctypes.c_void_p * len(inputs))(*handles[:len(inputs)]),
@@ -276,18 +281,8 @@ class _CompiledGraph:
             pass
 
 
-def _empty_like(x, shape=None, dtype=None):
-    if hasattr(x, "data_ptr"):
-        import torch
-        return torch.empty(shape if shape is not None else x.shape,
-                           dtype={None: x.dtype, "f32": torch.float32}[dtype])
-    return np.empty(shape if shape is not None else x.shape, dtype={None: x.dtype, "f32": np.float32}[dtype])
-
-
-def _scalar(x, value: float, dtype: str | None = None):
-    out = _empty_like(x, (1,), dtype)
-    out[0] = value
-    return out
+def _scalar(value: float, dtype) -> np.ndarray:
+    return np.full((1,), value, dtype=dtype)
 
 
 def _grouped_shapes(q, k):
@@ -322,28 +317,29 @@ def _causal_top_left(g: _PatternGraph, scores, scores_shape, minus_inf_lt):
 
 def sdpa_forward(q, k, v, causal: bool):
     """A callable running inference SDPA on q (N, Hq, Sq, D), k and v (N, Hkv, Skv, D) through oneDNN
-    Graph (contiguous torch tensors or NumPy arrays of one dtype; Hkv dividing Hq), and its output buffer.
+    Graph (contiguous torch tensors or NumPy arrays of one dtype; Hkv dividing Hq), and its output (NumPy).
     OneDnnError where oneDNN does not take the pattern as one compiled partition."""
     lib = _library()
     if not isinstance(lib, _Library):
         raise OneDnnError(lib)
+    q, k, v = _arrays(q, k, v)
     dtype = _dtype_name(q)
     q_shape, kv_shape, scores_shape = _grouped_shapes(q, k)
     g = _PatternGraph(lib)
     q_lt, k_lt, v_lt = g.tensor(dtype, q_shape), g.tensor(dtype, kv_shape), g.tensor(dtype, kv_shape)
     scale_lt = g.tensor(dtype, [1])
     scores = _scaled_scores(g, q_lt, k_lt, scale_lt, scores_shape)
-    buffers = {q_lt.id: q, k_lt.id: k, v_lt.id: v, scale_lt.id: _scalar(q, 1.0 / math.sqrt(q.shape[-1]))}
+    buffers = {q_lt.id: q, k_lt.id: k, v_lt.id: v, scale_lt.id: _scalar(1.0 / math.sqrt(q.shape[-1]), q.dtype)}
     if causal:
         minus_inf_lt = g.tensor("f32", [1])
         scores = _causal_top_left(g, scores, scores_shape, minus_inf_lt)
-        buffers[minus_inf_lt.id] = _scalar(q, float("-inf"), "f32")
+        buffers[minus_inf_lt.id] = _scalar(float("-inf"), np.float32)
     probs = g.tensor(dtype, scores_shape)
     g.op("softmax", [scores], [probs], axis=-1, mode="inf_as_zero")
     out_lt = g.tensor(dtype, q_shape)
     g.op("matmul", [probs, v_lt], [out_lt])
     run = g.compile([out_lt])
-    out = _empty_like(q)
+    out = np.empty_like(q)
     buffers[out_lt.id] = out
     run.bind(buffers)
     return run, out
@@ -351,12 +347,13 @@ def sdpa_forward(q, k, v, causal: bool):
 
 def sdpa_backward(q, k, v, grad_out, stats, causal: bool):
     """A callable running the training backward through oneDNN Graph (as the partitions oneDNN makes of
-    it), and its (dQ, dK, dV) buffers.  stats: the forward's f32 logsumexp of the scaled (masked) scores,
+    it), and its (dQ, dK, dV) (NumPy).  stats: the forward's f32 logsumexp of the scaled (masked) scores,
     shape (N, Hq, Sq, 1).  The specification's backward takes explicit masks only, so a causal call adds
     a (Sq, Skv) -inf mask (top-left aligned)."""
     lib = _library()
     if not isinstance(lib, _Library):
         raise OneDnnError(lib)
+    q, k, v, grad_out, stats = _arrays(q, k, v, grad_out, stats)
     dtype = _dtype_name(q)
     q_shape, kv_shape, scores_shape = _grouped_shapes(q, k)
     grouped = len(q_shape) == 5
@@ -367,7 +364,7 @@ def sdpa_backward(q, k, v, grad_out, stats, causal: bool):
     scores = _scaled_scores(g, q_lt, k_lt, scale_lt, scores_shape)
     scale = 1.0 / math.sqrt(q.shape[-1])
     buffers = {q_lt.id: q, k_lt.id: k, v_lt.id: v, do_lt.id: grad_out, stats_lt.id: stats,
-               scale_lt.id: _scalar(q, scale)}
+               scale_lt.id: _scalar(scale, q.dtype)}
     if causal:
         sq, skv = scores_shape[-2], scores_shape[-1]
         mask_lt = g.tensor("f32", [sq, skv])
@@ -404,7 +401,7 @@ def sdpa_backward(q, k, v, grad_out, stats, causal: bool):
         g.op("reduce_sum", [dk_full], [dk_lt], axes=[2], keep_dims=True)
         g.op("reduce_sum", [dv_full], [dv_lt], axes=[2], keep_dims=True)
     run = g.compile([dq_lt, dk_lt, dv_lt], allow_split=True)
-    grads = (_empty_like(q), _empty_like(k), _empty_like(v))
+    grads = (np.empty_like(q), np.empty_like(k), np.empty_like(v))
     buffers.update({dq_lt.id: grads[0], dk_lt.id: grads[1], dv_lt.id: grads[2]})
     run.bind(buffers)
     return run, grads
