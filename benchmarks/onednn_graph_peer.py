@@ -1,10 +1,11 @@
 """oneDNN Graph called directly through its C API (ctypes), as a benchmark peer.
 
-The SDPA patterns of the oneDNN Graph specification (../shared/spec) are built op by op: MatMul,
-Multiply by the scale, the implicit causal mask (GenIndex, GreaterEqual, Select) or none, SoftMax,
-MatMul; GQA in its 5-D form (Q as (N, Hkv, Hq/Hkv, S, D), K and V as (N, Hkv, 1, S, D)); and the
-training backward (Subtract and Exp of the stats, SoftMaxBackward, the four MatMuls, TypeCast for
-bf16/f16, ReduceSum over a GQA group).  The forward is taken only where oneDNN returns one
+The SDPA patterns of the oneDNN Graph specification (../shared/spec) come from the graphs the
+tests build through graphattn's own graph API (graphattn.testing.SdpaGraphSpec), translated op by
+op into oneDNN's: MatMul, Multiply by the scale, the implicit causal mask (GenIndex, GreaterEqual,
+Select) or none, SoftMax, MatMul; GQA in its 5-D form (Q as (N, Hkv, Hq/Hkv, S, D), K and V as
+(N, Hkv, 1, S, D)); and the training backward (Subtract and Exp of the stats, SoftMaxBackward, the
+four MatMuls, TypeCast for bf16/f16, ReduceSum over a GQA group).  The forward is taken only where oneDNN returns one
 partition holding every op; the backward, which oneDNN 3.13 does not fuse on CPUs, runs as the
 partitions it makes.
 
@@ -28,7 +29,9 @@ import numpy as np
 
 import graphattn  # noqa: F401  (configures the OpenCL loader at import, before oneDNN enumerates devices)
 from graphattn.dtypes import from_numpy
+from graphattn.graph import Graph
 from graphattn.interop import to_numpy
+from graphattn.testing import SdpaGraphSpec
 
 # Values of the C API's enums (oneapi/dnnl/dnnl_common_types.h and dnnl_graph_types.h of oneDNN 3.13).
 _MAX_NDIMS = 12
@@ -36,10 +39,11 @@ _CPU_ENGINE = 1
 _IN_ORDER_STREAM = 0x1
 _FUSION_POLICY = 1
 _DATA_TYPES = {"f16": 1, "bf16": 2, "f32": 3, "s32": 4, "boolean": 8}
-_OP_KINDS = {"add": 2, "exp": 26, "matmul": 39, "multiply": 46, "reduce_sum": 57, "select": 81,
-             "softmax": 64, "softmax_backward": 65, "subtract": 74, "type_cast": 77, "gen_index": 84,
-             "greater_equal": 85}
-_ATTRS = {"axis": 0x30, "axes": 0x40, "keep_dims": 0x61, "transpose_a": 0x65, "transpose_b": 0x66, "mode": 0x84}
+_OP_KINDS = {"Add": 2, "Divide": 20, "Exp": 26, "MatMul": 39, "Multiply": 46, "ReduceSum": 57, "Select": 81,
+             "SoftMax": 64, "SoftMaxBackward": 65, "Subtract": 74, "TypeCast": 77, "GenIndex": 84,
+             "GreaterEqual": 85}
+_ATTRS = {"axis": 0x30, "axes": 0x40, "keep_dims": 0x61, "transpose_a": 0x65, "transpose_b": 0x66,
+          "auto_broadcast": 0x80, "mode": 0x84}
 _STATUS = ["success", "out_of_memory", "invalid_arguments", "unimplemented", "last_impl_reached",
            "runtime_error", "not_required", "invalid_graph", "invalid_graph_op", "invalid_shape",
            "invalid_data_type"]
@@ -136,35 +140,42 @@ def _dtype_name(array: np.ndarray) -> str:
 
 
 class _PatternGraph:
-    """One oneDNN graph under construction: logical tensors and ops, compiled as one partition."""
+    """A graphattn Graph restated in oneDNN's Graph API (same op kinds, attributes and tensor ids)."""
 
-    def __init__(self, lib: _Library):
+    def __init__(self, lib: _Library, graph: Graph):
         self.lib = lib
         self.graph = ctypes.c_void_p()
         lib.call("dnnl_graph_graph_create", ctypes.byref(self.graph), _CPU_ENGINE)
         self.ops: list[ctypes.c_void_p] = []
-        self.next_id = 0
+        self.tensors: dict[int, _LogicalTensor] = {}
+        for op in graph.ops:
+            self._add_op(op)
 
-    def tensor(self, dtype: str, shape) -> _LogicalTensor:
-        """A dense row-major logical tensor."""
-        shape = [int(s) for s in shape]
-        strides = [int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape))]
-        lt = _LogicalTensor()
-        self.next_id += 1
-        self.lib.call("dnnl_graph_logical_tensor_init_with_strides", ctypes.byref(lt), ctypes.c_size_t(self.next_id),
-                      _DATA_TYPES[dtype], len(shape), _Dims(*shape), _Dims(*strides), 0)
-        return lt
+    def tensor(self, lt) -> _LogicalTensor:
+        """oneDNN's logical tensor for graphattn's `lt` (strided, as graphattn's are)."""
+        if lt.id not in self.tensors:
+            found = self.tensors[lt.id] = _LogicalTensor()
+            self.lib.call("dnnl_graph_logical_tensor_init_with_strides", ctypes.byref(found), ctypes.c_size_t(lt.id),
+                          _DATA_TYPES[lt.dtype.value], lt.ndim, _Dims(*lt.shape), _Dims(*lt.strides), 0)
+        return self.tensors[lt.id]
 
-    def op(self, kind: str, inputs, outputs, **attrs) -> None:
+    def _add_op(self, source) -> None:
+        kind = source.kind.value
+        if kind not in _OP_KINDS:
+            raise OneDnnError(f"the peer does not pass {kind} ops to oneDNN")
         op = ctypes.c_void_p()
-        self.lib.call("dnnl_graph_op_create", ctypes.byref(op), ctypes.c_size_t(len(self.ops) + 1), _OP_KINDS[kind],
-                      kind.encode())
+        self.lib.call("dnnl_graph_op_create", ctypes.byref(op), ctypes.c_size_t(source.id), _OP_KINDS[kind],
+                      source.name.encode())
         self.ops.append(op)
-        for lt in inputs:
-            self.lib.call("dnnl_graph_op_add_input", op, ctypes.byref(lt))
-        for lt in outputs:
-            self.lib.call("dnnl_graph_op_add_output", op, ctypes.byref(lt))
-        for name, value in attrs.items():
+        for lt in source.inputs:
+            self.lib.call("dnnl_graph_op_add_input", op, ctypes.byref(self.tensor(lt)))
+        for lt in source.outputs:
+            self.lib.call("dnnl_graph_op_add_output", op, ctypes.byref(self.tensor(lt)))
+        for name, value in source.attrs.items():
+            if name not in _ATTRS:
+                if value != source.schema.attrs[name].default:
+                    raise OneDnnError(f"{kind}: the peer does not pass attribute {name} to oneDNN")
+                continue
             if isinstance(value, bool):
                 self.lib.call("dnnl_graph_op_set_attr_bool", op, _ATTRS[name], ctypes.byref(ctypes.c_uint8(value)), 1)
             elif isinstance(value, int):
@@ -173,10 +184,10 @@ class _PatternGraph:
                 self.lib.call("dnnl_graph_op_set_attr_s64", op, _ATTRS[name], (ctypes.c_int64 * len(value))(*value),
                               len(value))
             else:
-                self.lib.call("dnnl_graph_op_set_attr_str", op, _ATTRS[name], value.encode(), len(value))
+                self.lib.call("dnnl_graph_op_set_attr_str", op, _ATTRS[name], str(value).encode(), len(str(value)))
         self.lib.call("dnnl_graph_add_op", self.graph, op)
 
-    def compile(self, outputs, allow_split: bool = False) -> "_CompiledGraph":
+    def compile(self, output_ids, allow_split: bool = False) -> "_CompiledGraph":
         """The graph compiled: as one partition holding every op, or, with allow_split, as the partitions
         oneDNN makes of it (run in the topological order it returns them in).  OneDnnError otherwise."""
         call = self.lib.call
@@ -187,7 +198,7 @@ class _PatternGraph:
         handles = (ctypes.c_void_p * count.value)()
         call("dnnl_graph_graph_get_partitions", self.graph, count, handles)
         partitions = [ctypes.c_void_p(h) for h in handles]
-        output_ids = {lt.id for lt in outputs}
+        outputs = [self.tensors[i] for i in output_ids]
         parts, ops_taken = [], 0
         try:
             if count.value != 1 and not allow_split:
@@ -199,7 +210,7 @@ class _PatternGraph:
                 if not supported.value:
                     raise OneDnnError("oneDNN cannot run one of the pattern's partitions")
                 ops_taken += op_count.value
-                parts.append(self._compile_partition(partition, outputs, output_ids))
+                parts.append(self._compile_partition(partition, outputs))
         finally:
             for partition in partitions:
                 call("dnnl_graph_partition_destroy", partition)
@@ -210,7 +221,7 @@ class _PatternGraph:
             raise OneDnnError(f"oneDNN's partitions hold {ops_taken} of the pattern's {len(self.ops)} ops")
         return _CompiledGraph(self.lib, parts)
 
-    def _compile_partition(self, partition, outputs, output_ids):
+    def _compile_partition(self, partition, outputs):
         """(compiled partition, input ports, output ports); the pattern's outputs keep the shapes asked for."""
         call = self.lib.call
         ports = []
@@ -221,8 +232,8 @@ class _PatternGraph:
             call(f"dnnl_graph_partition_get_{kind}_ports", partition, port_count, found)
             ports.append(list(found))
         inputs, part_outputs = ports
-        part_outputs = [next(lt for lt in outputs if lt.id == port.id) if port.id in output_ids else port
-                        for port in part_outputs]
+        by_id = {lt.id: lt for lt in outputs}
+        part_outputs = [by_id.get(port.id, port) for port in part_outputs]
         compiled = ctypes.c_void_p()
         call("dnnl_graph_compiled_partition_create", ctypes.byref(compiled), partition)
         input_refs = (ctypes.POINTER(_LogicalTensor) * len(inputs))(*[ctypes.pointer(lt) for lt in inputs])
@@ -285,64 +296,47 @@ def _scalar(value: float, dtype) -> np.ndarray:
     return np.full((1,), value, dtype=dtype)
 
 
-def _grouped_shapes(q, k):
-    """Q's and K/V's shapes as the pattern takes them: 4-D, or GQA's 5-D form."""
+def _spec(q, k, **variant) -> SdpaGraphSpec:
+    """The SdpaGraphSpec of q (N, Hq, Sq, D) and k (N, Hkv, Skv, D): 4-D, or GQA's 5-D form."""
     n, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
-    if hq == hkv:
-        return [n, hq, sq, d], [n, hkv, skv, d], [n, hq, sq, skv]
-    return [n, hkv, hq // hkv, sq, d], [n, hkv, 1, skv, d], [n, hkv, hq // hkv, sq, skv]
+    return SdpaGraphSpec(batch=n, heads_q=hq, heads_kv=hkv, seq_q=sq, seq_kv=skv, head_dim=d,
+                         dtype=_dtype_name(q), gqa="none" if hq == hkv else "5d", **variant)
 
 
-def _scaled_scores(g: _PatternGraph, q_lt, k_lt, scale_lt, scores_shape):
-    scores = g.tensor("f32", scores_shape)
-    g.op("matmul", [q_lt, k_lt], [scores], transpose_b=True)
-    scaled = g.tensor("f32", scores_shape)
-    g.op("multiply", [scores, scale_lt], [scaled])
-    return scaled
+def _bind(lib: _Library, spec: SdpaGraphSpec, graph: Graph, data: dict, outputs: list[str], allow_split: bool):
+    """The graph compiled, bound to data (role -> array, reshaped to the graph's shapes) and to new output
+    arrays; returns (callable, outputs in their 4-D shapes)."""
+    pattern = _PatternGraph(lib, graph)
+    ids = [spec.ids[role] for role in outputs]
+    run = pattern.compile(ids, allow_split=allow_split)
+    buffers = {spec.ids[role]: array.reshape(graph.tensor(spec.ids[role]).shape) for role, array in data.items()}
+    results = [np.empty(graph.tensor(i).shape, data["query"].dtype) for i in ids]
+    buffers.update(zip(ids, results))
+    run.bind(buffers)
+    return run, results
 
 
-def _causal_top_left(g: _PatternGraph, scores, scores_shape, minus_inf_lt):
-    """The implicit causal mask: key j is kept for query row i where i >= j (top-left aligned, as
-    graphattn's and PyTorch's is_causal)."""
-    rows, cols = g.tensor("s32", scores_shape), g.tensor("s32", scores_shape)
-    g.op("gen_index", [scores], [rows], axis=-2)
-    g.op("gen_index", [scores], [cols], axis=-1)
-    keep = g.tensor("boolean", scores_shape)
-    g.op("greater_equal", [rows, cols], [keep])
-    masked = g.tensor("f32", scores_shape)
-    g.op("select", [keep, scores, minus_inf_lt], [masked])
-    return masked
+def _inputs(lib, *tensors):
+    if not isinstance(lib, _Library):
+        raise OneDnnError(lib)
+    return _arrays(*tensors)
 
 
 def sdpa_forward(q, k, v, causal: bool):
     """A callable running inference SDPA on q (N, Hq, Sq, D), k and v (N, Hkv, Skv, D) through oneDNN
     Graph (contiguous torch tensors or NumPy arrays of one dtype; Hkv dividing Hq), and its output (NumPy).
-    OneDnnError where oneDNN does not take the pattern as one compiled partition."""
+    OneDnnError where oneDNN does not take the pattern as one compiled partition.  Causal: the implicit
+    mask, top-left aligned (as graphattn's and PyTorch's is_causal)."""
     lib = _library()
-    if not isinstance(lib, _Library):
-        raise OneDnnError(lib)
-    q, k, v = _arrays(q, k, v)
-    dtype = _dtype_name(q)
-    q_shape, kv_shape, scores_shape = _grouped_shapes(q, k)
-    g = _PatternGraph(lib)
-    q_lt, k_lt, v_lt = g.tensor(dtype, q_shape), g.tensor(dtype, kv_shape), g.tensor(dtype, kv_shape)
-    scale_lt = g.tensor(dtype, [1])
-    scores = _scaled_scores(g, q_lt, k_lt, scale_lt, scores_shape)
-    buffers = {q_lt.id: q, k_lt.id: k, v_lt.id: v, scale_lt.id: _scalar(1.0 / math.sqrt(q.shape[-1]), q.dtype)}
+    q, k, v = _inputs(lib, q, k, v)
+    spec = _spec(q, k, mask="causal_top_left" if causal else None, softmax_mode="inf_as_zero")
+    graph = spec.build()
+    data = {"query": q, "key": k, "value": v, "scale": _scalar(1.0 / math.sqrt(q.shape[-1]), q.dtype)}
     if causal:
-        minus_inf_lt = g.tensor("f32", [1])
-        scores = _causal_top_left(g, scores, scores_shape, minus_inf_lt)
-        buffers[minus_inf_lt.id] = _scalar(float("-inf"), np.float32)
-    probs = g.tensor(dtype, scores_shape)
-    g.op("softmax", [scores], [probs], axis=-1, mode="inf_as_zero")
-    out_lt = g.tensor(dtype, q_shape)
-    g.op("matmul", [probs, v_lt], [out_lt])
-    run = g.compile([out_lt])
-    out = np.empty_like(q)
-    buffers[out_lt.id] = out
-    run.bind(buffers)
-    return run, out
+        data["fill"] = _scalar(float("-inf"), np.float32)
+    run, (out,) = _bind(lib, spec, graph, data, ["output"], allow_split=False)
+    return run, out.reshape(q.shape)
 
 
 def sdpa_backward(q, k, v, grad_out, stats, causal: bool):
@@ -351,57 +345,13 @@ def sdpa_backward(q, k, v, grad_out, stats, causal: bool):
     shape (N, Hq, Sq, 1).  The specification's backward takes explicit masks only, so a causal call adds
     a (Sq, Skv) -inf mask (top-left aligned)."""
     lib = _library()
-    if not isinstance(lib, _Library):
-        raise OneDnnError(lib)
-    q, k, v, grad_out, stats = _arrays(q, k, v, grad_out, stats)
-    dtype = _dtype_name(q)
-    q_shape, kv_shape, scores_shape = _grouped_shapes(q, k)
-    grouped = len(q_shape) == 5
-    stats_shape = scores_shape[:-1] + [1]
-    g = _PatternGraph(lib)
-    q_lt, k_lt, v_lt = g.tensor(dtype, q_shape), g.tensor(dtype, kv_shape), g.tensor(dtype, kv_shape)
-    do_lt, stats_lt, scale_lt = g.tensor(dtype, q_shape), g.tensor("f32", stats_shape), g.tensor(dtype, [1])
-    scores = _scaled_scores(g, q_lt, k_lt, scale_lt, scores_shape)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    buffers = {q_lt.id: q, k_lt.id: k, v_lt.id: v, do_lt.id: grad_out, stats_lt.id: stats,
-               scale_lt.id: _scalar(scale, q.dtype)}
+    q, k, v, grad_out, stats = _inputs(lib, q, k, v, grad_out, stats)
+    sq, skv = q.shape[2], k.shape[2]
+    spec = _spec(q, k, mask="add" if causal else None, mask_shape=(sq, skv) if causal else None)
+    graph = spec.build_backward()
+    data = {"query": q, "key": k, "value": v, "grad_output": grad_out, "stats": stats,
+            "scale": _scalar(1.0 / math.sqrt(q.shape[-1]), q.dtype)}
     if causal:
-        sq, skv = scores_shape[-2], scores_shape[-1]
-        mask_lt = g.tensor("f32", [sq, skv])
-        masked = g.tensor("f32", scores_shape)
-        g.op("add", [scores, mask_lt], [masked])
-        scores = masked
-        mask = np.triu(np.full((sq, skv), -np.inf, dtype=np.float32), 1)
-        buffers[mask_lt.id] = mask
-    shifted, probs = g.tensor("f32", scores_shape), g.tensor("f32", scores_shape)
-    g.op("subtract", [scores, stats_lt], [shifted])
-    g.op("exp", [shifted], [probs])
-    probs_cast = probs
-    if dtype != "f32":
-        probs_cast = g.tensor(dtype, scores_shape)
-        g.op("type_cast", [probs], [probs_cast])
-    dv_full = g.tensor(dtype, q_shape[:-2] + kv_shape[-2:])
-    g.op("matmul", [probs_cast, do_lt], [dv_full], transpose_a=True)
-    dprobs, dscores = g.tensor("f32", scores_shape), g.tensor("f32", scores_shape)
-    g.op("matmul", [do_lt, v_lt], [dprobs], transpose_b=True)
-    g.op("softmax_backward", [dprobs, probs], [dscores], axis=-1)
-    dscaled = g.tensor("f32", scores_shape)
-    g.op("multiply", [dscores, scale_lt], [dscaled])
-    dscaled_cast = dscaled
-    if dtype != "f32":
-        dscaled_cast = g.tensor(dtype, scores_shape)
-        g.op("type_cast", [dscaled], [dscaled_cast])
-    dq_lt = g.tensor(dtype, q_shape)
-    g.op("matmul", [dscaled_cast, k_lt], [dq_lt])
-    dk_full = g.tensor(dtype, q_shape[:-2] + kv_shape[-2:])
-    g.op("matmul", [dscaled_cast, q_lt], [dk_full], transpose_a=True)
-    dk_lt, dv_lt = dk_full, dv_full
-    if grouped:  # a GQA group's gradients sum into its one K/V head
-        dk_lt, dv_lt = g.tensor(dtype, kv_shape), g.tensor(dtype, kv_shape)
-        g.op("reduce_sum", [dk_full], [dk_lt], axes=[2], keep_dims=True)
-        g.op("reduce_sum", [dv_full], [dv_lt], axes=[2], keep_dims=True)
-    run = g.compile([dq_lt, dk_lt, dv_lt], allow_split=True)
-    grads = (np.empty_like(q), np.empty_like(k), np.empty_like(v))
-    buffers.update({dq_lt.id: grads[0], dk_lt.id: grads[1], dv_lt.id: grads[2]})
-    run.bind(buffers)
-    return run, grads
+        data["mask"] = np.triu(np.full((sq, skv), -np.inf, dtype=q.dtype), 1)
+    run, grads = _bind(lib, spec, graph, data, ["grad_query", "grad_key", "grad_value"], allow_split=True)
+    return run, tuple(g.reshape(x.shape) for g, x in zip(grads, (q, k, v)))

@@ -245,6 +245,8 @@ def print_table(rows: list[dict], peaks: dict) -> None:
         for peer in peers:
             if f"{peer}_ms" in row:
                 line += f" {row[peer + '_ms']:>10.3f} {row[peer + '_gflops']:>8.1f} {row['vs_' + peer]:>6.2f}"
+            else:  # a peer that sat the case out keeps its columns, blank, so the next peer's stay under their header
+                line += f" {'-':>10} {'-':>8} {'-':>6}"
         print(line)
     if "onednn" in peers:
         runs = "; ".join(f"{direction} as {count} partition{'s' if count > 1 else ''} in {cases} case(s)"

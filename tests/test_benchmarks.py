@@ -141,11 +141,11 @@ def test_onednn_graph_peer_refuses_a_split_pattern_unless_asked():
     peer = _onednn_graph_peer()
 
     def two_softmaxes():  # two unconnected ops: two partitions
-        g = peer._PatternGraph(peer._library())
+        from graphattn.builder import GraphBuilder
+        b = GraphBuilder()
         for _ in range(2):
-            x, y = g.tensor("f32", [2, 8]), g.tensor("f32", [2, 8])
-            g.op("softmax", [x], [y], axis=-1)
-        return g, y
+            y = b.op("SoftMax", [b.tensor(None, "f32", (2, 8))], [b.tensor(None, "f32", (2, 8))], axis=-1)
+        return peer._PatternGraph(peer._library(), b.graph()), y.id
 
     g, y = two_softmaxes()
     with pytest.raises(peer.OneDnnError, match="split the pattern into 2 partitions"):
@@ -170,3 +170,14 @@ def test_causal_flops_count_the_pairs_the_mask_keeps():
     assert flops(1, 1, 5, 2, 8, causal=True) == 4 * 8 * (1 + 2 + 2 + 2 + 2)
     assert flops(2, 3, 16, 16, 8, backward=True) == 2.5 * 4 * 2 * 3 * 16 * 16 * 8
     assert flops(1, 1, 2, 5, 8, causal=True, alignment="bottom_right") == 4 * 8 * (4 + 5)
+
+
+def test_table_keeps_each_peers_columns_where_a_peer_sat_a_case_out(capsys):
+    bench = _bench_module("sdpa_bench")
+    row = {"bench": "sdpa_forward", "shape": [1, 2, 2, 64, 64, 32], "dtype": "f16", "causal": False, "isa": "avx512",
+           "graphattn_ms": 1.0, "graphattn_gflops": 10.0}
+    both = dict(row, onednn_ms=4.0, onednn_gflops=2.5, vs_onednn=4.0, torch_ms=3.0, torch_gflops=3.3, vs_torch=3.0)
+    torch_only = dict(row, torch_ms=3.0, torch_gflops=3.3, vs_torch=3.0)
+    bench.print_table([both, torch_only], {})
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("forward")]
+    assert lines[0].index(" 3.000 ") == lines[1].index(" 3.000 ")
