@@ -19,6 +19,8 @@ on stderr, then a table with ms, GFLOP/s, graphattn's share of the practical
 peak and the ratio to each peer (peer time / graphattn time, so > 1 means
 graphattn is faster), and the machine's measured GEMM rate per dtype as the
 practical peak.
+Where a forward suite times causal and plain at square S >= 2048, graphattn's causal
+speedup over the plain call is timed again, the two interleaved, and printed after the table.
 The training suite times forward and backward unless --direction says otherwise.
 --memory runs the forward at S=32768 (N=1, H=8, D=128) in a child process
 and prints its peak memory beyond inputs and outputs.
@@ -148,14 +150,8 @@ def backward_contenders(shape, dtype: str, causal: bool, inputs, peers=PEERS):
     return runs
 
 
-def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backward: bool = False,
-               peers=PEERS) -> dict:
-    n, hq, hkv, sq, skv, d = shape
-    if causal and sq == 1:
-        causal = False  # one query row: the causal mask keeps every key
-    inputs = make_inputs(shape, dtype, rng)
-    runs = (backward_contenders(shape, dtype, causal, inputs, peers) if backward
-            else contenders(shape, dtype, causal, inputs, peers))
+def interleaved_times(runs: dict, min_seconds: float) -> dict:
+    """Each callable's timed calls (seconds), taken in rounds that alternate between them."""
     times = {name: [] for name in runs}
     for name, fn in runs.items():  # warm-up (compiles and caches graphattn's partition)
         fn()
@@ -165,6 +161,18 @@ def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backwar
             # Each round warms up first: the other contender's calls just ran on these cores, and a call of
             # tens of microseconds timed right after them measures their traces in the caches, not itself.
             times[name] += time_call(fn, min_seconds / rounds, max_reps=1000, warmup_share=0.2)
+    return times
+
+
+def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backward: bool = False,
+               peers=PEERS) -> dict:
+    n, hq, hkv, sq, skv, d = shape
+    if causal and sq == 1:
+        causal = False  # one query row: the causal mask keeps every key
+    inputs = make_inputs(shape, dtype, rng)
+    runs = (backward_contenders(shape, dtype, causal, inputs, peers) if backward
+            else contenders(shape, dtype, causal, inputs, peers))
+    times = interleaved_times(runs, min_seconds)
     flops = attention_flops(n, hq, sq, skv, d, causal=causal, backward=backward)
     row = {"bench": "sdpa_backward" if backward else "sdpa_forward", "shape": [n, hq, hkv, sq, skv, d], "dtype": dtype, "causal": causal,
            "isa": ga.backward_isa(dtype, sq, skv) if backward else ga.forward_isa(dtype, sq, skv, n * hq, causal, d), "threads": ga.thread_count(), "cpu": cpu_model()}
@@ -176,6 +184,42 @@ def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backwar
         if name != "graphattn":
             row[f"vs_{name}"] = round(row[f"{name}_ms"] / row["graphattn_ms"], 2)
     return row
+
+
+CAUSAL_SPEEDUP_MIN_SEQ = 2048  # the issue's line: causal at S=2048 at least 1.7x faster than the plain call
+
+
+def takes_causal_speedup(shape) -> bool:
+    """Square sequences of at least CAUSAL_SPEEDUP_MIN_SEQ, where the causal mask drops about half the work."""
+    return shape[3] == shape[4] >= CAUSAL_SPEEDUP_MIN_SEQ
+
+
+def causal_speedup_case(shape, dtype: str, rng, min_seconds: float) -> dict:
+    """graphattn's forward with is_causal against the same call without it, interleaved on the same inputs:
+    the speedup the skipped blocks give (2 at most), free of the drift between two rows taken minutes apart."""
+    q, k, v = make_inputs(shape, dtype, rng)
+    gqa = shape[1] != shape[2]
+    runs = {"plain": lambda: ga.scaled_dot_product_attention(q, k, v, enable_gqa=gqa),
+            "causal": lambda: ga.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)}
+    medians = {name: median(t) * 1e3 for name, t in interleaved_times(runs, min_seconds).items()}
+    return {"bench": "sdpa_causal_speedup", "shape": list(shape), "dtype": dtype,
+            "isa": ga.forward_isa(dtype, shape[3], shape[4], shape[0] * shape[1], True, shape[5]),
+            "plain_ms": round(medians["plain"], 4), "causal_ms": round(medians["causal"], 4),
+            "speedup": round(medians["plain"] / medians["causal"], 2), "threads": ga.thread_count(),
+            "cpu": cpu_model()}
+
+
+def print_causal_speedups(rows: list[dict]) -> None:
+    if not rows:
+        return
+    print("\ncausal vs plain, graphattn alone, interleaved (plain ms / causal ms; 2.0 = every masked block "
+          "skipped for free):")
+    for row in rows:
+        print(f"  {str(tuple(row['shape'])):<30} {row['dtype']:<5} {row['isa']:<9} plain {row['plain_ms']:>9.3f} ms"
+              f"  causal {row['causal_ms']:>9.3f} ms  speedup {row['speedup']:.2f}")
+    lowest = min(rows, key=lambda r: r["speedup"])
+    print(f"causal speedup: lowest {lowest['speedup']:.2f} {tuple(lowest['shape'])} {lowest['dtype']}, "
+          f"{sum(r['speedup'] < 1.7 for r in rows)} of {len(rows)} below 1.7")
 
 
 def gemm_peak(dtype: str) -> float | None:
@@ -325,13 +369,22 @@ def main() -> None:
     cases = [(s, dt, c, b) for b in directions for s in SUITES[args.suite] for dt in dtypes for c in causal_flags
              if not (c and s[3] == 1)]
     rng = np.random.default_rng(0)
-    progress = Progress(len(cases) + (1 if args.memory else 0))
+    # Where a suite times a square S >= 2048 causal and plain, their speedup is timed again, interleaved.
+    speedup_cases = [(s, dt) for s, dt, c, b in cases if c and not b and takes_causal_speedup(s)
+                     and (s, dt, False, False) in cases]
+    progress = Progress(len(cases) + len(speedup_cases) + (1 if args.memory else 0))
     rows = []
     for shape, dtype, causal, backward in cases:
         progress.step(f"{'backward' if backward else 'forward'} {shape} {dtype} {'causal' if causal else ''}")
         row = bench_case(shape, dtype, causal, rng, args.seconds, backward, peers)
         print(json.dumps(row), flush=True)
         rows.append(row)
+    speedup_rows = []
+    for shape, dtype in speedup_cases:
+        progress.step(f"causal vs plain {shape} {dtype}")
+        row = causal_speedup_case(shape, dtype, rng, args.seconds)
+        print(json.dumps(row), flush=True)
+        speedup_rows.append(row)
     gemm_rates = {} if args.no_peak else {dt: gf for dt in dict.fromkeys(dtypes + ["f32"])
                                            if (gf := gemm_peak(dt)) is not None}
     for dt, gf in gemm_rates.items():
@@ -341,6 +394,7 @@ def main() -> None:
         progress.step("memory S=32768")
         print(json.dumps(memory_case()), flush=True)
     print_table(rows, peaks)
+    print_causal_speedups(speedup_rows)
     if args.plot:
         plot(rows, args.plot)
 

@@ -181,3 +181,15 @@ def test_table_keeps_each_peers_columns_where_a_peer_sat_a_case_out(capsys):
     bench.print_table([both, torch_only], {})
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("forward")]
     assert lines[0].index(" 3.000 ") == lines[1].index(" 3.000 ")
+
+
+def test_causal_speedup_is_timed_for_the_square_long_standard_shapes(capsys):
+    bench = _bench_module("sdpa_bench")
+    assert [s for s in bench.SUITES["standard"] if bench.takes_causal_speedup(s)] == [
+        (1, 16, 16, 2048, 2048, 128), (1, 2, 2, 2048, 2048, 64)]
+    row = bench.causal_speedup_case((1, 2, 2, 64, 64, 32), "f32", np.random.default_rng(0), 0.01)
+    assert row["plain_ms"] > 0 and row["causal_ms"] > 0
+    assert row["speedup"] == pytest.approx(row["plain_ms"] / row["causal_ms"], abs=0.01)
+    slow = dict(row, shape=[1, 2, 2, 4096, 4096, 64], speedup=1.2)
+    bench.print_causal_speedups([dict(row, speedup=1.9), slow])
+    assert "lowest 1.20 (1, 2, 2, 4096, 4096, 64) f32, 1 of 2 below 1.7" in capsys.readouterr().out
