@@ -193,3 +193,18 @@ def test_causal_speedup_is_timed_for_the_square_long_standard_shapes(capsys):
     slow = dict(row, shape=[1, 2, 2, 4096, 4096, 64], speedup=1.2)
     bench.print_causal_speedups([dict(row, speedup=1.9), slow])
     assert "lowest 1.20 (1, 2, 2, 4096, 4096, 64) f32, 1 of 2 below 1.7" in capsys.readouterr().out
+
+
+def test_gemm_peak_skips_the_large_gemm_of_a_dtype_without_native_products(monkeypatch):
+    bench = _bench_module("sdpa_bench")
+    rates = {("f32", 2048): 180.0, ("bf16", 512): 300.0, ("bf16", 2048): 400.0, ("f16", 512): 0.4}
+    calls = []
+
+    def fake_gemm_peak(dtype, size=2048):
+        calls.append((dtype, size))
+        return rates[dtype, size]
+
+    monkeypatch.setattr(bench, "gemm_peak", fake_gemm_peak)
+    assert bench.gemm_rates(["bf16", "f16"]) == {"f32": 180.0, "bf16": 400.0, "f16": 0.4}
+    assert ("f16", 2048) not in calls and calls[0] == ("f32", 2048)
+    assert bench.practical_peaks(bench.gemm_rates(["f16"]), ["f16"]) == {"f16": 180.0}
