@@ -20,6 +20,12 @@ import numpy as np
 import graphattn as ga
 from bench_common import cpu_model
 
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # the torch cases are optional
+    torch = None
+
 
 def measure(fn, calls: int) -> float:
     fn()
@@ -38,25 +44,19 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 1, 1, 1, 16)).astype(np.float32)
-    cases = {
-        "plain": lambda: ga.scaled_dot_product_attention(x, x, x),
-        "causal": lambda: ga.scaled_dot_product_attention(x, x, x, is_causal=True),
-        "stats": lambda: ga.scaled_dot_product_attention(x, x, x, return_stats=True),
+    cases = {  # name: (the inputs' shape, the call)
+        "plain": (x.shape, lambda: ga.scaled_dot_product_attention(x, x, x)),
+        "causal": (x.shape, lambda: ga.scaled_dot_product_attention(x, x, x, is_causal=True)),
+        "stats": (x.shape, lambda: ga.scaled_dot_product_attention(x, x, x, return_stats=True)),
     }
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:  # the torch cases need it
-        torch = None
     if torch is not None:  # graphattn on torch tensors, and PyTorch's own call on them for scale
         t = torch.from_numpy(x[0])  # 4-D: PyTorch takes 5-D inputs down a slower path (17 us against 4 us)
-        cases["torch"] = lambda: ga.scaled_dot_product_attention(t, t, t)
-        cases["torch_sdpa"] = lambda: F.scaled_dot_product_attention(t, t, t)
+        cases["torch"] = (t.shape, lambda: ga.scaled_dot_product_attention(t, t, t))
+        cases["torch_sdpa"] = (t.shape, lambda: F.scaled_dot_product_attention(t, t, t))
     rows = []
-    for name, fn in cases.items():
+    for name, (shape, fn) in cases.items():
         seconds = measure(fn, args.calls)
-        row = {"bench": "call_overhead", "case": name, "shape": [1, 1, 1, 16] if "torch" in name else [1, 1, 1, 1, 16],
-               "dtype": "f32",
+        row = {"bench": "call_overhead", "case": name, "shape": list(shape), "dtype": "f32",
                "us_per_call": round(seconds * 1e6, 2), "cpu": cpu_model(), "threads": ga.thread_count()}
         print(json.dumps(row), flush=True)
         rows.append(row)

@@ -243,8 +243,8 @@ GEMM_PROBE_SIZE = 512
 
 def gemm_rates(dtypes: list[str]) -> dict:
     """Per dtype, GFLOP/s of a 2048^3 GEMM; f32 first, then each other dtype only where a 512^3 probe runs at
-    least half the f32 rate, else the probe's rate (the f32 one stands in for it, see practical_peaks): PyTorch's
-    f16 GEMM on AVX-512 without AVX512-FP16 ran at 0.4 GFLOP/s on a 2-core AMD EPYC, 40 s a 2048^3 call."""
+    least half the f32 rate, else the probe's rate, as practical_peaks takes the f32 one for it anyway (a dtype
+    without native products, as there: a 2048^3 call takes 40 s at 0.4 GFLOP/s)."""
     rates = {}
     for dt in dict.fromkeys(["f32"] + dtypes):
         probe = gemm_peak(dt, GEMM_PROBE_SIZE) if dt != "f32" else None
