@@ -228,6 +228,35 @@ def test_f32_on_split_tiles_is_as_accurate_as_f32_arithmetic():
         assert float(split_error) <= 2 * float(vector_error) + 1e-7
 
 
+CLIMBING_SCORES_SCRIPT = """
+import numpy as np, graphattn as ga
+from graphattn.testing import STATS_TOLERANCE, assert_close, random_array, sdpa_reference
+rng = np.random.default_rng(3)
+keys = np.arange(700)
+profiles = {"climb": keys * 0.8, "sawtooth": (keys % 128) * 2.0, "descend": keys * -0.8}
+for name, profile in profiles.items():
+    q, k, v = (random_array((1, 2, s, 64), "f32", rng, 0.1) for s in (130, 700, 700))
+    q[..., 0] = 1.0
+    k[..., 0] += profile  # scores follow the profile: 4-46 log2 units per key block
+    got = ga.scaled_dot_product_attention(q, k, v, return_stats=True)
+    want = sdpa_reference(q, k, v, return_stats=True)
+    assert_close(got[0], want[0], "f32", name)
+    assert_close(got[1], want[1], "f32", name + " stats", STATS_TOLERANCE)
+print(ga.forward_isa("f32", 130, 700, batch=2))
+"""
+
+
+def test_scores_climbing_past_the_running_max():
+    """The vector builds fuse the softmax into the score product's register tiles (tile_softmax.hpp), with
+    a running max raised only where a score climbs more than 2^8 past it: scores that climb across key
+    blocks and within them (raises with earlier tiles rescaled), or only fall, match the reference."""
+    features = set(ga.cpu_features())
+    builds = (("portable", set()), ("avx2", {"avx2", "fma", "f16c"}), ("avx512", {"avx512f", "avx512bw"}))
+    for isa, needs in builds:
+        if needs <= features:
+            assert run_python(CLIMBING_SCORES_SCRIPT, GRAPHATTN_ISA=isa).strip() == isa
+
+
 BF16_ROW_LAYOUT_CASES = ("gqa", "mqa", "row_layout_packed_keys", "row_layout_16_rows", "tiles_short_query_gqa")
 
 

@@ -19,15 +19,14 @@
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
-// c_t[n][lanes] (+)= sum_{k < k_count} a_t[k][lanes] * b[n * b_n + k * b_k]
-// for n < NT and RV vectors of lanes; rows of a_t and c_t are lda and ldc
-// floats apart.
-template <int RV, int NT, bool Accumulate>
-inline void lane_tile(const float* __restrict a_t, int64_t lda, int k_count, const float* __restrict b, int64_t b_n,
-                      int64_t b_k, float* __restrict c_t, int64_t ldc) {
-    // The sums start at zero and C is added at the end: with C loaded up front,
-    // GCC kept a second copy of the accumulators on the stack.
-    VecF acc[NT][RV];
+// acc[n][lanes] = sum_{k < k_count} a_t[k][lanes] * b[n * b_n + k * b_k]
+// for n < NT and RV vectors of lanes; rows of a_t are lda floats apart.
+// The sums start at zero and callers add C at the end: with C loaded up
+// front, GCC kept a second copy of the accumulators on the stack.
+template <int RV, int NT>
+__attribute__((always_inline)) inline void lane_tile_sums(const float* __restrict a_t, int64_t lda, int k_count,
+                                                          const float* __restrict b, int64_t b_n, int64_t b_k,
+                                                          VecF (&acc)[NT][RV]) {
 #pragma GCC unroll 16
     for (int n = 0; n < NT; ++n)
 #pragma GCC unroll 16
@@ -44,6 +43,14 @@ inline void lane_tile(const float* __restrict a_t, int64_t lda, int k_count, con
             for (int v = 0; v < RV; ++v) acc[n][v] += a[v] * bn;
         }
     }
+}
+
+// c_t[n][lanes] (+)= the sums above; rows of c_t are ldc floats apart.
+template <int RV, int NT, bool Accumulate>
+inline void lane_tile(const float* __restrict a_t, int64_t lda, int k_count, const float* __restrict b, int64_t b_n,
+                      int64_t b_k, float* __restrict c_t, int64_t ldc) {
+    VecF acc[NT][RV];
+    lane_tile_sums<RV, NT>(a_t, lda, k_count, b, b_n, b_k, acc);
 #pragma GCC unroll 16
     for (int n = 0; n < NT; ++n)
 #pragma GCC unroll 16
@@ -79,6 +86,21 @@ inline void lane_gemm_wide(const float* a, int64_t lda, int k_count, const float
     if constexpr (RV > 1) {
         if (x < width)
             lane_gemm_wide<RV - 1, NT + 2, Accumulate>(a + x, lda, k_count, b, b_n, b_k, n_count, c + x, ldc, width - x);
+    }
+}
+
+// The sums of lane_gemm handed tile by tile, still in registers, to
+// sink.tile(acc, n) (acc: NT keys' rows from n on) instead of stored.
+template <int RV, int NT, class Sink>
+inline void lane_gemm_to(const float* a_t, int k_count, const float* b, int64_t b_n, int64_t b_k, int n_count,
+                         Sink& sink, int n = 0) {
+    for (; n + NT <= n_count; n += NT) {
+        VecF acc[NT][RV];
+        lane_tile_sums<RV, NT>(a_t, RV * kLanes, k_count, b + n * b_n, b_n, b_k, acc);
+        sink.tile(acc, n);
+    }
+    if constexpr (NT > 1) {
+        if (n < n_count) lane_gemm_to<RV, NT - 1>(a_t, k_count, b, b_n, b_k, n_count, sink, n);
     }
 }
 

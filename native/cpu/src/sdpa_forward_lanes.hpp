@@ -5,7 +5,8 @@
 // layout of lane_gemm.hpp, so the online softmax (max, exp, sum, rescale)
 // runs on whole vectors of rows with no horizontal reductions.  Scores are
 // kept in base-2 units (log2(e) folded into the scale), so each probability
-// costs one exp2.  K and V rows
+// costs one exp2.  Key blocks with no mask pass take the softmax inside the
+// score product's register tiles instead (tile_softmax.hpp).  K and V rows
 // are read in place when they are f32 with unit column stride; other dtypes
 // or strides are converted block by block into f32 scratch.  The scale is
 // folded into Q^T once per work item.  bf16 Q, K and V, where pairs pay off,
@@ -46,6 +47,7 @@
 #include "lane_masks.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
+#include "tile_softmax.hpp"
 #include "work_order.hpp"
 
 namespace graphattn {
@@ -489,6 +491,20 @@ struct LaneForward {
         lane_gemm<RV, NT, false>(sc.q_t.get(), D, k_rows, k_stride, 1, kv_rows, sc.s_t.get());
     }
 
+    // score_block and online_softmax in one pass (tile_softmax.hpp), for f32 lanes and blocks with no
+    // mask pass: P^T into sc.s_t, the statistics into row_max / row_sum, O^T rescaled where needed.
+    // 2-core AMD EPYC, one thread, against the separate passes: (1,16,1024,64) 92.5 -> 97.7 GFLOP/s,
+    // causal 81.3 -> 86.1, (1,16,2048,128) 98.0 -> 100.7 (three alternating process pairs).
+    static void score_softmax_block(const SdpaForwardArgs& a, Scratch& sc, int64_t k_base, int64_t j0, int kv_rows,
+                                    float* o_t, int Dv) {
+        const int D = int(a.head_dim_qk);
+        int64_t k_stride;
+        const float* k_rows = rows_as_f32(a.key, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
+        TileSoftmax<RV> softmax(sc.s_t.get(), sc.row_max.get(), sc.row_sum.get());
+        lane_gemm_to<RV, NT>(sc.q_t.get(), D, k_rows, k_stride, 1, kv_rows, softmax);
+        softmax.finish(sc.row_max.get(), sc.row_sum.get(), o_t, Dv);
+    }
+
     // O^T (+)= V^T P^T for keys [j0, j0 + kv_rows), P^T in sc.s_t (or, p_paired, already in sc.p_pairs);
     // the first block sets O^T.
     static void accumulate_block(const SdpaForwardArgs& a, Scratch& sc, int64_t v_base, int64_t j0, int kv_rows,
@@ -572,14 +588,18 @@ struct LaneForward {
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockKV) {
             const int kv_rows = int(std::min<int64_t>(kBlockKV, key_end - j0));
             const bool first = j0 == key_begin;
-            score_block(a, sc, k_base, j0, kv_rows);
-            if (j0 + kv_rows > unmasked_end)
-                mask_query_lanes<RV>(a, sc.s_t.get(), sc.mask_t.get(), sc.m_off, qi, rows, kv_rows, j0);
+            const bool masked = j0 + kv_rows > unmasked_end;
             // Without dropout, the pair products' P^T goes to its pairs in the softmax pass (2-core AMD
             // EPYC, in-process A/B against packing s_t after it: 1.01-1.07x, causal 0.99x).
             uint32_t* p_pairs = sc.pair_dots && !dropout.active ? sc.p_pairs.words() : nullptr;
-            online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), first ? nullptr : o_t, Dv,
-                           p_pairs);
+            if (!sc.pair_dots && !masked) {
+                score_softmax_block(a, sc, k_base, j0, kv_rows, first ? nullptr : o_t, Dv);
+            } else {
+                score_block(a, sc, k_base, j0, kv_rows);
+                if (masked) mask_query_lanes<RV>(a, sc.s_t.get(), sc.mask_t.get(), sc.m_off, qi, rows, kv_rows, j0);
+                online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), first ? nullptr : o_t, Dv,
+                               p_pairs);
+            }
             if (dropout.active) apply_dropout(dropout, sc, rows, kv_rows, j0);
             accumulate_block(a, sc, v_base, j0, kv_rows, first, p_pairs != nullptr);
         }

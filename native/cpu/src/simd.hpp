@@ -63,6 +63,17 @@ inline VecF lane_index() {
 // score never hides the running maximum; NaN still reaches the row sum.
 inline VecF max_ignoring_nan(VecF x, VecF m) { return x > m ? x : m; }
 
+// Whether x > y in any lane (false where either is NaN).
+inline bool any_greater(VecF x, VecF y) {
+#if defined(__AVX512F__)
+    if constexpr (kLanes == 16) return _mm512_cmp_ps_mask((__m512)x, (__m512)y, _CMP_GT_OQ) != 0;
+#endif
+    const VecI greater = x > y;
+    bool any = false;
+    for (int i = 0; i < kLanes; ++i) any |= greater[i] != 0;
+    return any;
+}
+
 inline float horizontal_sum(VecF v) {
 #if defined(__AVX512F__)
     if constexpr (kLanes == 16) return _mm512_reduce_add_ps((__m512)v);
