@@ -401,7 +401,11 @@ bool splits_keys_first(const SdpaForwardArgs& a, int parts) {
 // threads enough work alone, such items with their keys split are taken
 // before smaller ones (f16, whose per-item packing splits each K/V value in
 // two: 16-core Xeon, (1,2,2048,64) 1.14-1.24x, (1,2,4096,64) 1.08-1.14x;
-// bf16 gained nothing there, 0.97-1.03x; f32 see splits_keys_first).
+// bf16 gained nothing there, 0.97-1.03x; f32 see splits_keys_first).  Not
+// under a causal mask: there 256-row items with split keys ran slower than
+// the smaller whole items (16-core Xeon, alternating processes, three runs:
+// f16 causal (1,2,2048,64) 0.63-0.68 ms against 0.53-0.68, (1,4,2048,64)
+// 1.21-1.36 against 0.89-1.20; f32 (1,2,2048,128) 1.83-2.09 against 1.23-1.86).
 struct ItemPlan {
     int64_t rows;
     KeySplits splits;
