@@ -90,7 +90,7 @@ inline void lane_gemm_wide(const float* a, int64_t lda, int k_count, const float
 }
 
 // The sums of lane_gemm handed tile by tile, still in registers, to
-// sink.tile(acc, n) (acc: NT keys' rows from n on) instead of stored.
+// sink.tile(acc, n) (acc[t]: the sums of n + t) instead of stored.
 template <int RV, int NT, class Sink>
 inline void lane_gemm_to(const float* a_t, int k_count, const float* b, int64_t b_n, int64_t b_k, int n_count,
                          Sink& sink, int n = 0) {
