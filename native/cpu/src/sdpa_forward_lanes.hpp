@@ -347,15 +347,13 @@ struct LaneForward {
     // p_pairs set (bf16 pair products): P^T goes straight to its pairs (exp2_to_lane_pairs), not to s_t.
     static void online_softmax(float* s_t, int kv_rows, float* row_max, float* row_sum, float* o_t, int Dv,
                                uint32_t* p_pairs = nullptr) {
-        const VecF neg_inf = splat(-__builtin_inff());
         VecF correction[RV];
         bool rescale = false;
         for (int v = 0; v < RV; ++v) {
             const VecF old_max = load(row_max + v * kLanes);
             VecF m = old_max;
             for (int j = 0; j < kv_rows; ++j) m = max_ignoring_nan(load(s_t + j * kBlockQ + v * kLanes), m);
-            // A row with no finite score yet subtracts 0, so 2^-inf = 0 and no NaN appears.
-            const VecF base = m == neg_inf ? VecF{} : m;
+            const VecF base = softmax_base(m);
             VecF sum{};
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
             if (p_pairs)

@@ -18,6 +18,11 @@
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
+// What the scores of lanes with running max m are taken relative to: m, or
+// 0 where no score is finite yet (m = -inf), so that 2^-inf = 0 and no NaN
+// appears.
+inline VecF softmax_base(VecF m) { return m == splat(-__builtin_inff()) ? VecF{} : m; }
+
 template <int RV>
 struct TileSoftmax {
     static constexpr float kStaleRange = 8.0f;  // log2 units
@@ -37,8 +42,6 @@ struct TileSoftmax {
         }
     }
 
-    static VecF base_of(VecF m) { return m == splat(-__builtin_inff()) ? VecF{} : m; }
-
     // acc[t][v]: scores of key n + t, lanes of vector v.
     template <int NT>
     __attribute__((always_inline)) void tile(const VecF (&acc)[NT][RV], int n) {
@@ -50,7 +53,7 @@ struct TileSoftmax {
             const VecF raise_above = max[v] + kStaleRange;
             if (__builtin_expect(any_greater(tile_max, raise_above), 0))
                 raise(v, tile_max > raise_above ? tile_max : max[v], n);
-            const VecF base = base_of(max[v]);
+            const VecF base = softmax_base(max[v]);
             VecF tile_sum{};
 #pragma GCC unroll 16
             for (int t = 0; t < NT; ++t) {
@@ -65,7 +68,7 @@ struct TileSoftmax {
     // New max for vector v: rescale its sum and the P^T of keys [0, n).
     __attribute__((noinline)) void raise(int v, VecF new_max, int n) {
         // An unmoved lane keeps factor 1 exactly (vexp2(0) is one ulp above 1).
-        const VecF c = new_max != max[v] ? vexp2(max[v] - base_of(new_max)) : splat(1.0f);
+        const VecF c = new_max != max[v] ? vexp2(max[v] - softmax_base(new_max)) : splat(1.0f);
         sum[v] *= c;
         correction[v] *= c;
         for (int j = 0; j < n; ++j) {
