@@ -370,12 +370,7 @@ struct LaneForward {
             store(row_max + v * kLanes, m);
             for (int i = 0; i < kLanes; ++i) rescale |= correction[v][i] != 1.0f;
         }
-        if (!rescale || !o_t) return;
-        for (int c = 0; c < Dv; ++c)
-            for (int v = 0; v < RV; ++v) {
-                float* o = o_t + c * kBlockQ + v * kLanes;
-                store(o, load(o) * correction[v]);
-            }
+        if (rescale && o_t) rescale_lane_rows<RV>(o_t, correction, Dv);
     }
 
     // Normalises rows of o_t by row_sum into the output; stats = logsumexp.
@@ -500,7 +495,7 @@ struct LaneForward {
         const float* k_rows = rows_as_f32(a.key, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
         TileSoftmax<RV> softmax(sc.s_t.get(), sc.row_max.get(), sc.row_sum.get());
         lane_gemm_to<RV, NT>(sc.q_t.get(), D, k_rows, k_stride, 1, kv_rows, softmax);
-        softmax.finish(sc.row_max.get(), sc.row_sum.get(), o_t, Dv);
+        softmax.finish(o_t, Dv);
     }
 
     // O^T (+)= V^T P^T for keys [j0, j0 + kv_rows), P^T in sc.s_t (or, p_paired, already in sc.p_pairs);

@@ -23,18 +23,31 @@ namespace GRAPHATTN_ISA_NS {
 // appears.
 inline VecF softmax_base(VecF m) { return m == splat(-__builtin_inff()) ? VecF{} : m; }
 
+// O^T's Dv rows (RV vectors of lanes each) times each lane's factor: the
+// running output where a row's max grew.
+template <int RV>
+void rescale_lane_rows(float* o_t, const VecF (&factor)[RV], int Dv) {
+    for (int c = 0; c < Dv; ++c)
+        for (int v = 0; v < RV; ++v) {
+            float* o = o_t + (c * RV + v) * kLanes;
+            store(o, load(o) * factor[v]);
+        }
+}
+
 template <int RV>
 struct TileSoftmax {
     static constexpr float kStaleRange = 8.0f;  // log2 units
     static constexpr int kRows = RV * kLanes;   // floats per row of P^T
 
     float* p_t;            // the block's P^T, [key][row]
+    float* row_max;        // the statistics read at the start, written by finish
+    float* row_sum;
     VecF max[RV];          // running max per lane
     VecF sum[RV];          // running sum, relative to max
     VecF correction[RV];   // factor for the O^T of earlier blocks
     bool raised = false;   // some lane's max moved in this block
 
-    TileSoftmax(float* p_t_, const float* row_max, const float* row_sum) : p_t(p_t_) {
+    TileSoftmax(float* p_t_, float* row_max_, float* row_sum_) : p_t(p_t_), row_max(row_max_), row_sum(row_sum_) {
         for (int v = 0; v < RV; ++v) {
             max[v] = load(row_max + v * kLanes);
             sum[v] = load(row_sum + v * kLanes);
@@ -81,17 +94,12 @@ struct TileSoftmax {
 
     // The block's statistics back to row_max / row_sum, and O^T (null: no
     // earlier block) rescaled where a max moved.
-    void finish(float* row_max, float* row_sum, float* o_t, int Dv) const {
+    void finish(float* o_t, int Dv) const {
         for (int v = 0; v < RV; ++v) {
             store(row_max + v * kLanes, max[v]);
             store(row_sum + v * kLanes, sum[v]);
         }
-        if (!raised || !o_t) return;
-        for (int c = 0; c < Dv; ++c)
-            for (int v = 0; v < RV; ++v) {
-                float* o = o_t + c * kRows + v * kLanes;
-                store(o, load(o) * correction[v]);
-            }
+        if (raised && o_t) rescale_lane_rows<RV>(o_t, correction, Dv);
     }
 };
 
