@@ -10,7 +10,7 @@ import pytest
 import graphattn as ga
 from graphattn.testing import STATS_TOLERANCE, SdpaGraphSpec, assert_close, run_into_padded_outputs
 
-from subprocess_helpers import run_python
+from subprocess_helpers import run_python, run_python_logged
 
 pytestmark = pytest.mark.cpu
 
@@ -233,3 +233,34 @@ def test_split_keys_merge_matches():
         "        assert_grad_close(g, w, dt)\n"
         "print(ga.thread_count())\n")
     assert run_python(script, OMP_NUM_THREADS="16").strip() == "16"
+
+
+def test_kept_kv_blocks_match():
+    """On AMX, items of up to 128 rows with whole keys keep every packed K/V block of their batch index, so
+    that a thread's later items skip packing, and causal items go to groups of threads by batch index (run
+    with 2 threads, so that these shapes take 128-row items): the results match the reference for causal
+    top-left and bottom-right (a partial last block past some items' rows) and plain calls, GQA among
+    them (two query heads on one K/V head).  Elsewhere the same calls check the vector build."""
+    script = (
+        "import numpy as np, graphattn as ga\n"
+        "from graphattn.testing import STATS_TOLERANCE, assert_close, random_array, sdpa_reference\n"
+        "rng = np.random.default_rng(0)\n"
+        "ga.set_verbose(1)\n"
+        "cases = [('f16', (1, 1, 1024, 64), (1, 1, 1024, 64), dict(is_causal=True)),\n"
+        "         ('f16', (1, 1, 1024, 64), (1, 1, 1100, 64), dict(is_causal=True, causal_alignment='bottom_right')),\n"
+        "         ('bf16', (1, 1, 1024, 64), (1, 1, 1024, 64), dict()),\n"
+        "         ('bf16', (1, 2, 512, 64), (1, 1, 1100, 64), dict(enable_gqa=True)),\n"
+        "         ('f32', (1, 1, 1024, 64), (1, 1, 1024, 64), dict(is_causal=True))]\n"
+        "for dt, q_shape, kv_shape, kw in cases:\n"
+        "    q, k, v = (random_array(s, dt, rng) for s in (q_shape, kv_shape, kv_shape))\n"
+        "    got = ga.scaled_dot_product_attention(q, k, v, return_stats=True, **kw)\n"
+        "    want = sdpa_reference(q, k, v, return_stats=True, **kw)\n"
+        "    assert_close(got[0], want[0], dt)\n"
+        "    assert_close(got[1], want[1], dt, 'stats', STATS_TOLERANCE)\n"
+        "print(ga.forward_isa('f16'))\n")
+    out, err = run_python_logged(script, OMP_NUM_THREADS="2")
+    plans = [line for line in err.splitlines() if ",compile," in line and "sdpa_forward" in line]
+    assert len(plans) == 5, err
+    if out.strip().startswith("amx"):
+        for plan, order in zip(plans[:4], ("batch_groups", "batch_groups", "home_first", "home_first")):
+            assert ",item_rows=128," in plan and f",order={order}+kept_kv," in plan, plan

@@ -72,17 +72,23 @@ inline bool longest_first(bool unequal_work, int64_t items, int64_t threads) {
 // the 20 calls it changed below 0.99x (unchanged code read 0.96-1.02x in
 // the same run).  Items of unequal work (causal) and the AMX forward's
 // last-wave pieces keep the shared counter: they rely on its order (longest
-// first, pieces last; pieces home first measured 0.92-0.95x).
+// first, pieces last; pieces home first measured 0.92-0.95x).  Where such
+// items still want a home, the units go to groups of threads instead, each
+// group's threads taking its units in order from one counter of their own
+// (the AMX forward's causal items with kept K/V blocks).
 class HomeFirstUnits {
 public:
     // home = false: every thread takes the next unit of one shared counter.
-    HomeFirstUnits(int64_t units, int team, bool home)
+    // groups > 0: the units go to that many groups of threads (thread t in group t * groups / team) instead
+    // of to each thread.
+    HomeFirstUnits(int64_t units, int team, bool home, int groups = 0)
         : units_(units),
           team_(team),
+          owner_count_(groups > 0 ? std::min(groups, team) : team),
           home_(home && units < (int64_t(1) << 31)),
-          owners_(home_ ? new Owner[size_t(team)] : nullptr) {
-        for (int t = 0; home_ && t < team; ++t) {
-            const int64_t begin = units * t / team, end = units * (t + 1) / team;
+          owners_(home_ ? new Owner[size_t(owner_count_)] : nullptr) {
+        for (int t = 0; home_ && t < owner_count_; ++t) {
+            const int64_t begin = units * t / owner_count_, end = units * (t + 1) / owner_count_;
             owners_[t].begin = begin;
             owners_[t].range.store(uint64_t(end - begin), std::memory_order_relaxed);
         }
@@ -96,9 +102,9 @@ public:
             for (int64_t unit; (unit = shared_.fetch_add(1, std::memory_order_relaxed)) < units_;) body(unit);
             return;
         }
-        const int self = omp_get_thread_num();  // 0 where run_on_team ran the body on the caller alone
-        for (int i = 0; i < team_; ++i)
-            for (int64_t unit; (unit = owners_[(self + i) % team_].take(i == 0)) >= 0;) body(unit);
+        const int self = omp_get_thread_num() * owner_count_ / team_;  // 0 where run_on_team ran the body alone
+        for (int i = 0; i < owner_count_; ++i)
+            for (int64_t unit; (unit = owners_[(self + i) % owner_count_].take(i == 0)) >= 0;) body(unit);
     }
 
 private:
@@ -120,6 +126,7 @@ private:
     };
     int64_t units_;
     int team_;
+    int owner_count_;
     bool home_;
     std::unique_ptr<Owner[]> owners_;
     alignas(64) std::atomic<int64_t> shared_{0};
@@ -173,8 +180,10 @@ inline LastWave last_wave_in_pieces(int64_t items, int64_t item_rows, int64_t th
 
 // How a forward call's work is laid out, for the verbose log: comma-separated
 // key=value fields with no spaces.  `order` names the hand-out order:
-// home_first (HomeFirstUnits), longest_first or batch_major (one shared
-// counter), with "+pieces" where the last wave goes in pieces.
+// home_first (HomeFirstUnits), batch_groups (HomeFirstUnits' groups),
+// longest_first or batch_major (one shared counter), with "+pieces" where
+// the last wave goes in pieces and "+kept_kv" where threads keep their
+// packed K/V blocks (the AMX forward).
 inline std::string work_plan_text(const char* layout, int64_t item_rows, int64_t items, int64_t key_splits,
                                   int64_t keys_per_split, int team, const std::string& order) {
     return std::string("layout=") + layout + ",item_rows=" + std::to_string(item_rows) +
@@ -184,7 +193,8 @@ inline std::string work_plan_text(const char* layout, int64_t item_rows, int64_t
 }
 
 // The hand-out order's name for work_plan_text.
-inline std::string order_name(bool home, bool by_rank) {
+inline std::string order_name(bool home, bool by_rank, bool groups = false) {
+    if (groups) return "batch_groups";
     return home ? "home_first" : (by_rank ? "longest_first" : "batch_major");
 }
 
