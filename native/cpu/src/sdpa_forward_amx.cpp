@@ -76,6 +76,15 @@ constexpr int kBlockKV = 512;
 constexpr int kKeyPairsLd = kBlockKV + 16;  // packed K rows, in pair words
 constexpr int kScoresLd = kBlockKV + 16;    // S rows, in floats
 
+// Row stride of packed V in pair words, for dvp columns (Dv padded to whole
+// tiles): one cache line more, as kKeyPairsLd.
+int packed_v_ld(int dvp) { return dvp + 16; }
+
+// 32-bit words of one packed key block of K (dp: D padded to whole tiles)
+// and of V, `parts` planes each: what pack_k and pack_v write.
+int64_t packed_k_block_words(int dp, int parts) { return int64_t(parts) * dp / 2 * kKeyPairsLd; }
+int64_t packed_v_block_words(int dvp, int parts) { return int64_t(parts) * kBlockKV / 2 * packed_v_ld(dvp); }
+
 // Per-thread buffers; bf16 data is kept as uint16_t and pairs as uint32_t.
 // Split operands keep `parts` planes (1 for bf16).  Q and O hold the call's
 // item rows, not kBlockQ: scratch past the ThreadBlockCache's bounds comes
@@ -101,11 +110,11 @@ struct Scratch {
           parts(parts),
           item_rows(int(round_up(std::min<int64_t>(rows, kBlockQ), kPairRows))),
           p_ld(parts * kBlockKV + 32),
-          v_ld(dvp + 16),
+          v_ld(packed_v_ld(dvp)),
           o_ld(dvp + 16),
           kv_slots(kv_slots),
-          k_block_words(int64_t(parts) * dp / 2 * kKeyPairsLd),
-          v_block_words(int64_t(parts) * kBlockKV / 2 * v_ld),
+          k_block_words(packed_k_block_words(dp, parts)),
+          v_block_words(packed_v_block_words(dvp, parts)),
           slot_packed(size_t(kv_slots), 0),
           q_store(AlignedFloats::uninitialized(size_t(item_rows) * parts * dp / 2)),
           k_store(AlignedFloats::uninitialized(size_t(kv_slots) * k_block_words)),
@@ -491,8 +500,8 @@ constexpr int64_t kKeptKvMaxItemRows = 128;
 // with split keys (0.96-0.99x), which read each block once anyway.
 int kept_kv_blocks(const SdpaForwardArgs& a, int parts, const ItemPlan& plan) {
     const int64_t blocks = (visible_keys_of(a) + kBlockKV - 1) / kBlockKV;
-    const int64_t dp = round_up(a.head_dim_qk, kTileBf16Cols), dvp = round_up(a.head_dim_v, kTileBf16Cols);
-    const int64_t block_bytes = 4 * parts * (dp / 2 * kKeyPairsLd + kBlockKV / 2 * (dvp + 16));
+    const int dp = int(round_up(a.head_dim_qk, kTileBf16Cols)), dvp = int(round_up(a.head_dim_v, kTileBf16Cols));
+    const int64_t block_bytes = 4 * (packed_k_block_words(dp, parts) + packed_v_block_words(dvp, parts));
     const bool small_whole_items = plan.rows <= kKeptKvMaxItemRows && plan.splits.count == 1;
     return small_whole_items && blocks > 1 && blocks * block_bytes <= kKeptKvBytes ? int(blocks) : 1;
 }
