@@ -95,13 +95,13 @@ struct Scratch {
     int parts;
     int item_rows;    // query rows per item at most: a multiple of kPairRows
     int p_ld, v_ld, o_ld;  // row strides of P (words), packed V (pair words) and O (floats)
-    // kv_slots > 1 (kept_kv_blocks): every key block of one K/V batch index, each packed by the first of
-    // this thread's items that reads it; else one block, packed per item.  k() and v() point at block `slot`.
-    int kv_slots;
+    // Packed K/V block slots.  More than one (kept_kv_blocks): every key block of one K/V batch index, each
+    // packed by the first of this thread's items that reads it; else one, packed per item and block.
+    // k() and v() point at block `slot`.
     int64_t k_block_words, v_block_words;
+    std::vector<uint8_t> slot_packed;  // one per slot
     int slot = 0;
     int64_t slots_k_base = -1, slots_v_base = -1;  // K's and V's batch offsets whose blocks the slots hold
-    std::vector<uint8_t> slot_packed;
     AlignedFloats q_store, k_store, v_store, s_store, p_store, mask_store, o_store, out_store;
     AlignedFloats wide_store;  // split inputs with strided columns only: a block as f32 (split_source)
     Scratch(int D, int Dv, int parts, int64_t rows, int kv_slots)
@@ -112,7 +112,6 @@ struct Scratch {
           p_ld(parts * kBlockKV + 32),
           v_ld(packed_v_ld(dvp)),
           o_ld(dvp + 16),
-          kv_slots(kv_slots),
           k_block_words(packed_k_block_words(dp, parts)),
           v_block_words(packed_v_block_words(dvp, parts)),
           slot_packed(size_t(kv_slots), 0),
@@ -130,6 +129,7 @@ struct Scratch {
     uint32_t* k() const { return reinterpret_cast<uint32_t*>(k_store.get()) + slot * k_block_words; }
     uint32_t* v() const { return reinterpret_cast<uint32_t*>(v_store.get()) + slot * v_block_words; }
     uint16_t* p() const { return reinterpret_cast<uint16_t*>(p_store.get()); }
+    bool keeps_blocks() const { return slot_packed.size() > 1; }
     __mmask16 infinite = 0;  // lanes of split inputs that held an infinity
     float row_max[kBlockQ];
     VecF row_sums[kBlockQ];  // per-lane partial sums, reduced once per row at the end
@@ -338,22 +338,22 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     const int64_t kv_end =
         skip_causal_blocks ? std::min(key_end, causal_key_end(i0 + rows - 1, a.causal_offset, a.seq_kv)) : key_end;
     const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
-    if (sc.kv_slots > 1 && (k_base != sc.slots_k_base || v_base != sc.slots_v_base)) {
+    const bool keeps = sc.keeps_blocks();
+    if (keeps && (k_base != sc.slots_k_base || v_base != sc.slots_v_base)) {
         std::fill(sc.slot_packed.begin(), sc.slot_packed.end(), 0);
         sc.slots_k_base = k_base;
         sc.slots_v_base = v_base;
     }
+    // Kept blocks hold the keys that any row of the call sees, for the items that read them after this one;
+    // past this item's causal cut those score -inf here and weigh 0, as the padding would.
+    const int64_t pack_end = keeps ? visible_keys_of(a) : kv_end;
     for (int64_t j0 = key_begin; j0 < kv_end; j0 += kBlockKV) {
         const int kv_rows = int(std::min<int64_t>(kBlockKV, kv_end - j0));
-        if (sc.kv_slots == 1) {
-            pack_k<Parts>(k, k_base + j0 * k.strides[3], kv_rows, D, sc);
-            pack_v<Parts>(v, v_base + j0 * v.strides[3], kv_rows, Dv, sc);
-        } else if (sc.slot = int(j0 / kBlockKV); !sc.slot_packed[sc.slot]) {
-            // The block's keys that any row of the call sees, for the items that read it after this one;
-            // past this item's causal cut they score -inf here and weigh 0, as the padding would.
-            const int block_rows = int(std::min<int64_t>(kBlockKV, visible_keys_of(a) - j0));
-            pack_k<Parts>(k, k_base + j0 * k.strides[3], block_rows, D, sc);
-            pack_v<Parts>(v, v_base + j0 * v.strides[3], block_rows, Dv, sc);
+        sc.slot = keeps ? int(j0 / kBlockKV) : 0;
+        if (!keeps || !sc.slot_packed[sc.slot]) {
+            const int pack_rows = int(std::min<int64_t>(kBlockKV, pack_end - j0));
+            pack_k<Parts>(k, k_base + j0 * k.strides[3], pack_rows, D, sc);
+            pack_v<Parts>(v, v_base + j0 * v.strides[3], pack_rows, Dv, sc);
             sc.slot_packed[sc.slot] = 1;
         }
         // Keys of this block that rows of the pair at row tile m can see: past them
@@ -597,8 +597,8 @@ int64_t sdpa_forward_amx_item_rows(const SdpaForwardArgs& a) {
 
 std::string sdpa_forward_plan_amx(const SdpaForwardArgs& a, int parts) {
     const isa_amx::ForwardWork w = isa_amx::forward_work(a, parts);
-    const std::string order = isa_amx::order_name(w.home, w.by_rank, w.groups > 0) + (w.wave.pieces > 1 ? "+pieces" : "") +
-                              (w.kv_slots > 1 ? "+kept_kv" : "");
+    const std::string order = isa_amx::order_name(w.home, w.by_rank, w.groups > 0) +
+                              (w.wave.pieces > 1 ? "+pieces" : "") + (w.kv_slots > 1 ? "+kept_kv" : "");
     return isa_amx::work_plan_text("tiles", std::min(w.plan.rows, a.seq_q), w.items, w.plan.splits.count,
                                    std::min(w.plan.splits.keys, a.seq_kv), w.team, order);
 }
