@@ -25,15 +25,19 @@ struct ForwardKernel {
     BackwardPlanFn plan_backward;   // the backward's
 };
 
-// GRAPHATTN_ISA=portable|avx2|avx512|amx caps the choice (for testing each build).
-std::string isa_cap() {
-    const char* cap = std::getenv("GRAPHATTN_ISA");
-    return cap ? cap : "";
+// GRAPHATTN_ISA=portable|avx2|avx512|amx caps the choice (for testing each build); read once, as the
+// vector build is chosen once (every forward call on a CPU without AMX asks for the reason).
+const std::string& isa_cap() {
+    static const std::string cap = [] {
+        const char* value = std::getenv("GRAPHATTN_ISA");
+        return std::string(value ? value : "");
+    }();
+    return cap;
 }
 
 // The best vector build for this CPU; it runs every dtype.
 ForwardKernel choose_vector_kernel() {
-    const std::string limit = isa_cap();
+    const std::string& limit = isa_cap();
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
     const CpuFeatures& f = cpu_features();
     const bool allow_avx512 = limit.empty() || limit == "amx" || limit == "avx512";
@@ -56,7 +60,7 @@ const ForwardKernel& vector_kernel() {
 bool amx_allowed() {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
     static const bool allowed = [] {
-        const std::string limit = isa_cap();
+        const std::string& limit = isa_cap();
         return (limit.empty() || limit == "amx") && amx_bf16_usable();
     }();
     return allowed;
