@@ -5,8 +5,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 
 #include "block_io.hpp"
 #include "isa_namespace.hpp"
@@ -62,6 +64,26 @@ inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thr
     if (items == 1 && count == 1 && threads > 1 && 2 * keys >= 3 * min_keys) count = 2;
     return even_key_splits(count, keys, block);
 }
+
+// How many of each work item's key splits have written their partial
+// results: the split that writes an item's last one merges the item, so no
+// thread waits at a barrier for every split of every item before merging.
+// 16-core Xeon, in-process A/B against the barrier, 854 calls with split
+// keys: median 1.06-1.11x per build (vector rows and lanes, AMX); decode
+// (1,32,8,1,4096,128) 1.07-1.11x, (1,8,8,4,768,D) 1.17-1.26x.
+class SplitsDone {
+public:
+    SplitsDone(int64_t items, int64_t splits)
+        : splits_(splits), done_(splits > 1 ? new std::atomic<int64_t>[size_t(items)]() : nullptr) {}
+
+    // Called once per (item, split) after its partial is written: whether it was the item's last, and the
+    // other splits' partials are visible to this thread (acquire-release on the count).
+    bool finishes(int64_t item) { return done_[item].fetch_add(1, std::memory_order_acq_rel) == splits_ - 1; }
+
+private:
+    int64_t splits_;
+    std::unique_ptr<std::atomic<int64_t>[]> done_;
+};
 
 // One row's results merged from `splits` key splits by their log-sum-exp.
 // Split s keeps the row's unnormalised output at o + s * split_stride (Dv

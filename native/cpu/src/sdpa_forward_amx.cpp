@@ -15,8 +15,8 @@
 // S in f32, as in the reference.  With split inputs each packed operand holds
 // its parts in planes of their own, and each tile product runs over every
 // kept part product.  Where the items are fewer than the threads, each also
-// takes only a range of the keys, and a second pass merges the ranges by
-// their log-sum-exp.
+// takes only a range of the keys, and the range finished last merges them by
+// their log-sum-exp (key_splits.hpp).
 #define GRAPHATTN_ISA_NS isa_amx
 #define GRAPHATTN_LANES 16
 
@@ -555,6 +555,7 @@ bool run_forward(const SdpaForwardArgs& a) {
         return (skip_causal_blocks ? q_blocks - 1 - x.rank : x.rank) * block_q;
     };
     HomeFirstUnits units(wave.units() * splits, team, work.home, work.groups);
+    SplitsDone splits_done(items, splits);
     run_on_team(team, [&] {
         Scratch scratch(int(a.head_dim_qk), Dv, Parts, std::min(block_q, a.seq_q), work.kv_slots);
         configure_tiles();
@@ -569,21 +570,14 @@ bool run_forward(const SdpaForwardArgs& a) {
                             std::min(a.seq_kv, key_begin + keys_per_split), skip_causal_blocks,
                             layout, splits > 1 ? partials.get() + w * layout.floats() : nullptr);
             if (scratch.infinite) saw_infinity.store(true, std::memory_order_relaxed);
+            // With pieces there are no splits, so a unit is an item here.  After an infinity the vector
+            // build rewrites the whole output, so an item merged regardless does no harm.
+            if (splits > 1 && splits_done.finishes(unit.item))
+                merge_and_write(a, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)), layout,
+                                partials.get() + unit.item * splits * layout.floats(), splits,
+                                scratch.o_store.get(), scratch.out_store.get());
         });
         _tile_release();
-        if (splits > 1) {
-#pragma omp barrier  // every split's partial is written before the merge reads it
-            if (!saw_infinity.load()) {
-#pragma omp for schedule(dynamic, 1)
-                for (int64_t item = 0; item < items; ++item) {
-                    int64_t b[kBatchDims];
-                    const int64_t i0 = item_origin(item, b);
-                    merge_and_write(a, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)), layout,
-                                    partials.get() + item * splits * layout.floats(), splits, scratch.o_store.get(),
-                                    scratch.out_store.get());
-                }
-            }
-        }
     });
     return !saw_infinity.load();
 }

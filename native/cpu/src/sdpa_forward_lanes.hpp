@@ -820,6 +820,7 @@ struct LaneForward {
 
         const int team = team_for_items(work_items);
         HomeFirstUnits units(work_items, team, !skip_causal_blocks);
+        SplitsDone splits_done(p.outer_items, p.splits);
         const int64_t v_blocks = Scratch::cached_v_blocks(a, p, !skip_causal_blocks);
         run_on_team(team, [&] {
             Scratch sc(a, p.item_rows, v_blocks);
@@ -847,18 +848,10 @@ struct LaneForward {
                     std::copy(sc.o_t.get(), sc.o_t.get() + size_t(Dv) * kBlockQ, part);
                     std::copy(sc.row_max.get(), sc.row_max.get() + kBlockQ, part + size_t(Dv) * kBlockQ);
                     std::copy(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, part + size_t(Dv + 1) * kBlockQ);
+                    if (splits_done.finishes(outer))  // sc still maps this item's lanes
+                        merge_and_write(a, p, sc, partials.get() + outer * p.splits * partial_floats(Dv), rows);
                 }
             });
-            if (p.splits > 1) {
-#pragma omp barrier  // every split's partial is written before the merge reads it
-#pragma omp for schedule(dynamic, 1)
-                for (int64_t outer = 0; outer < p.outer_items; ++outer) {
-                    int64_t b[kBatchDims], row0;
-                    item_origin(a, p, outer, b, row0);
-                    const int rows = map_lanes(a, p, sc, b, row0);
-                    merge_and_write(a, p, sc, partials.get() + outer * p.splits * partial_floats(Dv), rows);
-                }
-            }
         });
         return Status::success();
     }
