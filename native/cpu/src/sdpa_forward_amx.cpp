@@ -566,15 +566,14 @@ bool run_forward(const SdpaForwardArgs& a) {
             const int64_t split = w % splits, i0 = item_origin(unit.item, b) + unit.first_row;
             if (i0 >= a.seq_q) return;  // a piece past a short last item
             const int64_t key_begin = split * keys_per_split;
-            run_item<Parts>(a, scratch, b, i0, int(std::min<int64_t>(unit.rows, a.seq_q - i0)), key_begin,
-                            std::min(a.seq_kv, key_begin + keys_per_split), skip_causal_blocks,
-                            layout, splits > 1 ? partials.get() + w * layout.floats() : nullptr);
+            const int rows = int(std::min<int64_t>(unit.rows, a.seq_q - i0));
+            run_item<Parts>(a, scratch, b, i0, rows, key_begin, std::min(a.seq_kv, key_begin + keys_per_split),
+                            skip_causal_blocks, layout, splits > 1 ? partials.get() + w * layout.floats() : nullptr);
             if (scratch.infinite) saw_infinity.store(true, std::memory_order_relaxed);
             // With pieces there are no splits, so a unit is an item here.  After an infinity the vector
             // build rewrites the whole output, so an item merged regardless does no harm.
             if (splits > 1 && splits_done.finishes(unit.item))
-                merge_and_write(a, b, i0, int(std::min<int64_t>(block_q, a.seq_q - i0)), layout,
-                                partials.get() + unit.item * splits * layout.floats(), splits,
+                merge_and_write(a, b, i0, rows, layout, partials.get() + unit.item * splits * layout.floats(), splits,
                                 scratch.o_store.get(), scratch.out_store.get());
         });
         _tile_release();
