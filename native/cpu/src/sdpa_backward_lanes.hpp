@@ -100,13 +100,7 @@ struct LaneBackward {
         const KeyPassWork work = key_work(a, kv, dq_plane);
         team = work.team;
         dq_splits = work.splits;
-        dq_sum = AlignedFloats::uninitialized(size_t(dq_splits * dq_plane));
-        float* sum = dq_sum.get();
-        const int64_t rows = dq_splits * batch_total * a.seq_q, width = d_padded;
-        run_on_team(team, [&] {
-#pragma omp for schedule(static)
-            for (int64_t x = 0; x < rows; ++x) std::fill(sum + x * width, sum + (x + 1) * width, 0.0f);
-        });
+        dq_sum = AlignedFloats::uninitialized(size_t(dq_splits * dq_plane));  // cleared by row_deltas
         // Every row of Q and dO is read once per key block: convert them to f32
         // once, up front.  K and V blocks are converted as they are loaded: copies
         // of all K and V, fresh memory on every call, cost a bf16 call of
@@ -184,12 +178,18 @@ struct LaneBackward {
     }
 
     // ---- pass 1 --------------------------------------------------------------------------
+    // D = rowsum(dO * O) per query row, and the row's dQ sums cleared, in one parallel region (each costs
+    // a small call a few microseconds to open on 16 cores).
     void row_deltas() {
         const int64_t rows = batch_total * a.seq_q;
         run_on_team(team, [&] {
             AlignedFloats o_row{size_t(Dv)}, do_row{size_t(Dv)};
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < rows; ++x) {
+                for (int64_t s = 0; s < dq_splits; ++s) {
+                    float* sum = dq_sum.get() + s * dq_plane + x * d_padded;
+                    std::fill(sum, sum + d_padded, 0.0f);
+                }
                 int64_t b[kBatchDims];
                 unflatten_batch(a.batch, x / a.seq_q, b);
                 const int64_t i = x % a.seq_q;
@@ -557,25 +557,24 @@ struct LaneBackward {
                 kv.outer_index(unit.item / dq_splits, b);
                 float* dq_buffer = dq_sum.get() + unit.item % dq_splits * dq_plane;
                 key_items(sc, b, unit.first, unit.end, dq_splits, dq_buffer, unit.lock);
-            }
+            }  // the loop's barrier: every dQ sum is complete
+            write_dq();
         });
-        write_dq();
     }
 
-    // dQ = scale * (the sum of the dQ buffers), into the gradient's layout and dtype.
+    // dQ = scale * (the sum of the dQ buffers), into the gradient's layout and dtype; a worksharing loop
+    // for the key pass's team, in the key pass's parallel region.
     void write_dq() {
         const TensorView& dq = args.grad_query;
-        run_on_team(team, [&] {
-            AlignedFloats out{size_t(D)};
+        AlignedFloats out{size_t(D)};
 #pragma omp for schedule(static)
-            for (int64_t x = 0; x < batch_total * a.seq_q; ++x) {
-                int64_t b[kBatchDims];
-                unflatten_batch(a.batch, x / a.seq_q, b);
-                const int64_t i = x % a.seq_q;
-                sum_split_row(dq_sum.get() + x * d_padded, dq_plane, dq_splits, D, scale, out.get());
-                store_view_row(out.get(), D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
-            }
-        });
+        for (int64_t x = 0; x < batch_total * a.seq_q; ++x) {
+            int64_t b[kBatchDims];
+            unflatten_batch(a.batch, x / a.seq_q, b);
+            const int64_t i = x % a.seq_q;
+            sum_split_row(dq_sum.get() + x * d_padded, dq_plane, dq_splits, D, scale, out.get());
+            store_view_row(out.get(), D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
+        }
     }
 
     // Floats per dQ buffer: rows of D rounded up to whole vectors.
