@@ -107,8 +107,14 @@ struct LaneBackward {
         // (2,16,16,12,2048,80) more than its arithmetic (this machine: page
         // faults and conversions, 26.7 ms against 10.2 ms in f32).
         if (pair_dots) return;  // read as they are
-        as_f32(args.forward.query, a.seq_q, D, f32_copies[0]);
-        as_f32(args.grad_output, a.seq_q, Dv, f32_copies[1]);
+        const TensorView query = args.forward.query, grad_output = args.grad_output;
+        const bool copy_q = redirect_to_f32(args.forward.query, a.seq_q, D, f32_copies[0]);
+        const bool copy_do = redirect_to_f32(args.grad_output, a.seq_q, Dv, f32_copies[1]);
+        if (copy_q || copy_do)
+            run_on_team(team, [&] {  // both copies in one parallel region
+                if (copy_q) copy_rows(query, args.forward.query, f32_copies[0].get(), a.seq_q, D);
+                if (copy_do) copy_rows(grad_output, args.grad_output, f32_copies[1].get(), a.seq_q, Dv);
+            });
     }
 
     // Whether the products run on bf16 pairs (lane_gemm_bf16.hpp): bf16 Q, K, V and dO whose rows give
@@ -140,9 +146,10 @@ struct LaneBackward {
     }
 
     // Redirects `t` to an f32 copy with unit column stride (broadcast batch
-    // dims keep stride 0) unless it already is one.
-    void as_f32(TensorView& t, int64_t rows, int cols, AlignedFloats& storage) const {
-        if (t.dtype == DType::f32 && t.strides[4] == 1) return;
+    // dims keep stride 0) unless it already is one; copy_rows fills the copy.
+    // Whether there is a copy to fill.
+    bool redirect_to_f32(TensorView& t, int64_t rows, int cols, AlignedFloats& storage) const {
+        if (t.dtype == DType::f32 && t.strides[4] == 1) return false;
         int64_t strides[kBatchDims + 2] = {0, 0, 0, cols, 1};
         int64_t size = rows * cols;
         for (int d = kBatchDims - 1; d >= 0; --d) {
@@ -151,22 +158,23 @@ struct LaneBackward {
             size *= a.batch[d];
         }
         storage = AlignedFloats::uninitialized(size_t(size));
-        float* dst = storage.get();
-        const TensorView src = t;
-        run_on_team(team, [&] {
-#pragma omp for schedule(static)
-            for (int64_t x = 0; x < batch_total * rows; ++x) {
-                int64_t b[kBatchDims];
-                unflatten_batch(a.batch, x / rows, b);
-                const int64_t i = x % rows;
-                const int64_t to = b[0] * strides[0] + b[1] * strides[1] + b[2] * strides[2] + i * cols;
-                load_block(element_ptr(src.data, src.dtype, view_batch_offset(src, b) + i * src.strides[3]),
-                           src.dtype, 0, src.strides[4], 1, cols, dst + to, cols, 1);
-            }
-        });
-        t.data = dst;
+        t.data = storage.get();
         t.dtype = DType::f32;
         for (int d = 0; d < kBatchDims + 2; ++d) t.strides[d] = strides[d];
+        return true;
+    }
+
+    // The rows of `src` into its f32 copy `dst`, laid out as the view `copy` (redirect_to_f32); a worksharing
+    // loop with no barrier at its end, for a parallel region that only reads the copies after it closes.
+    void copy_rows(const TensorView& src, const TensorView& copy, float* dst, int64_t rows, int cols) const {
+#pragma omp for schedule(static) nowait
+        for (int64_t x = 0; x < batch_total * rows; ++x) {
+            int64_t b[kBatchDims];
+            unflatten_batch(a.batch, x / rows, b);
+            const int64_t i = x % rows;
+            load_block(element_ptr(src.data, src.dtype, view_batch_offset(src, b) + i * src.strides[3]), src.dtype,
+                       0, src.strides[4], 1, cols, dst + view_batch_offset(copy, b) + i * cols, cols, 1);
+        }
     }
 
     int64_t flat_batch(const int64_t b[kBatchDims]) const { return (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2]; }
