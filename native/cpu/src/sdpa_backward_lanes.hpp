@@ -146,8 +146,8 @@ struct LaneBackward {
     }
 
     // Redirects `t` to an f32 copy with unit column stride (broadcast batch
-    // dims keep stride 0) unless it already is one; copy_rows fills the copy.
-    // Whether there is a copy to fill.
+    // dims keep stride 0) unless it already is one, and returns whether it
+    // did; copy_rows then fills the copy.
     bool redirect_to_f32(TensorView& t, int64_t rows, int cols, AlignedFloats& storage) const {
         if (t.dtype == DType::f32 && t.strides[4] == 1) return false;
         int64_t strides[kBatchDims + 2] = {0, 0, 0, cols, 1};
