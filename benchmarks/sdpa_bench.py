@@ -84,6 +84,8 @@ def make_inputs(shape, dtype: str, rng):
     return [x.astype(np_dtype) for x in (q, k, v)]
 
 
+MS_DECIMALS = 6  # ms to the nanosecond, so a ratio of two rounded figures for a call of microseconds stays within 0.01
+
 PEERS = ("torch", "onednn", "onednn_jit")
 DEFAULT_PEERS = ("torch", "onednn")
 LEFT_OUT: collections.Counter = collections.Counter()  # (peer, why it sat out a case): cases
@@ -178,7 +180,7 @@ def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backwar
            "isa": ga.backward_isa(dtype, sq, skv) if backward else ga.forward_isa(dtype, sq, skv, n * hq, causal, d), "threads": ga.thread_count(), "cpu": cpu_model()}
     for name, t in times.items():
         ms = median(t) * 1e3
-        row[f"{name}_ms"] = round(ms, 4)
+        row[f"{name}_ms"] = round(ms, MS_DECIMALS)
         row[f"{name}_gflops"] = round(flops / (ms * 1e-3) / 1e9, 1)
     for name in times:
         if name != "graphattn":
@@ -205,7 +207,7 @@ def causal_speedup_case(shape, dtype: str, rng, min_seconds: float) -> dict:
     medians = {name: median(t) * 1e3 for name, t in interleaved_times(runs, min_seconds).items()}
     return {"bench": "sdpa_causal_speedup", "shape": list(shape), "dtype": dtype,
             "isa": ga.forward_isa(dtype, shape[3], shape[4], shape[0] * shape[1], True, shape[5]),
-            "plain_ms": round(medians["plain"], 4), "causal_ms": round(medians["causal"], 4),
+            "plain_ms": round(medians["plain"], MS_DECIMALS), "causal_ms": round(medians["causal"], MS_DECIMALS),
             "speedup": round(medians["plain"] / medians["causal"], 2), "threads": ga.thread_count(),
             "cpu": cpu_model()}
 
