@@ -273,6 +273,43 @@ def test_verbose_logs_the_functional_backward(dtype, capsys, rng):
     assert err.count("graphattn_verbose,exec,functional_backward,sdpa_backward_cpu,batch=1x1x2,sq=70,skv=70") == 2
 
 
+DQ_IN_PLACE_SCRIPT = """
+import sys
+import numpy as np, graphattn as ga
+from graphattn.testing import assert_grad_close, random_array, sdpa_reference_backward
+ga.set_verbose(1)
+rng = np.random.default_rng(5)
+cases = {"one_split_gqa_causal": ((1, 4, 96, 64), (1, 2, 130, 64), dict(enable_gqa=True, is_causal=True)),
+         "odd_head_dim": ((1, 4, 96, 18), (1, 2, 130, 18), dict(enable_gqa=True, is_causal=True)),
+         "split_keys": ((1, 1, 8, 64), (1, 1, 600, 64), {})}
+for name, (q_shape, k_shape, args) in cases.items():
+    q = random_array(q_shape, "f32", rng)
+    k, v = (random_array(k_shape, "f32", rng) for _ in range(2))
+    out, st = ga.scaled_dot_product_attention(q, k, v, return_stats=True, **args)
+    do = random_array(out.shape, "f32", rng)
+    got = ga.scaled_dot_product_attention_backward(do, q, k, v, out, st, **args)
+    for what, g, w in zip(("dq", "dk", "dv"), got, sdpa_reference_backward(do, q, k, v, **args)):
+        assert_grad_close(g, w, "f32", name + " " + what)
+    print(name, file=sys.stderr)
+"""
+
+
+def test_f32_dq_sums_in_the_gradient_itself():
+    """The vector build's f32 backward sums dQ += dS K straight into dQ where its key blocks are not split
+    and D is whole vectors (no buffer of dQ's size); an odd head dim or split keys keep the buffers.  Each
+    against the reference; the log gives the buffers' size."""
+    _, log = run_python_logged(DQ_IN_PLACE_SCRIPT, GRAPHATTN_ISA="avx512", OMP_NUM_THREADS="2")
+    plans = {}
+    name_of = iter(("one_split_gqa_causal", "odd_head_dim", "split_keys"))
+    for line in log.splitlines():  # each case's backward compile line comes before its name
+        if ",compile,functional_backward," in line:
+            fields = dict(f.split("=", 1) for f in line.split(",") if "=" in f)
+            plans[next(name_of)] = (int(fields["key_splits"]), int(fields["dq_buffers_kib"]))
+    assert plans["one_split_gqa_causal"] == (1, 0)
+    assert plans["odd_head_dim"][0] == 1 and plans["odd_head_dim"][1] > 0
+    assert plans["split_keys"][0] > 1 and plans["split_keys"][1] > 0
+
+
 BF16_PAIR_CASES = ("plain", "s17_d80", "d256", "long", "gqa_causal", "tiles_d80_dv48", "many_key_blocks_gqa_causal",
                    "short_queries_split_keys_causal")
 

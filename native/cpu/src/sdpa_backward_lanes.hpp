@@ -12,7 +12,9 @@
 //      per-head dK/dV is ever materialised.  It takes kKeyBlocksAtOnce key
 //      blocks at a time, so that each chunk of query rows (Q, dO and dQ, and
 //      on bf16 pairs Q's and dO's packed pairs) serves them all.  dQ += dS K
-//      goes to an f32 buffer of dQ's size per key split, summed at the end.
+//      goes to an f32 buffer of dQ's size per key split, summed at the end,
+//      or, with one split and an f32 dQ whose rows the products can write
+//      (dq_in_place), straight into dQ.
 // A K/V batch index's key blocks are split among items (KvGrouping::key_splits)
 // until every thread has kItemsPerThread of them (one under a causal mask,
 // whose skipped blocks halve the work for the same buffers), as far as the
@@ -78,7 +80,9 @@ struct LaneBackward {
     int64_t dq_splits = 1;    // items (and dQ buffers) per K/V batch index
     int d_padded = 0;         // D rounded up to whole vectors: the row length of dq_sum
     int64_t dq_plane = 0;     // floats per dQ buffer
-    AlignedFloats dq_sum;     // dq_splits buffers of f32 dQ / scale, rows (flat batch * Sq + i)
+    bool dq_direct = false;   // dQ's sums go straight into the gradient (dq_in_place); no buffers
+    AlignedFloats dq_sum;     // else dq_splits buffers of f32 dQ, rows (flat batch * Sq + i)
+    float dq_factor = 1.0f;   // multiplies the buffers' sums: the scale where K's rows do not carry it
     int team = 1;             // threads of every parallel region of the call (team_for_items)
     bool pair_dots = false;   // the five products on bf16 pairs (uses_pair_dots); Q and dO then stay bf16
 
@@ -100,7 +104,10 @@ struct LaneBackward {
         const KeyPassWork work = key_work(a, kv, dq_plane);
         team = work.team;
         dq_splits = work.splits;
-        dq_sum = AlignedFloats::uninitialized(size_t(dq_splits * dq_plane));  // cleared by row_deltas
+        dq_direct = dq_in_place(backward, dq_splits);
+        if (!dq_direct) dq_sum = AlignedFloats::uninitialized(size_t(dq_splits * dq_plane));  // cleared by row_deltas
+        // K's f32 rows carry the scale, so that dS K is dQ itself; bf16 pair rows stay as K's.
+        if (pair_dots) dq_factor = scale;
         // Every row of Q and dO is read once per key block: convert them to f32
         // once, up front.  K and V blocks are converted as they are loaded: copies
         // of all K and V, fresh memory on every call, cost a bf16 call of
@@ -132,6 +139,16 @@ struct LaneBackward {
         (void)backward;
         return false;
 #endif
+    }
+
+    // Whether dQ += dS K can sum straight into the gradient: one key split (no sum of buffers), f32 products
+    // (K's rows carry the scale), dQ in f32 with unit column stride and D a whole number of vectors (the
+    // products write whole vectors).  It spares a buffer of dQ's size, fresh memory on every call, and the
+    // pass that copies it out.
+    static bool dq_in_place(const SdpaBackwardArgs& backward, int64_t splits) {
+        const TensorView& dq = backward.grad_query;
+        return splits == 1 && !uses_pair_dots(backward) && dq.dtype == DType::f32 && dq.strides[4] == 1 &&
+               backward.forward.head_dim_qk % kLanes == 0;
     }
 
     static const uint16_t* bf16_rows(const TensorView& t, const int64_t b[kBatchDims], int64_t row0) {
@@ -194,13 +211,18 @@ struct LaneBackward {
             AlignedFloats o_row{size_t(Dv)}, do_row{size_t(Dv)};
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < rows; ++x) {
-                for (int64_t s = 0; s < dq_splits; ++s) {
-                    float* sum = dq_sum.get() + s * dq_plane + x * d_padded;
-                    std::fill(sum, sum + d_padded, 0.0f);
-                }
                 int64_t b[kBatchDims];
                 unflatten_batch(a.batch, x / a.seq_q, b);
                 const int64_t i = x % a.seq_q;
+                if (dq_direct) {
+                    float* row = dq_rows(b, i, nullptr);
+                    std::fill(row, row + D, 0.0f);
+                } else {
+                    for (int64_t s = 0; s < dq_splits; ++s) {
+                        float* sum = dq_sum.get() + s * dq_plane + x * d_padded;
+                        std::fill(sum, sum + d_padded, 0.0f);
+                    }
+                }
                 const TensorView &o = a.output, &g = args.grad_output;
                 load_block(element_ptr(o.data, o.dtype, view_batch_offset(o, b) + i * o.strides[3]), o.dtype, 0,
                            o.strides[4], 1, Dv, o_row.get(), Dv, 1);
@@ -299,7 +321,15 @@ struct LaneBackward {
         // dQ rows += dS K; pieces of one item take turns.
         std::unique_lock<std::mutex> hold;
         if (dq_lock) hold = std::unique_lock<std::mutex>(*dq_lock);
-        query_grads(sc, kb, rows, dq_buffer + (fb * a.seq_q + i0) * d_padded);
+        query_grads(sc, kb, rows, dq_rows(b, i0, dq_buffer), dq_direct ? args.grad_query.strides[3] : d_padded);
+    }
+
+    // Row i of batch index b of dQ's sums: in the gradient itself (dq_direct), else in `buffer`.
+    float* dq_rows(const int64_t b[kBatchDims], int64_t i, float* buffer) const {
+        const TensorView& dq = args.grad_query;
+        if (dq_direct)
+            return static_cast<float*>(const_cast<void*>(dq.data)) + view_batch_offset(dq, b) + i * dq.strides[3];
+        return buffer + (flat_batch(b) * a.seq_q + i) * d_padded;
     }
 
     // P into sc.s and dS into sc.dp for rows i0.. against key block kb, in passes between the products.
@@ -453,25 +483,25 @@ struct LaneBackward {
 #endif
     }
 
-    // dQ rows (d_padded apart) += dS K over the block's kv_rows keys (K's rows padded with zeros to d_padded).
-    void query_grads(KeyScratch& sc, const KeyBlock& kb, int rows, float* dq_rows) const {
+    // dQ rows (ld apart) += dS K over the block's kv_rows keys (K's rows padded with zeros to d_padded).
+    void query_grads(KeyScratch& sc, const KeyBlock& kb, int rows, float* dq_out, int64_t ld) const {
         const int kv_rows = kb.kv_rows;
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (pair_dots) {
             uint16_t* ds_rows = reinterpret_cast<uint16_t*>(sc.ds_rows.get());
             round_rows_to_bf16(sc.dp.get(), kLaneBlock, rows, kLaneBlock, kv_rows, ds_rows, kLaneBlock);
             pair_gemm_wide<RV, NT, true>(kb.k_row_pairs.words(), d_padded, (kv_rows + 1) / 2, ds_rows, kLaneBlock, 2,
-                                         rows, dq_rows, d_padded, d_padded);
+                                         rows, dq_out, ld, d_padded);
             return;
         }
 #endif
-        lane_gemm_wide<RV, NT, true>(kb.k_rows.get(), d_padded, kv_rows, sc.dp.get(), kLaneBlock, 1, rows, dq_rows,
-                                     d_padded, d_padded);
+        lane_gemm_wide<RV, NT, true>(kb.k_rows.get(), d_padded, kv_rows, sc.dp.get(), kLaneBlock, 1, rows, dq_out,
+                                     ld, d_padded);
     }
 
     // Key block j0 (kv_rows keys) of K/V batch index outer_b as the products read it: K's rows in f32
-    // for dQ += dS K (columns past D zero), K^T and V^T with lanes past kv_rows zero, K^T carrying
-    // scale * log2(e); or, on bf16 pairs, K^T and V^T pairs along the head dims and K's rows paired
+    // carrying the scale for dQ += dS K (columns past D zero), K^T and V^T with lanes past kv_rows zero,
+    // K^T carrying scale * log2(e); or, on bf16 pairs, K^T and V^T pairs along the head dims and K's rows paired
     // along the keys.
     void load_key_block(KeyScratch& sc, KeyBlock& kb, const int64_t outer_b[kBatchDims]) const {
         const int64_t j0 = kb.j0;
@@ -496,10 +526,12 @@ struct LaneBackward {
         float* k_rows = kb.k_rows.get();
         load_block(element_ptr(k.data, k.dtype, view_batch_offset(k, outer_b) + j0 * k.strides[3]), k.dtype,
                    k.strides[3], k.strides[4], kv_rows, D, k_rows, d_padded, 1);
+        for (int r = 0; r < kv_rows; ++r)
+            for (int d = 0; d < D; ++d) k_rows[r * d_padded + d] *= scale;
         int64_t v_stride;
         const float* v_rows = f32_value_rows(v, outer_b, j0, kv_rows, Dv, sc.v_rows.get(), Dv, v_stride);
-        transpose_rows_f32([=](int r) { return k_rows + r * d_padded; }, kv_rows, D, kb.k_t.get(), kLaneBlock,
-                           scale * kLog2e, kLaneBlock);
+        transpose_rows_f32([=](int r) { return k_rows + r * d_padded; }, kv_rows, D, kb.k_t.get(), kLaneBlock, kLog2e,
+                           kLaneBlock);
         transpose_rows_f32([=](int r) { return v_rows + r * v_stride; }, kv_rows, Dv, kb.v_t.get(), kLaneBlock, 1.0f,
                            kLaneBlock);
     }
@@ -566,11 +598,11 @@ struct LaneBackward {
                 float* dq_buffer = dq_sum.get() + unit.item % dq_splits * dq_plane;
                 key_items(sc, b, unit.first, unit.end, dq_splits, dq_buffer, unit.lock);
             }  // the loop's barrier: every dQ sum is complete
-            write_dq();
+            if (!dq_direct) write_dq();
         });
     }
 
-    // dQ = scale * (the sum of the dQ buffers), into the gradient's layout and dtype; a worksharing loop
+    // dQ = dq_factor * (the sum of the dQ buffers), into the gradient's layout and dtype; a worksharing loop
     // for the key pass's team, in the key pass's parallel region.
     void write_dq() {
         const TensorView& dq = args.grad_query;
@@ -580,7 +612,7 @@ struct LaneBackward {
             int64_t b[kBatchDims];
             unflatten_batch(a.batch, x / a.seq_q, b);
             const int64_t i = x % a.seq_q;
-            sum_split_row(dq_sum.get() + x * d_padded, dq_plane, dq_splits, D, scale, out.get());
+            sum_split_row(dq_sum.get() + x * d_padded, dq_plane, dq_splits, D, dq_factor, out.get());
             store_view_row(out.get(), D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
         }
     }
@@ -600,7 +632,9 @@ struct LaneBackward {
         const KvGrouping kv(a);
         const int64_t plane = dq_plane_of(a);
         const KeyPassWork work = key_work(a, kv, plane);
-        return key_pass_text(uses_pair_dots(backward) ? "lanes_bf16_pairs" : "lanes", kLaneBlock, kv.outer_items, work.splits, work.splits * plane, work.team);
+        const int64_t buffers = dq_in_place(backward, work.splits) ? 0 : work.splits * plane;
+        return key_pass_text(uses_pair_dots(backward) ? "lanes_bf16_pairs" : "lanes", kLaneBlock, kv.outer_items,
+                             work.splits, buffers, work.team);
     }
 
     static Status run(const SdpaBackwardArgs& backward) {
