@@ -435,6 +435,21 @@ def test_repeated_calls_reuse_the_compiled_partition(rng):
     assert len(functional._cache) == size
 
 
+def test_signature_cache_keeps_the_entries_used_since_it_was_half_full():
+    """Of its _CACHE_SIZE entries the cache evicts the least recently used, a hit counting as a use once the
+    cache is half full: an entry hit then outlives the entries put before it."""
+    from graphattn.functional import _CACHE_SIZE, SignatureCache
+
+    cache = SignatureCache()
+    for key in range(_CACHE_SIZE):
+        cache.put(key, str(key))
+    assert cache.get(3) == "3"  # full: this hit makes 3 the most recent
+    for key in range(_CACHE_SIZE, _CACHE_SIZE + _CACHE_SIZE // 2):
+        cache.put(key, str(key))
+    assert len(cache) == _CACHE_SIZE
+    assert cache.get(3) == "3" and cache.get(2) is None and cache.get(_CACHE_SIZE // 2 + 1) == str(_CACHE_SIZE // 2 + 1)
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(is_causal=True, causal_alignment="bottom_right", return_stats=True),
     dict(attn_mask="bool", dropout_p=0.3, dropout_seed=-5, dropout_offset=7),
