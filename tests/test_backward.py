@@ -273,16 +273,13 @@ def test_verbose_logs_the_functional_backward(dtype, capsys, rng):
     assert err.count("graphattn_verbose,exec,functional_backward,sdpa_backward_cpu,batch=1x1x2,sq=70,skv=70") == 2
 
 
-DQ_IN_PLACE_SCRIPT = """
+LANE_PLAN_SCRIPT = """
 import sys
 import numpy as np, graphattn as ga
 from graphattn.testing import assert_grad_close, random_array, sdpa_reference_backward
 ga.set_verbose(1)
 rng = np.random.default_rng(5)
-cases = {"one_split_gqa_causal": ((1, 4, 96, 64), (1, 2, 130, 64), dict(enable_gqa=True, is_causal=True)),
-         "odd_head_dim": ((1, 4, 96, 18), (1, 2, 130, 18), dict(enable_gqa=True, is_causal=True)),
-         "split_keys": ((1, 1, 8, 64), (1, 1, 600, 64), {})}
-for name, (q_shape, k_shape, args) in cases.items():
+for name, (q_shape, k_shape, args) in CASES.items():
     q = random_array(q_shape, "f32", rng)
     k, v = (random_array(k_shape, "f32", rng) for _ in range(2))
     out, st = ga.scaled_dot_product_attention(q, k, v, return_stats=True, **args)
@@ -294,20 +291,44 @@ for name, (q_shape, k_shape, args) in cases.items():
 """
 
 
-def test_f32_dq_sums_in_the_gradient_itself():
-    """The vector build's f32 backward sums dQ += dS K straight into dQ where its key blocks are not split
-    and D is whole vectors (no buffer of dQ's size); an odd head dim or split keys keep the buffers.  Each
-    against the reference; the log gives the buffers' size."""
-    _, log = run_python_logged(DQ_IN_PLACE_SCRIPT, GRAPHATTN_ISA="avx512", OMP_NUM_THREADS="2")
+def lane_backward_plans(cases: dict) -> dict:
+    """Runs each f32 case's backward on the vector build with two threads, checking its gradients against the
+    reference, and returns each case's key pass layout from the verbose log as a dict of its fields."""
+    _, log = run_python_logged(f"CASES = {cases!r}\n" + LANE_PLAN_SCRIPT, GRAPHATTN_ISA="avx512",
+                               OMP_NUM_THREADS="2")
     plans = {}
-    name_of = iter(("one_split_gqa_causal", "odd_head_dim", "split_keys"))
+    name_of = iter(cases)
     for line in log.splitlines():  # each case's backward compile line comes before its name
         if ",compile,functional_backward," in line:
-            fields = dict(f.split("=", 1) for f in line.split(",") if "=" in f)
-            plans[next(name_of)] = (int(fields["key_splits"]), int(fields["dq_buffers_kib"]))
-    assert plans["one_split_gqa_causal"] == (1, 0)
-    assert plans["odd_head_dim"][0] == 1 and plans["odd_head_dim"][1] > 0
-    assert plans["split_keys"][0] > 1 and plans["split_keys"][1] > 0
+            plans[next(name_of)] = dict(f.split("=", 1) for f in line.split(",") if "=" in f)
+    assert list(plans) == list(cases)
+    return plans
+
+
+def test_f32_dq_sums_in_the_gradient_itself():
+    """The vector build's f32 backward sums dQ += dS K straight into dQ where its key blocks are not split
+    and D is whole vectors (no buffer of dQ's size); an odd head dim or split keys keep the buffers."""
+    plans = lane_backward_plans({
+        "one_split_gqa_causal": ((1, 4, 96, 64), (1, 2, 130, 64), dict(enable_gqa=True, is_causal=True)),
+        "odd_head_dim": ((1, 4, 96, 18), (1, 2, 130, 18), dict(enable_gqa=True, is_causal=True)),
+        "split_keys": ((1, 1, 8, 64), (1, 1, 600, 64), {})})
+    splits_and_kib = {name: (int(p["key_splits"]), int(p["dq_buffers_kib"])) for name, p in plans.items()}
+    assert splits_and_kib["one_split_gqa_causal"] == (1, 0)
+    assert splits_and_kib["odd_head_dim"][0] == 1 and splits_and_kib["odd_head_dim"][1] > 0
+    assert splits_and_kib["split_keys"][0] > 1 and splits_and_kib["split_keys"][1] > 0
+
+
+def test_last_wave_pieces_of_several_key_blocks():
+    """The last item per thread goes in pieces of four key blocks where that still gives each thread four
+    pieces (the last two of eight items of 16 key blocks, on two threads), else of one: items of 3 key
+    blocks, or causal ones (their blocks' work differs)."""
+    plans = lane_backward_plans({
+        "long_items": ((1, 8, 64, 32), (1, 8, 1000, 32), {}),
+        "short_items": ((1, 8, 64, 32), (1, 8, 150, 32), {}),
+        "causal_items": ((1, 2, 900, 32), (1, 2, 1000, 32), dict(is_causal=True, causal_alignment="bottom_right"))})
+    assert plans["long_items"]["key_splits"] == "1" and plans["long_items"]["order"] == "batch_major+pieces_of_4"
+    assert plans["short_items"]["order"] == "batch_major+pieces"
+    assert plans["causal_items"]["key_splits"] == "1" and plans["causal_items"]["order"] == "batch_major+pieces"
 
 
 BF16_PAIR_CASES = ("plain", "s17_d80", "d256", "long", "gqa_causal", "tiles_d80_dv48", "many_key_blocks_gqa_causal",

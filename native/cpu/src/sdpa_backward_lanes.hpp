@@ -25,8 +25,8 @@
 // 2.8x, (1,8,8,1000,1000,128) 1.4x, (1,2,2,2048,2048,64) 1.35x), most of all
 // at few query rows, whose lanes it padded.  Causal blocks that the mask
 // removes entirely are skipped.
-// The last item per thread is handed out a key block at a time
-// (KeyBlockWave, work_order.hpp).
+// The last item per thread is handed out in pieces of one key block, or of
+// kKeyBlocksAtOnce where there are enough of them (KeyBlockWave, work_order.hpp).
 #pragma once
 
 #include <omp.h>
@@ -587,7 +587,8 @@ struct LaneBackward {
         // the last wave in KeyBlockWave's pieces.  16-core Xeon, in-process A/B against
         // whole items: 1.06-1.12x at (1,16,1024,64), (1,16,2048,128) and (4,32,512,64),
         // 0.99-1.02x elsewhere; this machine 1.00-1.08x.
-        const KeyBlockWave wave(kv.outer_items * dq_splits, dq_splits, key_blocks, omp_get_max_threads());
+        const KeyBlockWave wave(kv.outer_items * dq_splits, dq_splits, key_blocks, omp_get_max_threads(),
+                                max_piece_blocks(a));
         run_on_team(team, [&] {
             KeyScratch sc(D, Dv, d_padded, dropout.active, pair_dots, kKeyBlocksAtOnce);
 #pragma omp for schedule(dynamic, 1)
@@ -622,6 +623,13 @@ struct LaneBackward {
         return a.batch[0] * a.batch[1] * a.batch[2] * a.seq_q * round_up(a.head_dim_qk, kLanes);
     }
 
+    // Key blocks per piece of the last wave, at most: kKeyBlocksAtOnce, or one where causal blocks are
+    // skipped, since pieces of several blocks then hold unequal work (16-core Xeon, causal pieces of four
+    // against one: 0.98-1.00x).
+    static int64_t max_piece_blocks(const SdpaForwardArgs& a) {
+        return skips_causal_blocks(a) ? 1 : kKeyBlocksAtOnce;
+    }
+
     static KeyPassWork key_work(const SdpaForwardArgs& a, const KvGrouping& kv, int64_t dq_plane) {
         return key_pass_work(kv, a.seq_kv, kLaneBlock, skips_causal_blocks(a) ? 1 : kItemsPerThread, dq_plane);
     }
@@ -633,8 +641,11 @@ struct LaneBackward {
         const int64_t plane = dq_plane_of(a);
         const KeyPassWork work = key_work(a, kv, plane);
         const int64_t buffers = dq_in_place(backward, work.splits) ? 0 : work.splits * plane;
+        const int64_t piece_blocks = KeyBlockWave::piece_blocks(kv.outer_items * work.splits, work.splits,
+                                                                work.key_blocks, omp_get_max_threads(),
+                                                                max_piece_blocks(a));
         return key_pass_text(uses_pair_dots(backward) ? "lanes_bf16_pairs" : "lanes", kLaneBlock, kv.outer_items,
-                             work.splits, buffers, work.team);
+                             work.splits, buffers, work.team, piece_blocks);
     }
 
     static Status run(const SdpaBackwardArgs& backward) {
