@@ -229,9 +229,11 @@ inline std::string key_pass_text(const char* layout, int64_t key_block, int64_t 
 // backward that reads each chunk of query rows once for several key blocks
 // keeps that saving.  2-core AMD EPYC, f32 backward with four-block pieces
 // against one, in-process: (1,32,8,1024,1024,128) 1.010-1.031x (21 of 26
-// rounds), bf16 1.016x, other training shapes 0.99-1.015x; 16-core Xeon,
-// where the wave gives a thread one or two pieces of four: 0.82-1.02x (7 of
-// 8 shapes below 1).
+// rounds), bf16 1.016x, other training shapes 0.99-1.015x.  16-core Xeon:
+// where the rule takes pieces of four, (4,32,32,1024,1024,64) 1.027x,
+// (8,16,16,1024,1024,128) 1.030x, (4,16,16,4096,4096,64) 1.018x,
+// (8,16,16,2048,2048,64) 0.982x; where the wave would give a thread one or
+// two pieces of four, 0.82-1.02x (7 of 8 shapes below 1).
 class KeyBlockWave {
 public:
     KeyBlockWave(int64_t items, int64_t splits, int64_t key_blocks, int64_t threads, int64_t max_piece_blocks = 1)
