@@ -320,13 +320,17 @@ def test_f32_dq_sums_in_the_gradient_itself():
 
 def test_last_wave_pieces_of_several_key_blocks():
     """The last item per thread goes in pieces of four key blocks where that still gives each thread four
-    pieces (the last two of eight items of 16 key blocks, on two threads), else of one: items of 3 key
-    blocks, or causal ones (their blocks' work differs)."""
+    pieces (the last two of eight items of 16 key blocks, on two threads; or of eight items that each take
+    every fourth of 64 key blocks), else of one: items of 3 key blocks, or causal ones (their blocks' work
+    differs)."""
     plans = lane_backward_plans({
         "long_items": ((1, 8, 64, 32), (1, 8, 1000, 32), {}),
+        "split_long_items": ((1, 2, 16, 32), (1, 2, 4096, 32), {}),
         "short_items": ((1, 8, 64, 32), (1, 8, 150, 32), {}),
         "causal_items": ((1, 2, 900, 32), (1, 2, 1000, 32), dict(is_causal=True, causal_alignment="bottom_right"))})
     assert plans["long_items"]["key_splits"] == "1" and plans["long_items"]["order"] == "batch_major+pieces_of_4"
+    assert plans["split_long_items"]["key_splits"] == "4"
+    assert plans["split_long_items"]["order"] == "batch_major+pieces_of_4"
     assert plans["short_items"]["order"] == "batch_major+pieces"
     assert plans["causal_items"]["key_splits"] == "1" and plans["causal_items"]["order"] == "batch_major+pieces"
 
