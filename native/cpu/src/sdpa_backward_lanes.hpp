@@ -321,16 +321,18 @@ struct LaneBackward {
         // dQ rows += dS K; pieces of one item take turns.
         std::unique_lock<std::mutex> hold;
         if (dq_lock) hold = std::unique_lock<std::mutex>(*dq_lock);
-        query_grads(sc, kb, rows, dq_rows(b, i0, dq_buffer), dq_direct ? args.grad_query.strides[3] : d_padded);
+        query_grads(sc, kb, rows, dq_rows(b, i0, dq_buffer), dq_row_stride());
     }
 
-    // Row i of batch index b of dQ's sums: in the gradient itself (dq_direct), else in `buffer`.
+    // Row i of batch index b of dQ's sums: in the gradient itself (dq_direct), else in `buffer`; rows
+    // dq_row_stride() floats apart.
     float* dq_rows(const int64_t b[kBatchDims], int64_t i, float* buffer) const {
         const TensorView& dq = args.grad_query;
         if (dq_direct)
-            return static_cast<float*>(const_cast<void*>(dq.data)) + view_batch_offset(dq, b) + i * dq.strides[3];
-        return buffer + (flat_batch(b) * a.seq_q + i) * d_padded;
+            return static_cast<float*>(const_cast<void*>(dq.data)) + view_batch_offset(dq, b) + i * dq_row_stride();
+        return buffer + (flat_batch(b) * a.seq_q + i) * dq_row_stride();
     }
+    int64_t dq_row_stride() const { return dq_direct ? args.grad_query.strides[3] : d_padded; }
 
     // P into sc.s and dS into sc.dp for rows i0.. against key block kb, in passes between the products.
     void probs_and_grad_scores(KeyScratch& sc, const KeyBlock& kb, const int64_t b[kBatchDims], int64_t i0,

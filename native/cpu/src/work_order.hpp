@@ -208,8 +208,8 @@ inline bool deterministic_sums() {
 
 // How a backward's key pass is laid out, for the verbose log (fields as
 // work_plan_text's): items of a K/V batch index's key blocks, `key_splits`
-// per index, their dQ buffers, and the hand-out order (the last wave a key
-// block at a time unless deterministic_sums).
+// per index, their dQ buffers, and the hand-out order (the last wave in
+// pieces of one key block, or of piece_blocks, unless deterministic_sums).
 inline std::string key_pass_text(const char* layout, int64_t key_block, int64_t kv_items, int64_t key_splits,
                                  int64_t dq_buffer_floats, int team, int64_t piece_blocks = 1) {
     return std::string("layout=") + layout + ",key_block=" + std::to_string(key_block) +
