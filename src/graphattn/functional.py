@@ -34,7 +34,7 @@ class SignatureCache:
 
     def get(self, signature):
         """The entry, or None.  A hit counts as a use once the cache is half full: before that nothing can be
-        evicted for _CACHE_SIZE / 2 more new signatures, and the reordering took 0.4 of a tiny call's 5.5 us."""
+        evicted for _CACHE_SIZE / 2 more new signatures, and the reordering took 0.4 us of a tiny call's 5.5 us."""
         entry = self._entries.get(signature)
         if entry is not None and len(self._entries) > _CACHE_SIZE // 2:
             self._entries.move_to_end(signature)

@@ -82,7 +82,6 @@ struct LaneBackward {
     int64_t dq_plane = 0;     // floats per dQ buffer
     bool dq_direct = false;   // dQ's sums go straight into the gradient (dq_in_place); no buffers
     AlignedFloats dq_sum;     // else dq_splits buffers of f32 dQ, rows (flat batch * Sq + i)
-    float dq_factor = 1.0f;   // multiplies the buffers' sums: the scale where K's rows do not carry it
     int team = 1;             // threads of every parallel region of the call (team_for_items)
     bool pair_dots = false;   // the five products on bf16 pairs (uses_pair_dots); Q and dO then stay bf16
 
@@ -106,8 +105,6 @@ struct LaneBackward {
         dq_splits = work.splits;
         dq_direct = dq_in_place(backward, dq_splits);
         if (!dq_direct) dq_sum = AlignedFloats::uninitialized(size_t(dq_splits * dq_plane));  // cleared by row_deltas
-        // K's f32 rows carry the scale, so that dS K is dQ itself; bf16 pair rows stay as K's.
-        if (pair_dots) dq_factor = scale;
         // Every row of Q and dO is read once per key block: convert them to f32
         // once, up front.  K and V blocks are converted as they are loaded: copies
         // of all K and V, fresh memory on every call, cost a bf16 call of
@@ -605,7 +602,8 @@ struct LaneBackward {
         });
     }
 
-    // dQ = dq_factor * (the sum of the dQ buffers), into the gradient's layout and dtype; a worksharing loop
+    // dQ = the sum of the dQ buffers, times the scale on bf16 pairs (K's f32 rows carry it already, so that
+    // dS K is dQ itself), into the gradient's layout and dtype; a worksharing loop
     // for the key pass's team, in the key pass's parallel region.
     void write_dq() {
         const TensorView& dq = args.grad_query;
@@ -615,7 +613,7 @@ struct LaneBackward {
             int64_t b[kBatchDims];
             unflatten_batch(a.batch, x / a.seq_q, b);
             const int64_t i = x % a.seq_q;
-            sum_split_row(dq_sum.get() + x * d_padded, dq_plane, dq_splits, D, dq_factor, out.get());
+            sum_split_row(dq_sum.get() + x * d_padded, dq_plane, dq_splits, D, pair_dots ? scale : 1.0f, out.get());
             store_view_row(out.get(), D, dq, view_batch_offset(dq, b) + i * dq.strides[3]);
         }
     }
