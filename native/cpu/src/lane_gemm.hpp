@@ -11,6 +11,7 @@
 // loads RV vectors of the lane operand and broadcasts kTileN scalars.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "isa_namespace.hpp"
@@ -60,14 +61,32 @@ inline void lane_tile(const float* __restrict a_t, int64_t lda, int k_count, con
         }
 }
 
+// Prefetch hints for `count` rows of `cols` floats, `stride` floats apart.
+// A tile's k loop runs thousands of cycles, so hints for the next tile's rows,
+// given before it, bring rows that come from L3 in time (fetch_b, fetch_c_cols).
+inline void fetch_rows(const float* rows, int64_t stride, int count, int64_t cols, bool for_write) {
+    constexpr int kFloatsPerLine = 16;
+    for (int r = 0; r < count; ++r)
+        for (int64_t x = 0; x < cols; x += kFloatsPerLine) {
+            if (for_write)
+                __builtin_prefetch(rows + r * stride + x, 1, 3);
+            else
+                __builtin_prefetch(rows + r * stride + x, 0, 3);
+        }
+}
+
 // The same product for n < n_count: full tiles of NT, then one narrower tile
-// for the remainder.  By default rows are exactly RV vectors long.
+// for the remainder.  By default rows are exactly RV vectors long.  With
+// fetch_c_cols, each full tile first hints the next tile's rows of c_t over
+// that many columns.
 template <int RV, int NT, bool Accumulate>
 inline void lane_gemm(const float* a_t, int k_count, const float* b, int64_t b_n, int64_t b_k, int n_count,
-                      float* c_t, int64_t lda = RV * kLanes, int64_t ldc = RV * kLanes) {
+                      float* c_t, int64_t lda = RV * kLanes, int64_t ldc = RV * kLanes, int64_t fetch_c_cols = 0) {
     int n = 0;
-    for (; n + NT <= n_count; n += NT)
+    for (; n + NT <= n_count; n += NT) {
+        if (fetch_c_cols) fetch_rows(c_t + (n + NT) * ldc, ldc, std::min(NT, n_count - n - NT), fetch_c_cols, true);
         lane_tile<RV, NT, Accumulate>(a_t, lda, k_count, b + n * b_n, b_n, b_k, c_t + n * ldc, ldc);
+    }
     if constexpr (NT > 1) {
         if (n < n_count)
             lane_gemm<RV, NT - 1, Accumulate>(a_t, k_count, b + n * b_n, b_n, b_k, n_count - n, c_t + n * ldc, lda, ldc);
@@ -76,13 +95,14 @@ inline void lane_gemm(const float* a_t, int k_count, const float* b, int64_t b_n
 
 // c[n][0:width] (+)= sum_k a[k][0:width] * b[n * b_n + k * b_k] for any width
 // that is a multiple of kLanes, in column chunks of RV vectors and narrower
-// ones for the rest (rows of a and c are lda and ldc floats apart).
+// ones for the rest (rows of a and c are lda and ldc floats apart).  With
+// fetch_c, the first chunk hints each next tile's rows of c over the width.
 template <int RV, int NT, bool Accumulate>
 inline void lane_gemm_wide(const float* a, int64_t lda, int k_count, const float* b, int64_t b_n, int64_t b_k,
-                           int n_count, float* c, int64_t ldc, int width) {
+                           int n_count, float* c, int64_t ldc, int width, bool fetch_c = false) {
     int x = 0;
     for (; x + RV * kLanes <= width; x += RV * kLanes)
-        lane_gemm<RV, NT, Accumulate>(a + x, k_count, b, b_n, b_k, n_count, c + x, lda, ldc);
+        lane_gemm<RV, NT, Accumulate>(a + x, k_count, b, b_n, b_k, n_count, c + x, lda, ldc, fetch_c && x == 0 ? width : 0);
     if constexpr (RV > 1) {
         if (x < width)
             lane_gemm_wide<RV - 1, NT + 2, Accumulate>(a + x, lda, k_count, b, b_n, b_k, n_count, c + x, ldc, width - x);
@@ -90,11 +110,14 @@ inline void lane_gemm_wide(const float* a, int64_t lda, int k_count, const float
 }
 
 // The sums of lane_gemm handed tile by tile, still in registers, to
-// sink.tile(acc, n) (acc[t]: the sums of n + t) instead of stored.
+// sink.tile(acc, n) (acc[t]: the sums of n + t) instead of stored.  With
+// fetch_b (b's rows b_n apart, b_k == 1), each full tile first hints the next
+// tile's rows of b.
 template <int RV, int NT, class Sink>
 inline void lane_gemm_to(const float* a_t, int k_count, const float* b, int64_t b_n, int64_t b_k, int n_count,
-                         Sink& sink, int n = 0) {
+                         Sink& sink, int n = 0, bool fetch_b = false) {
     for (; n + NT <= n_count; n += NT) {
+        if (fetch_b) fetch_rows(b + (n + NT) * b_n, b_n, std::min(NT, n_count - n - NT), k_count, false);
         VecF acc[NT][RV];
         lane_tile_sums<RV, NT>(a_t, RV * kLanes, k_count, b + n * b_n, b_n, b_k, acc);
         sink.tile(acc, n);

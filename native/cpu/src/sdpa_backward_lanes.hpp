@@ -297,8 +297,13 @@ struct LaneBackward {
     // Rows i0 .. i0 + rows of batch index b against the item's keys.
     // On bf16 pairs, Q's and dO's rows from chunk_row0 on are in sc.q_pairs and sc.do_pairs
     // (pack_row_chunk), i0 - chunk_row0 even.
+    // rows_cold: the first key block of the chunk, which brings its rows of Q, dO and dQ from L3 (an
+    // item's rows outgrow L2); its products then hint each next tile's rows (lane_gemm.hpp).  2-core AMD
+    // EPYC, f32, in-process A/B against no hints, ten or twelve rounds: GQA (1,32,8,1024,1024,128)
+    // 1.019x and 1.029x, (1,16,16,1024,64) 1.011x, (1,16,16,2048,128) 1.018x, (4,32,32,512,64) 1.022x,
+    // causal (1,32,8,1024,1024,128) 1.019x; small calls whose rows stay in L2 0.99x (noise).
     void key_item_rows(KeyScratch& sc, KeyBlock& kb, const int64_t b[kBatchDims], int64_t chunk_row0, int64_t i0,
-                       int rows, float* dq_buffer, std::mutex* dq_lock) {
+                       int rows, float* dq_buffer, std::mutex* dq_lock, bool rows_cold) {
         const int64_t fb = flat_batch(b);
         for (int r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
@@ -310,7 +315,7 @@ struct LaneBackward {
             sc.drop_base[r] = dropout.row_base(fb, i);
         }
         if (unmasked_f32_block(kb, i0))
-            tile_probs_and_grad_scores(sc, kb, b, i0, rows);
+            tile_probs_and_grad_scores(sc, kb, b, i0, rows, rows_cold);
         else
             probs_and_grad_scores(sc, kb, b, i0, rows);
         // dV^T += P^T dO and dK^T += dS^T Q (the scale is applied once, at the end).
@@ -318,7 +323,7 @@ struct LaneBackward {
         // dQ rows += dS K; pieces of one item take turns.
         std::unique_lock<std::mutex> hold;
         if (dq_lock) hold = std::unique_lock<std::mutex>(*dq_lock);
-        query_grads(sc, kb, rows, dq_rows(b, i0, dq_buffer), dq_row_stride());
+        query_grads(sc, kb, rows, dq_rows(b, i0, dq_buffer), dq_row_stride(), rows_cold);
     }
 
     // Row i of batch index b of dQ's sums: in the gradient itself (dq_direct), else in `buffer`; rows
@@ -372,12 +377,13 @@ struct LaneBackward {
 
     // The same in the products' register tiles (unmasked_f32_block).
     void tile_probs_and_grad_scores(KeyScratch& sc, const KeyBlock& kb, const int64_t b[kBatchDims], int64_t i0,
-                                    int rows) const {
+                                    int rows, bool rows_cold) const {
         ProbTiles probs{sc.s.get(), sc.lse};
-        lane_gemm_to<RV, NT>(kb.k_t.get(), D, f32_rows(a.query, b, i0), a.query.strides[3], 1, rows, probs);
+        lane_gemm_to<RV, NT>(kb.k_t.get(), D, f32_rows(a.query, b, i0), a.query.strides[3], 1, rows, probs, 0,
+                             rows_cold);
         GradScoreTiles grads{sc.s.get(), sc.dp.get(), sc.delta};
         const TensorView& g = args.grad_output;
-        lane_gemm_to<RV, NT>(kb.v_t.get(), Dv, f32_rows(g, b, i0), g.strides[3], 1, rows, grads);
+        lane_gemm_to<RV, NT>(kb.v_t.get(), Dv, f32_rows(g, b, i0), g.strides[3], 1, rows, grads, 0, rows_cold);
     }
 
     // Whether key block kb needs none of the passes between the products for rows from i0 on (f32
@@ -483,7 +489,7 @@ struct LaneBackward {
     }
 
     // dQ rows (ld apart) += dS K over the block's kv_rows keys (K's rows padded with zeros to d_padded).
-    void query_grads(KeyScratch& sc, const KeyBlock& kb, int rows, float* dq_out, int64_t ld) const {
+    void query_grads(KeyScratch& sc, const KeyBlock& kb, int rows, float* dq_out, int64_t ld, bool rows_cold) const {
         const int kv_rows = kb.kv_rows;
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (pair_dots) {
@@ -495,7 +501,7 @@ struct LaneBackward {
         }
 #endif
         lane_gemm_wide<RV, NT, true>(kb.k_rows.get(), d_padded, kv_rows, sc.dp.get(), kLaneBlock, 1, rows, dq_out,
-                                     ld, d_padded);
+                                     ld, d_padded, rows_cold);
     }
 
     // Key block j0 (kv_rows keys) of K/V batch index outer_b as the products read it: K's rows in f32
@@ -565,7 +571,8 @@ struct LaneBackward {
                         // From an even row of the chunk, so that the packed pairs line up; rows
                         // before first_row see none of the block's keys and add nothing.
                         const int64_t from = i0 + (std::max<int64_t>(0, blk.first_row - i0) & ~int64_t(1));
-                        if (from < i_end) key_item_rows(sc, blk, b, i0, from, int(i_end - from), dq_buffer, dq_lock);
+                        if (from < i_end)
+                            key_item_rows(sc, blk, b, i0, from, int(i_end - from), dq_buffer, dq_lock, g == 0);
                     }
                 }
             }
