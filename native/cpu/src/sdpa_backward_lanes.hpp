@@ -298,7 +298,8 @@ struct LaneBackward {
     // On bf16 pairs, Q's and dO's rows from chunk_row0 on are in sc.q_pairs and sc.do_pairs
     // (pack_row_chunk), i0 - chunk_row0 even.
     // rows_cold: the first key block of the chunk, which brings its rows of Q, dO and dQ from L3 (an
-    // item's rows outgrow L2); its products then hint each next tile's rows (lane_gemm.hpp).  2-core AMD
+    // item's rows outgrow L2); its f32 products then hint each next tile's rows (lane_gemm.hpp): S's and
+    // dP's where they run in register tiles (unmasked_f32_block), and dQ's.  2-core AMD
     // EPYC, f32, in-process A/B against no hints, ten or twelve rounds: GQA (1,32,8,1024,1024,128)
     // 1.019x and 1.029x, (1,16,16,1024,64) 1.011x, (1,16,16,2048,128) 1.018x, (4,32,32,512,64) 1.022x,
     // causal (1,32,8,1024,1024,128) 1.019x; small calls whose rows stay in L2 0.99x (noise).
