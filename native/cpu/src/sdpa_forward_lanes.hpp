@@ -86,6 +86,13 @@ template <int RV, int NT, bool RowLayout = (RV == 1)>
 struct LaneForward {
     static constexpr int kBlockQ = RV * kLanes;
     static constexpr int kBlockKV = 128;
+    // Keys per block where the softmax runs in the score product's tiles (f32 products, no mask pass,
+    // no dropout): O^T's loads and stores and each block's steps are then shared by twice the keys.
+    // 2-core AMD EPYC, in-process A/B against blocks of kBlockKV (env switch in a probe build), six to
+    // twelve rounds: f32 (1,16,16,2048,128) 1.012-1.023x, (1,16,16,1024,64) 1.008-1.017x,
+    // (4,32,32,512,64) 1.008x, (1,2,2,2048,64) 1.002x, causal (1,16,16,2048,128) 1.008-1.014x;
+    // f16 (converted to f32 blocks) 1.011-1.017x.
+    static constexpr int kTileBlockKV = 2 * kBlockKV;
     // Scratch::v_pairs keeps a K/V batch index's V pairs up to this size.  2-core AMD EPYC, bf16,
     // in-process A/B against packing per item: 1.01-1.08x ((2,16,16,200,200,80) 1.05-1.08x,
     // (1,16,16,2048,2048,128) 1.04-1.05x, (4,32,32,512,512,64) 1.02-1.03x).
@@ -136,9 +143,9 @@ struct LaneForward {
             : keys(RowLayout ? key_reads(a, item_rows) : KeyReads{}),
               pair_dots(uses_pair_dots(a)),
               q_t(AlignedFloats::uninitialized(f32_lanes() ? size_t(a.head_dim_qk) * kBlockQ : 0)),  // attend's
-              k_rows(AlignedFloats::uninitialized(f32_lanes() ? size_t(kBlockKV) * a.head_dim_qk : 0)),
-              v_rows(AlignedFloats::uninitialized(f32_lanes() ? size_t(kBlockKV) * a.head_dim_v : 0)),
-              s_t(AlignedFloats::uninitialized(!RowLayout ? size_t(kBlockKV) * kBlockQ : 0)),
+              k_rows(AlignedFloats::uninitialized(f32_lanes() ? size_t(kTileBlockKV) * a.head_dim_qk : 0)),
+              v_rows(AlignedFloats::uninitialized(f32_lanes() ? size_t(kTileBlockKV) * a.head_dim_v : 0)),
+              s_t(AlignedFloats::uninitialized(!RowLayout ? size_t(kTileBlockKV) * kBlockQ : 0)),
               mask_t(!RowLayout && a.mask_kind != MaskKind::none ? size_t(kBlockKV) * kBlockQ : 0),
               o_t(AlignedFloats::uninitialized(size_t(a.head_dim_v) * kBlockQ)),
               row_max(AlignedFloats::uninitialized(kBlockQ)),
@@ -578,8 +585,10 @@ struct LaneForward {
         // rescaling the zeros and adding to them (with the two changes to Scratch and Q^T's padding: f32
         // (2,16,16,17,17,64) 49.9 -> 36.2 us on the 2-core Xeon).
         float* o_t = sc.o_t.get();
-        for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockKV) {
-            const int kv_rows = int(std::min<int64_t>(kBlockKV, key_end - j0));
+        const bool wide_blocks = !sc.pair_dots && !dropout.active;  // kTileBlockKV where no mask pass either
+        for (int64_t j0 = key_begin; j0 < key_end;) {
+            int kv_rows = int(std::min<int64_t>(wide_blocks ? kTileBlockKV : kBlockKV, key_end - j0));
+            if (kv_rows > kBlockKV && j0 + kv_rows > unmasked_end) kv_rows = kBlockKV;
             const bool first = j0 == key_begin;
             const bool masked = j0 + kv_rows > unmasked_end;
             // Without dropout, the pair products' P^T goes to its pairs in the softmax pass (2-core AMD
@@ -595,6 +604,7 @@ struct LaneForward {
             }
             if (dropout.active) apply_dropout(dropout, sc, rows, kv_rows, j0);
             accumulate_block(a, sc, v_base, j0, kv_rows, first, p_pairs != nullptr);
+            j0 += kv_rows;
         }
         if (key_begin >= key_end) std::fill(o_t, o_t + size_t(Dv) * kBlockQ, 0.0f);  // no keys: an all-zero O
     }
