@@ -115,7 +115,7 @@ inline void lane_gemm_wide(const float* a, int64_t lda, int k_count, const float
 // tile's rows of b.
 template <int RV, int NT, class Sink>
 inline void lane_gemm_to(const float* a_t, int k_count, const float* b, int64_t b_n, int64_t b_k, int n_count,
-                         Sink& sink, int n = 0, bool fetch_b = false) {
+                         Sink& sink, bool fetch_b = false, int n = 0) {
     for (; n + NT <= n_count; n += NT) {
         if (fetch_b) fetch_rows(b + (n + NT) * b_n, b_n, std::min(NT, n_count - n - NT), k_count, false);
         VecF acc[NT][RV];
@@ -123,7 +123,7 @@ inline void lane_gemm_to(const float* a_t, int k_count, const float* b, int64_t 
         sink.tile(acc, n);
     }
     if constexpr (NT > 1) {
-        if (n < n_count) lane_gemm_to<RV, NT - 1>(a_t, k_count, b, b_n, b_k, n_count, sink, n);
+        if (n < n_count) lane_gemm_to<RV, NT - 1>(a_t, k_count, b, b_n, b_k, n_count, sink, false, n);
     }
 }
 

@@ -380,11 +380,10 @@ struct LaneBackward {
     void tile_probs_and_grad_scores(KeyScratch& sc, const KeyBlock& kb, const int64_t b[kBatchDims], int64_t i0,
                                     int rows, bool rows_cold) const {
         ProbTiles probs{sc.s.get(), sc.lse};
-        lane_gemm_to<RV, NT>(kb.k_t.get(), D, f32_rows(a.query, b, i0), a.query.strides[3], 1, rows, probs, 0,
-                             rows_cold);
+        lane_gemm_to<RV, NT>(kb.k_t.get(), D, f32_rows(a.query, b, i0), a.query.strides[3], 1, rows, probs, rows_cold);
         GradScoreTiles grads{sc.s.get(), sc.dp.get(), sc.delta};
         const TensorView& g = args.grad_output;
-        lane_gemm_to<RV, NT>(kb.v_t.get(), Dv, f32_rows(g, b, i0), g.strides[3], 1, rows, grads, 0, rows_cold);
+        lane_gemm_to<RV, NT>(kb.v_t.get(), Dv, f32_rows(g, b, i0), g.strides[3], 1, rows, grads, rows_cold);
     }
 
     // Whether key block kb needs none of the passes between the products for rows from i0 on (f32
