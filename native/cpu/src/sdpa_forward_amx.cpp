@@ -249,22 +249,42 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
         new_max[i] = block_max > old_max[i] ? block_max : old_max[i];
         base[i] = new_max[i] == -__builtin_inff() ? 0.0f : new_max[i];  // no finite score yet: 2^-inf = 0
     }
+    // P = 2^(s * scale - base), in one FMA per vector, where the base (the
+    // rounded s_max * scale) is under 2^24: the FMA's exact product then
+    // leaves the row's largest score a residual of at most 1/2.  From 2^24 on
+    // that residual grows with the base (+-128 near 2^32: P overflows or
+    // vanishes), so such rows round s * scale first, as the max was, and
+    // their largest score gives exactly 2^0.  The embedded rounding keeps the
+    // compiler from contracting that product and difference into an FMA.
+    constexpr float kExactFmaBase = 0x1p24f;
     const __m512 scale = _mm512_set1_ps(load_scale);
+    auto exponents = [&](auto rounded_product, const float* x, __m512 b) {
+        if constexpr (decltype(rounded_product)::value)
+            return (VecF)_mm512_sub_ps(
+                _mm512_mul_round_ps(_mm512_loadu_ps(x), scale, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), b);
+        else
+            return (VecF)_mm512_fmsub_ps(_mm512_loadu_ps(x), scale, b);
+    };
     for (int i = 0; i < R; ++i) {
-        const __m512 shift = _mm512_set1_ps(-base[i]);
+        const __m512 shift = _mm512_set1_ps(base[i]);
         const float* s_row = s_rows + i * kScoresLd;
         uint16_t* p_row = p_rows + size_t(i) * sc.p_ld;
         VecF sum{};
-        for (int v = 0; v < vecs; v += 2) {
-            const VecF p0 = vexp2<kCoarseExp>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + v * kLanes), scale, shift));
-            const VecF p1 =
-                vexp2<kCoarseExp>((VecF)_mm512_fmadd_ps(_mm512_loadu_ps(s_row + (v + 1) * kLanes), scale, shift));
-            sum += p0 + p1;
-            __m512i parts[Parts];
-            split_32<Parts>((__m512)p0, (__m512)p1, parts);
-            for (int part = 0; part < Parts; ++part)
-                _mm512_storeu_si512(p_row + part * kBlockKV + v * kLanes, parts[part]);
-        }
+        auto row = [&](auto rounded_product) {
+            for (int v = 0; v < vecs; v += 2) {
+                const VecF p0 = vexp2<kCoarseExp>(exponents(rounded_product, s_row + v * kLanes, shift));
+                const VecF p1 = vexp2<kCoarseExp>(exponents(rounded_product, s_row + (v + 1) * kLanes, shift));
+                sum += p0 + p1;
+                __m512i parts[Parts];
+                split_32<Parts>((__m512)p0, (__m512)p1, parts);
+                for (int part = 0; part < Parts; ++part)
+                    _mm512_storeu_si512(p_row + part * kBlockKV + v * kLanes, parts[part]);
+            }
+        };
+        if (std::fabs(base[i]) < kExactFmaBase)
+            row(std::false_type{});
+        else
+            row(std::true_type{});
         const int r = r0 + i;
         const float correction = new_max[i] == old_max[i] ? 1.0f : std::exp2(old_max[i] - base[i]);
         sc.row_sums[r] = sc.row_sums[r] * correction + sum;

@@ -161,17 +161,21 @@ constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2 = 0.693147180559945309f;
 constexpr float kMaxFloat = 3.40282347e+38f;
 
-// x * log2(e) without turning a finite x into -inf: a finite score or mask
-// as low as -FLT_MAX (a common "masked" value) must keep its meaning, so that
-// a row masked only that way still gets the uniform softmax of the reference.
+// x * log2(e), clamped to [-FLT_MAX, FLT_MAX] for a finite x: a finite score
+// or mask as low as -FLT_MAX (a common "masked" value) must keep its meaning,
+// so that a row masked only that way still gets the uniform softmax of the
+// reference, and one above FLT_MAX / log2(e) (3e38) must stay the largest
+// finite score rather than become +inf, whose max would give inf - inf = NaN.
 inline float to_log2_units(float x) {
     const float y = x * kLog2e;
-    return (y < -kMaxFloat && x >= -kMaxFloat) ? -kMaxFloat : y;
+    if (y < -kMaxFloat && x >= -kMaxFloat) return -kMaxFloat;
+    return (y > kMaxFloat && x <= kMaxFloat) ? kMaxFloat : y;
 }
 
 inline VecF to_log2_units(VecF x) {
     const VecF y = x * kLog2e;
-    return (y < -kMaxFloat) & (x >= -kMaxFloat) ? splat(-kMaxFloat) : y;
+    const VecF low = (y < -kMaxFloat) & (x >= -kMaxFloat) ? splat(-kMaxFloat) : y;
+    return (y > kMaxFloat) & (x <= kMaxFloat) ? splat(kMaxFloat) : low;
 }
 
 }  // namespace GRAPHATTN_ISA_NS

@@ -84,11 +84,19 @@ inline bool score_replaced(const ForwardParams& p, float mask_value, int64_t i, 
     return p.causal && j - i > p.causal_offset;
 }
 
+// x * log2(e), a finite x kept finite (clamped to +-FLT_MAX): a mask of
+// -3e38 stays a low score and one of 3e38 the largest, never an infinity
+// whose max would give inf - inf = NaN (the CPU kernels' rule too).
+inline float to_log2_units(float x) {
+    const float y = x * kLog2e;
+    return sycl::isfinite(x) ? sycl::clamp(y, -3.40282347e+38f, 3.40282347e+38f) : y;
+}
+
 // The masked score of (i, j) in log2 units, given the scaled score in log2 units.
 inline float masked_score_log2(const ForwardParams& p, float score_log2, float mask_value, int64_t i, int64_t j) {
-    if (p.mask_kind == 1) score_log2 += mask_value * kLog2e;
-    if (p.mask_kind == 2 && (mask_value != 0.0f) != (p.select_keep_value != 0)) score_log2 = p.select_fill * kLog2e;
-    if (p.causal && j - i > p.causal_offset) score_log2 = p.causal_fill * kLog2e;
+    if (p.mask_kind == 1) score_log2 += to_log2_units(mask_value);
+    if (p.mask_kind == 2 && (mask_value != 0.0f) != (p.select_keep_value != 0)) score_log2 = to_log2_units(p.select_fill);
+    if (p.causal && j - i > p.causal_offset) score_log2 = to_log2_units(p.causal_fill);
     return score_log2;
 }
 
