@@ -16,10 +16,15 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         additive
         select
 
+    cdef struct BufferExtent:
+        int64_t begin
+        int64_t end
+
     cdef struct TensorView:
         const void* data
         DType dtype
         int64_t strides[5]
+        BufferExtent buffer
 
     cdef struct SdpaForwardArgs:
         int64_t batch[3]

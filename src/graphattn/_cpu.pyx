@@ -11,7 +11,7 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from graphattn._cpu cimport (DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
+from graphattn._cpu cimport (BufferExtent, DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
                              cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_plan,
                              sdpa_dtype_class, sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan)
 
@@ -29,6 +29,41 @@ cdef uintptr_t _host_address(object array) except? 0:
         return <uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>array)
     cdef uintptr_t address = array.data_ptr()
     return address if address != 0 else <uintptr_t>&_no_elements[0]
+
+
+cdef void _extent_of(object array, BufferExtent* extent):
+    """The bytes a NumPy array's buffer holds around its first element (from its own shape and strides, which
+    NumPy keeps inside its memory), so that the kernel's checks refuse views reaching past them.  Left unknown
+    for a torch tensor: its layout is pinned by the caller's signature, and asking torch costs microseconds."""
+    cdef cnp.ndarray a
+    cdef int i
+    cdef int64_t step, lowest = 0, highest = 0
+    extent.begin = 0
+    extent.end = -1
+    if not cnp.PyArray_Check(array):
+        return
+    a = <cnp.ndarray>array
+    for i in range(cnp.PyArray_NDIM(a)):
+        if cnp.PyArray_DIMS(a)[i] == 0:
+            extent.end = 0
+            return
+        step = cnp.PyArray_STRIDES(a)[i] * (cnp.PyArray_DIMS(a)[i] - 1)
+        if step < 0:
+            lowest += step
+        else:
+            highest += step
+    extent.begin = lowest
+    extent.end = highest + cnp.PyArray_ITEMSIZE(a)
+
+
+cdef void _extents_of(object query, object key, object value, object output, object mask, object stats,
+                      BufferExtent* extents):
+    _extent_of(query, &extents[0])
+    _extent_of(key, &extents[1])
+    _extent_of(value, &extents[2])
+    _extent_of(output, &extents[3])
+    _extent_of(mask, &extents[4])
+    _extent_of(stats, &extents[5])
 
 
 cdef class ForwardPlan:
@@ -57,16 +92,18 @@ cdef class ForwardPlan:
                    uint64_t dropout_seed=0, uint64_t dropout_offset=0):
         """As run, taking the arrays themselves: NumPy arrays, or torch CPU tensors (their first element's
         address is used; strides were fixed at plan time and are checked by the caller)."""
+        cdef BufferExtent extents[6]
+        _extents_of(query, key, value, output, mask, stats, extents)
         self._call(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
                    _host_address(mask) if mask is not None else 0, _host_address(stats) if stats is not None else 0,
-                   scale, causal_offset, select_fill, causal_fill, dropout_seed, dropout_offset)
+                   scale, causal_offset, select_fill, causal_fill, dropout_seed, dropout_offset, extents)
 
     def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
             uintptr_t stats=0, float scale=1.0, int64_t causal_offset=0, float select_fill=float("-inf"),
             float causal_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0):
         """Run the kernel on the given data addresses; raises ValueError on bad arguments."""
         self._call(query, key, value, output, mask, stats, scale, causal_offset, select_fill, causal_fill,
-                   dropout_seed, dropout_offset)
+                   dropout_seed, dropout_offset, NULL)
 
     def bound(self, int64_t causal_offset, float select_fill, float causal_fill):
         """A BoundForward: run_arrays with these operands fixed, for repeated calls that only change data."""
@@ -79,11 +116,19 @@ cdef class ForwardPlan:
 
     cdef void _call(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask,
                     uintptr_t stats, float scale, int64_t causal_offset, float select_fill, float causal_fill,
-                    uint64_t dropout_seed, uint64_t dropout_offset) except *:
+                    uint64_t dropout_seed, uint64_t dropout_offset, const BufferExtent* extents) except *:
+        # extents: the buffers of query, key, value, output, mask and stats, or NULL (unknown)
         cdef SdpaForwardArgs local = self.args
         cdef Status status
         _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, causal_offset, select_fill,
                               causal_fill, dropout_seed, dropout_offset)
+        if extents != NULL:
+            local.query.buffer = extents[0]
+            local.key.buffer = extents[1]
+            local.value.buffer = extents[2]
+            local.output.buffer = extents[3]
+            local.mask.buffer = extents[4]
+            local.stats.buffer = extents[5]
         with nogil:
             status = sdpa_forward(local)
         if not status.ok:
@@ -101,10 +146,12 @@ cdef class BoundForward:
             int64_t dropout_offset):
         """run_arrays with the fixed operands; dropout seed and offset are signed 64-bit values, passed on as
         their two's complement bits."""
+        cdef BufferExtent extents[6]
+        _extents_of(query, key, value, output, mask, stats, extents)
         self.plan._call(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
                         _host_address(mask) if mask is not None else 0,
                         _host_address(stats) if stats is not None else 0, scale, self.causal_offset,
-                        self.select_fill, self.causal_fill, <uint64_t>dropout_seed, <uint64_t>dropout_offset)
+                        self.select_fill, self.causal_fill, <uint64_t>dropout_seed, <uint64_t>dropout_offset, extents)
 
 
 def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,
@@ -121,6 +168,19 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, addresses, mask_kind, select_keep_value,
                        has_scale, scale, causal, causal_offset, select_fill, causal_fill, inf_as_zero, dropout_p,
                        dropout_seed, dropout_offset)
+    _extent_of(views["query"][2], &args.forward.query.buffer)
+    _extent_of(views["key"][2], &args.forward.key.buffer)
+    _extent_of(views["value"][2], &args.forward.value.buffer)
+    _extent_of(views["output"][2], &args.forward.output.buffer)
+    _extent_of(views["stats"][2], &args.forward.stats.buffer)
+    _extent_of(views["grad_output"][2], &args.grad_output.buffer)
+    _extent_of(views["grad_query"][2], &args.grad_query.buffer)
+    _extent_of(views["grad_key"][2], &args.grad_key.buffer)
+    _extent_of(views["grad_value"][2], &args.grad_value.buffer)
+    if "mask" in views:
+        _extent_of(views["mask"][2], &args.forward.mask.buffer)
+    if "grad_mask" in views:
+        _extent_of(views["grad_mask"][2], &args.grad_mask.buffer)
     with nogil:
         status = sdpa_backward(args)
     if not status.ok:

@@ -16,6 +16,7 @@ from .ops import Op, OpKind
 from .patterns.sdpa import NoMatch, SdpaMatch, match_sdpa
 from .patterns.sdpa_backward import SdpaBackwardMatch, match_sdpa_backward
 from .tensor import Tensor, element_strides
+from .views import overlaps_itself
 
 
 class Partition:
@@ -122,6 +123,9 @@ class Partition:
             if any(d not in (-1, s) for d, s in zip(lt.shape, shape)):
                 raise ValueError(f"{self._where(port.id)}: output declared {lt.shape} but the partition produces {shape}")
             lts[port.id] = lt.with_shape(shape, lt.strides if lt.has_explicit_strides else None)
+            if overlaps_itself(shape, lts[port.id].strides):
+                raise ValueError(f"{self._where(port.id)}: output strides {lts[port.id].strides} put several elements "
+                                 f"of shape {shape} in one place; an output needs a location for each element")
         if given:
             raise ValueError(f"partition {self.id}: compile got logical tensors {sorted(given)} that are not "
                              f"output ports (output ports are {[t.id for t in self._outputs]})")
@@ -179,6 +183,7 @@ class CompiledPartition:
         self._lts = {lt.id: lt for lt in inputs + outputs}
         # byte strides each bound array must have (size-1 dims take any stride, marked None)
         self._byte_strides = {lt.id: _byte_strides(lt) for lt in inputs + outputs}
+        self._numpy_dtypes = {lt.id: numpy_dtype(lt.dtype) for lt in inputs + outputs}
 
     @property
     def kernel_name(self) -> str:
@@ -197,7 +202,9 @@ class CompiledPartition:
         strides."""
         if not isinstance(stream, Stream):
             raise TypeError(f"execute needs a Stream, got {type(stream).__name__}")
-        self.execute_unchecked(self._bind(inputs, self.inputs, "inputs"), self._bind(outputs, self.outputs, "outputs"))
+        bound_inputs, bound_outputs = self._bind(inputs, self.inputs, "inputs"), self._bind(outputs, self.outputs, "outputs")
+        self._check_outputs(bound_inputs, bound_outputs)
+        self.execute_unchecked(bound_inputs, bound_outputs)
 
     def execute_unchecked(self, inputs: dict, outputs: dict) -> None:
         """execute without the per-call checks, for arrays keyed by port id that the caller already knows match the
@@ -233,13 +240,41 @@ class CompiledPartition:
             tensor = by_id.get(port.id)
             if tensor is None:
                 raise ValueError(f"{where}: no tensor given for {what[:-1]} port {port.id}")
+            if tensor.logical_tensor.dtype != port.dtype:
+                raise TypeError(f"{where}: {what[:-1]} port {port.id} was compiled for {port.dtype.value}, got a "
+                                f"Tensor of {tensor.logical_tensor.dtype.value}")
             data = tensor.data
             if sycl_runtime.is_usm_array(data):
                 _checked_usm_array(data, port, where)
-            elif data.shape != port.shape or not _strides_match(data.strides, self._byte_strides[port.id]):
-                _checked_array(data, port, where)
+            else:
+                if data.dtype != self._numpy_dtypes[port.id]:
+                    raise TypeError(f"{where}: {what[:-1]} port {port.id} was compiled for {port.dtype.value} "
+                                    f"({self._numpy_dtypes[port.id]}), got data of {data.dtype}")
+                if data.shape != port.shape or not _strides_match(data.strides, self._byte_strides[port.id]):
+                    _checked_array(data, port, where)
             arrays[port.id] = data
         return arrays
+
+    def _check_outputs(self, inputs: dict, outputs: dict) -> None:
+        """Outputs must be writable, each element of an output one memory location (no stride 0 over a dim of
+        two or more, no strides that fold two elements onto one), and no output may share memory with an input
+        or another output: the kernels write them from many threads while they read the inputs."""
+        where = f"partition {self.partition.id}: execute"
+        for port_id, data in outputs.items():
+            if not isinstance(data, np.ndarray):
+                continue  # USM arrays: checked for shape and strides above; their memory is the queue's
+            if not data.flags.writeable:
+                raise ValueError(f"{where}: output port {port_id} is read-only; pass a writable array")
+            if overlaps_itself(data.shape, data.strides):
+                raise ValueError(f"{where}: output port {port_id} has strides {data.strides} (bytes) for shape "
+                                 f"{data.shape} that map several elements to one location; pass an array with "
+                                 "an element of its own for each index")
+            others = [(f"input port {i}", a) for i, a in inputs.items()] + \
+                     [(f"output port {i}", a) for i, a in outputs.items() if i != port_id]
+            for name, other in others:
+                if isinstance(other, np.ndarray) and other.size and data.size and np.may_share_memory(data, other):
+                    raise ValueError(f"{where}: output port {port_id} overlaps the memory of {name}; outputs "
+                                     "are not computed in place")
 
 
 def _byte_strides(lt: LogicalTensor) -> tuple:

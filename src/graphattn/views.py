@@ -55,3 +55,21 @@ def untranspose_strides(strides: Sequence[int], order: Sequence[int]) -> tuple[i
     for k, axis in enumerate(order):
         result[axis] = strides[k]
     return tuple(result)
+
+
+def overlaps_itself(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether two indices of a tensor of this shape and strides (any unit) may reach one location.
+
+    The dims of size two or more, in increasing |stride|, must each step over everything the dims before it
+    reach: |stride| > the sum of |stride| * (size - 1) over them.  Every dense, transposed, sliced or negative
+    stride layout passes; a broadcast (stride 0) does not.  Exotic interleavings that never collide fail it too,
+    which only costs a copy.
+    """
+    if any(d == 0 for d in shape):
+        return False
+    reach = 0
+    for size, stride in sorted(((d, abs(s)) for d, s in zip(shape, strides) if d > 1), key=lambda x: x[1]):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False

@@ -1,6 +1,8 @@
 // Argument checks of the SDPA calls, shared by every kernel family (the CPU
 // builds and the SYCL plugin): each failure names the argument and the rule.
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "graphattn/sdpa.hpp"
 
@@ -10,15 +12,88 @@ namespace {
 
 bool is_float(DType dt) { return dt == DType::f32 || dt == DType::bf16 || dt == DType::f16; }
 
+int64_t element_bytes(DType dt) { return dt == DType::f32 ? 4 : dt == DType::boolean ? 1 : 2; }
+
+// A view's logical shape: the call's batch dims, then its rows and columns.
+struct ViewShape {
+    int64_t dims[kBatchDims + 2];
+    bool empty() const {
+        for (int64_t d : dims)
+            if (d == 0) return true;
+        return false;
+    }
+};
+
+ViewShape view_shape(const int64_t batch[kBatchDims], int64_t rows, int64_t cols) {
+    return {{batch[0], batch[1], batch[2], rows, cols}};
+}
+
+std::string strides_text(const TensorView& t) {
+    std::string text = "(";
+    for (int i = 0; i < kBatchDims + 2; ++i) text += (i ? ", " : "") + std::to_string(t.strides[i]);
+    return text + ")";
+}
+
 Status check_view(const TensorView& t, const char* name, bool float_only) {
     if (t.data == nullptr) return Status::error(std::string(name) + ": data pointer is null");
     if (float_only && !is_float(t.dtype)) return Status::error(std::string(name) + ": dtype must be f32, bf16 or f16");
     return Status::success();
 }
 
+// The bytes the view reaches, [lowest, highest], lie in its buffer (where its
+// extent is known): a view of the wrong dtype, shape or strides for the
+// buffer it was given is refused before any element is read or written.
+Status check_reach(const TensorView& t, const char* name, const ViewShape& shape) {
+    if (!t.buffer.known() || shape.empty()) return Status::success();
+    const int64_t size = element_bytes(t.dtype);
+    int64_t lowest = 0, highest = 0;
+    for (int i = 0; i < kBatchDims + 2; ++i) {
+        const int64_t step = t.strides[i] * (shape.dims[i] - 1) * size;
+        (step < 0 ? lowest : highest) += step;
+    }
+    if (lowest < t.buffer.begin || highest + size > t.buffer.end)
+        return Status::error(std::string(name) + ": its strides " + strides_text(t) + " reach bytes [" +
+                             std::to_string(lowest) + ", " + std::to_string(highest + size) +
+                             ") of its data, outside its buffer's [" + std::to_string(t.buffer.begin) + ", " +
+                             std::to_string(t.buffer.end) + ")");
+    return Status::success();
+}
+
+// A written view must give each index a location of its own: taken in
+// increasing |stride|, each dim of two or more must step over all that the
+// dims before it reach (dense, transposed, sliced and reversed layouts do; a
+// stride 0 does not).  Threads write distinct indices at once, so a shared
+// location is a race.  Dims flagged in `summed` are left out: the kernel sums
+// over them inside one work item (dK and dV over K's and V's broadcast dims).
+Status check_no_self_overlap(const TensorView& t, const char* name, const ViewShape& shape,
+                             const bool summed[kBatchDims + 2] = nullptr) {
+    if (shape.empty()) return Status::success();
+    int order[kBatchDims + 2];
+    int n = 0;
+    for (int i = 0; i < kBatchDims + 2; ++i)
+        if (shape.dims[i] > 1 && !(summed && summed[i])) order[n++] = i;
+    for (int a = 1; a < n; ++a)  // insertion sort by |stride|: five dims at most
+        for (int b = a; b > 0 && std::abs(t.strides[order[b]]) < std::abs(t.strides[order[b - 1]]); --b)
+            std::swap(order[b], order[b - 1]);
+    int64_t reach = 0;
+    for (int a = 0; a < n; ++a) {
+        const int64_t stride = std::abs(t.strides[order[a]]);
+        if (stride <= reach)
+            return Status::error(std::string(name) + " is written, but its strides " + strides_text(t) +
+                                 " put several of its elements in one place (dim " + std::to_string(order[a]) +
+                                 "); give each element a location of its own");
+        reach += stride * (shape.dims[order[a]] - 1);
+    }
+    return Status::success();
+}
+
 }  // namespace
 
-Status check_forward_args(const SdpaForwardArgs& a) {
+namespace {
+
+// The checks of a forward call's arguments that the backward shares: there
+// the forward's output and stats are read, not written.
+Status check_call(const SdpaForwardArgs& a) {
     for (int i = 0; i < kBatchDims; ++i)
         if (a.batch[i] < 0) return Status::error("batch: dimensions must be >= 0");
     if (a.seq_q < 0 || a.seq_kv < 0) return Status::error("sequence lengths must be >= 0");
@@ -33,6 +108,25 @@ Status check_forward_args(const SdpaForwardArgs& a) {
     if (a.mask_kind == MaskKind::select && !(s = check_view(a.mask, "mask", false)).ok) return s;
     if (a.stats.data && a.stats.dtype != DType::f32) return Status::error("stats: dtype must be f32");
     if (!(a.dropout_p >= 0.0f && a.dropout_p < 1.0f)) return Status::error("dropout_p must be in [0, 1)");
+    const ViewShape q = view_shape(a.batch, a.seq_q, a.head_dim_qk), k = view_shape(a.batch, a.seq_kv, a.head_dim_qk),
+                    v = view_shape(a.batch, a.seq_kv, a.head_dim_v), o = view_shape(a.batch, a.seq_q, a.head_dim_v),
+                    m = view_shape(a.batch, a.seq_q, a.seq_kv), st = view_shape(a.batch, a.seq_q, 1);
+    if (!(s = check_reach(a.query, "query", q)).ok || !(s = check_reach(a.key, "key", k)).ok ||
+        !(s = check_reach(a.value, "value", v)).ok || !(s = check_reach(a.output, "output", o)).ok)
+        return s;
+    if (a.mask_kind != MaskKind::none && !(s = check_reach(a.mask, "mask", m)).ok) return s;
+    if (a.stats.data && !(s = check_reach(a.stats, "stats", st)).ok) return s;
+    return Status::success();
+}
+
+}  // namespace
+
+Status check_forward_args(const SdpaForwardArgs& a) {
+    Status s;
+    if (!(s = check_call(a)).ok) return s;
+    const ViewShape o = view_shape(a.batch, a.seq_q, a.head_dim_v), st = view_shape(a.batch, a.seq_q, 1);
+    if (!(s = check_no_self_overlap(a.output, "output", o)).ok) return s;
+    if (a.stats.data && !(s = check_no_self_overlap(a.stats, "stats", st)).ok) return s;
     return Status::success();
 }
 
@@ -43,7 +137,7 @@ Status check_forward_args(const SdpaForwardArgs& a) {
 Status check_backward_args(const SdpaBackwardArgs& b) {
     const SdpaForwardArgs& a = b.forward;
     Status s;
-    if (!(s = check_forward_args(a)).ok) return s;
+    if (!(s = check_call(a)).ok) return s;
     if (!a.stats.data) return Status::error("stats: the forward's log-sum-exp is required");
     if (!(s = check_view(b.grad_output, "grad_output", true)).ok) return s;
     if (!(s = check_view(b.grad_query, "grad_query", true)).ok) return s;
@@ -60,6 +154,21 @@ Status check_backward_args(const SdpaBackwardArgs& b) {
             return Status::error("key, value, grad_key and grad_value must all be broadcast (stride 0) over " + dim +
                                  ", or none of them");
     }
+    const ViewShape q = view_shape(a.batch, a.seq_q, a.head_dim_qk), k = view_shape(a.batch, a.seq_kv, a.head_dim_qk),
+                    v = view_shape(a.batch, a.seq_kv, a.head_dim_v), o = view_shape(a.batch, a.seq_q, a.head_dim_v),
+                    m = view_shape(a.batch, a.seq_q, a.seq_kv);
+    if (!(s = check_reach(b.grad_output, "grad_output", o)).ok || !(s = check_reach(b.grad_query, "grad_query", q)).ok ||
+        !(s = check_reach(b.grad_key, "grad_key", k)).ok || !(s = check_reach(b.grad_value, "grad_value", v)).ok)
+        return s;
+    if (b.grad_mask.data && !(s = check_reach(b.grad_mask, "grad_mask", m)).ok) return s;
+    // dK and dV sum over the batch dims where K and V are broadcast (checked above to match theirs).
+    bool kv_summed[kBatchDims + 2] = {};
+    for (int d = 0; d < kBatchDims; ++d) kv_summed[d] = a.key.strides[d] == 0;
+    if (!(s = check_no_self_overlap(b.grad_query, "grad_query", q)).ok ||
+        !(s = check_no_self_overlap(b.grad_key, "grad_key", k, kv_summed)).ok ||
+        !(s = check_no_self_overlap(b.grad_value, "grad_value", v, kv_summed)).ok)
+        return s;
+    if (b.grad_mask.data && !(s = check_no_self_overlap(b.grad_mask, "grad_mask", m)).ok) return s;
     return Status::success();
 }
 

@@ -19,7 +19,7 @@ from ..dtypes import DTYPES, DataType, FLOAT_TYPES
 from ..ops import OpKind
 from ..ops.philox import bits64
 from ..patterns.sdpa import InputChain, SdpaMatch
-from ..views import reshape_strides, transpose_strides, untranspose_strides
+from ..views import overlaps_itself, reshape_strides, transpose_strides, untranspose_strides
 
 KERNEL_BATCH_DIMS = 3
 
@@ -180,6 +180,12 @@ class FusedSdpaForward:
             stats = lts[m.stats_id]
             views["stats"] = (_code(stats.dtype, {DataType.f32}, "stats"),
                               _kernel_strides(_View(stats.shape, stats.strides), batch, seq_q, 1, "stats"))
+            kernel_shape = (1,) * (KERNEL_BATCH_DIMS - len(batch)) + tuple(batch) + (seq_q, 1)
+            if overlaps_itself(kernel_shape, views["stats"][1]):
+                # V's batch dims broadcast the output beyond the scores: the kernel would write each row's
+                # stats once per output batch index, from several threads.
+                raise NotUsable(f"stats {stats.shape} would be written once per index of the output's batch "
+                                f"{tuple(batch)}")
         self.scale = _scalar_chain(m.scale, lts, "scale")
         self.select_fill = _scalar_chain(m.select_fill, lts, "Select fill value")
         self.causal_fill = _scalar_chain(m.causal.fill, lts, "causal fill value") if m.causal else None

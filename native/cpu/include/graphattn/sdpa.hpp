@@ -16,12 +16,23 @@ enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2, boolean = 3 };
 
 constexpr int kBatchDims = 3;
 
+// The bytes a view's buffer holds around its data pointer: [begin, end),
+// relative to data (begin <= 0 where negative strides reach back).  Left at
+// its default (end < begin) the buffer's size is unknown and not checked.
+struct BufferExtent {
+    int64_t begin = 0;
+    int64_t end = -1;
+    bool known() const { return end >= begin; }
+};
+
 // Strides are in elements, not bytes.  strides[0..2] are the batch dims,
-// strides[3] the row (sequence) dim, strides[4] the column dim.
+// strides[3] the row (sequence) dim, strides[4] the column dim.  `buffer`,
+// when given, is checked to hold every element the view reaches.
 struct TensorView {
     const void* data = nullptr;
     DType dtype = DType::f32;
     int64_t strides[kBatchDims + 2] = {0, 0, 0, 0, 0};
+    BufferExtent buffer;
 };
 
 enum class MaskKind : int32_t {
@@ -99,7 +110,10 @@ struct Status {
 };
 
 // Argument checks every kernel family runs first: shapes, dtypes, null
-// pointers and, for the backward, the broadcast rules of the gradients.
+// pointers, each view's reach against its buffer (where given), written
+// views that would put two elements in one place (stride 0 over a dim of two
+// or more, or strides that fold), and, for the backward, the broadcast rules
+// of the gradients.
 Status check_forward_args(const SdpaForwardArgs& args);
 Status check_backward_args(const SdpaBackwardArgs& args);
 
