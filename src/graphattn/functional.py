@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import sycl_runtime, verbose
+from . import arguments, sycl_runtime, verbose
 from .dtypes import DataType, from_numpy as dtype_of, numpy_dtype
 from .engine import Engine, Stream
 from .builder import GraphBuilder
 from .ops.broadcast import broadcast_shapes
-from .interop import from_numpy, is_torch_tensor, to_numpy, torch_empty, torch_empty_like, torch_layout
+from .interop import (from_numpy, is_torch_tensor, plain_torch_tensors, to_numpy, torch_empty, torch_empty_like,
+                      torch_layout)
 from .tensor import Tensor, element_strides
 
 _ENGINE = Engine("cpu")
@@ -37,7 +38,10 @@ class SignatureCache:
         evicted for _CACHE_SIZE / 2 more new signatures, and the reordering took 0.4 us of a tiny call's 5.5 us."""
         entry = self._entries.get(signature)
         if entry is not None and len(self._entries) > _CACHE_SIZE // 2:
-            self._entries.move_to_end(signature)
+            try:
+                self._entries.move_to_end(signature)
+            except KeyError:  # another thread evicted it since the lookup: the entry itself is still good
+                pass
         return entry
 
     def __len__(self) -> int:
@@ -45,13 +49,18 @@ class SignatureCache:
 
     def put(self, signature, entry) -> None:
         self._entries[signature] = entry
-        if len(self._entries) > _CACHE_SIZE:
-            self._entries.popitem(last=False)
+        while len(self._entries) > _CACHE_SIZE:
+            try:
+                self._entries.popitem(last=False)
+            except KeyError:  # another thread emptied it meanwhile
+                break
 
 
 _cache = SignatureCache()  # compiled partitions of the forward
 
 ALIGNMENTS = ("top_left", "bottom_right")
+# The dtypes of query, key and value the kernels take.
+_KERNEL_FLOATS = frozenset(numpy_dtype(dt) for dt in (DataType.f32, DataType.bf16, DataType.f16))
 
 
 @dataclass
@@ -65,6 +74,7 @@ class _Compiled:
     out_dtype: np.dtype       # the output's NumPy dtype
     default_scale: float      # 1 / sqrt(E), the scale of calls without one
     out_like_query: bool      # the output has the query's shape and C-contiguous layout (its dtype always)
+    query_shape: tuple        # the shape the query was compiled for (V's batch dims may broadcast it)
 
 
 def new_dropout_seed() -> int:
@@ -131,15 +141,27 @@ def _empty_like_kind(template, shape, dtype, queue):
     return dpnp.empty(shape, dtype=dtype, sycl_queue=queue)
 
 
-def _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment):
+def _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment, kind="numpy"):
+    """The rules of a new signature (shapes, dtypes, flags) on NumPy or USM arrays; kind is the caller's array
+    kind, for messages in its terms.  Returns whether the call is grouped-query (enable_gqa with fewer K/V
+    heads)."""
+    operands = (("query", q), ("key", k), ("value", v)) + ((("attn_mask", mask),) if mask is not None else ())
+    for name, a in operands:
+        if isinstance(a, np.ndarray):
+            arguments.check_host_array(a, name)
     for name, a in (("query", q), ("key", k), ("value", v)):
         if a.ndim < 3:
             raise ValueError(f"{name} must have at least 3 dims (..., seq, head_dim), got shape {a.shape}")
-    dtypes = {q.dtype, k.dtype, v.dtype}
-    if len(dtypes) != 1:
-        raise TypeError(f"query, key and value must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if dtype_of(q.dtype) not in (DataType.f32, DataType.bf16, DataType.f16):
-        raise TypeError(f"query dtype {q.dtype} is not supported; use float32, bfloat16 or float16")
+        if a.dtype not in _KERNEL_FLOATS:
+            raise arguments.unsupported_float(name, a.dtype, kind)
+    if len({q.dtype, k.dtype, v.dtype}) != 1:
+        raise TypeError(f"query, key and value must share one dtype, got {arguments.dtype_text(q.dtype, kind)}, "
+                        f"{arguments.dtype_text(k.dtype, kind)}, {arguments.dtype_text(v.dtype, kind)}")
+    if mask is not None and mask.dtype != np.bool_ and mask.dtype not in (q.dtype, np.float32):
+        raise TypeError(f"attn_mask dtype {arguments.dtype_text(mask.dtype, kind)} is not supported; a mask is "
+                        f"bool or float ({arguments.dtype_text(np.float32, kind)} or the query's "
+                        f"{arguments.dtype_text(q.dtype, kind)})")
+    arguments.check_head_sizes(q.shape, k.shape, v.shape)
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"query and key head dims differ: query {q.shape} (E={q.shape[-1]}) vs key {k.shape} "
                          f"(E={k.shape[-1]})")
@@ -181,6 +203,16 @@ def _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignm
     return gqa
 
 
+def _query_over_value_batch(q: np.ndarray, k: np.ndarray, v: np.ndarray, gqa: bool) -> np.ndarray:
+    """Q viewed (stride 0, no copy) over the batch dims that V's alone bring beyond Q's and K's, so that the
+    scores, and the stats, have one row per output row: each is then written once, by one thread."""
+    lead = 3 if gqa else 2
+    batch = broadcast_shapes([q.shape[:-lead], k.shape[:-lead], v.shape[:-lead]], "batch")
+    if batch == broadcast_shapes([q.shape[:-lead], k.shape[:-lead]], "batch"):
+        return q
+    return np.broadcast_to(q, batch + tuple(q.shape[-lead:]))
+
+
 def _normalize_mask(mask):
     """None, or an array of rank >= 2; a scalar zero float mask means no mask."""
     if mask is None:
@@ -206,9 +238,9 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p, en
         lq = reshape(lq, q.shape[:-3] + (hkv, rep) + q.shape[-2:])
         lk = reshape(lk, k.shape[:-3] + (hkv, 1) + k.shape[-2:])
         lv = reshape(lv, v.shape[:-3] + (hkv, 1) + v.shape[-2:])
-    batch = broadcast_shapes([lq.shape[:-2], lk.shape[:-2], lv.shape[:-2]], "batch")
+    # The scores take the batch dims of Q and K; V's may broadcast them further, as in PyTorch (P V then does).
     seq_q, seq_kv = q.shape[-2], k.shape[-2]
-    score_shape = batch + (seq_q, seq_kv)
+    score_shape = broadcast_shapes([lq.shape[:-2], lk.shape[:-2]], "batch") + (seq_q, seq_kv)
     score = op("MatMul", [lq, lk], [tensor(None, f32, score_shape)], transpose_b=True)
     score = op("Multiply", [score, tensor("scale", f32, (1,))], [tensor(None, f32, score_shape)])
     if mask is not None:
@@ -241,7 +273,8 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p, en
         s64 = DataType.s64
         probabilities = op("Dropout", [probabilities, tensor("seed", s64, (1,)), tensor("offset", s64, (1,))],
                            [tensor(None, dt, masked_shape)], p=dropout_p)
-    out = op("MatMul", [probabilities, lv], [tensor(None, dt, masked_shape[:-1] + (v.shape[-1],))])
+    out_batch = broadcast_shapes([masked_shape[:-2], lv.shape[:-2]], "batch")
+    out = op("MatMul", [probabilities, lv], [tensor(None, dt, out_batch + (seq_q, v.shape[-1]))])
     if gqa:
         out = reshape(out, out.shape[:-4] + (hq,) + out.shape[-2:])
     roles = b.roles
@@ -258,7 +291,7 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p, en
         fixed[roles["seq_q"]] = np.array([seq_q], np.int32)
     return _Compiled(compiled, roles, compiled.query_logical_tensor(out.id).shape, stats_shape, fixed,
                      compiled.bound_runner(fixed), numpy_dtype(dt), 1.0 / math.sqrt(q.shape[-1]),
-                     q.flags.c_contiguous and tuple(q.shape) == tuple(out.shape))
+                     q.flags.c_contiguous and tuple(q.shape) == tuple(out.shape), tuple(q.shape))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
@@ -283,7 +316,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     """
     # torch Q, K, V without a mask go to the kernel as they are (no NumPy views): on decode-sized calls the
     # views cost more than torch's whole call.  New signatures are still checked and built through NumPy.
-    torch_direct = attn_mask is None and is_torch_tensor(query) and is_torch_tensor(key) and is_torch_tensor(value)
+    torch_direct = attn_mask is None and plain_torch_tensors(query, key, value)
+    layouts = torch_layout(query, key, value) if torch_direct else None
+    torch_direct = layouts is not None
     on_sycl = None if torch_direct else _sycl_inputs(query, key, value, attn_mask)
     if on_sycl is not None:
         q, k, v, mask, queue = on_sycl
@@ -297,11 +332,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         v, _ = to_numpy(value, "value")
         mask = _normalize_mask(None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0])
         queue = None
-    dropout_p = float(dropout_p)
+    if type(dropout_p) is not float:
+        dropout_p = arguments.dropout_probability(dropout_p)
     # A signature seen before was validated when it was built: only new ones are checked.
     if torch_direct:
-        signature = (torch_layout(q, k, v), bool(enable_gqa), bool(is_causal), causal_alignment, bool(return_stats),
-                     dropout_p)
+        signature = (layouts, bool(enable_gqa), bool(is_causal), causal_alignment, bool(return_stats), dropout_p)
     else:
         signature = (_layout(q), _layout(k), _layout(v), _layout(mask) if mask is not None else None,
                      bool(enable_gqa), bool(is_causal), causal_alignment, bool(return_stats), dropout_p, queue)
@@ -310,14 +345,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         # Checked and built on NumPy views (the same memory); a torch tensor off the CPU is refused here.
         qc, kc, vc = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value"))) \
             if torch_direct else (q, k, v)
-        gqa = _check_inputs(qc, kc, vc, mask, dropout_p, is_causal, enable_gqa, causal_alignment)
-        if mask is not None and mask.dtype != np.bool_ and mask.dtype not in (q.dtype, np.float32):
-            raise TypeError(f"a float attn_mask must be float32 or the query's dtype {q.dtype}, got {mask.dtype}")
+        gqa = _check_inputs(qc, kc, vc, mask, dropout_p, is_causal, enable_gqa, causal_alignment, kind)
+        if queue is None:
+            qc = _query_over_value_batch(qc, kc, vc, gqa)
         entry = _build(qc, kc, vc, mask, gqa, bool(is_causal), causal_alignment, return_stats, dropout_p,
                        _engine_for(queue)[0])
         _cache.put(signature, entry)
+    if torch_direct and entry.runner is None:  # the reference executor (or the verbose log) takes NumPy arrays
+        q, k, v = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value")))
+        torch_direct = False
 
-    scale_value = entry.default_scale if scale is None else float(scale)
+    scale_value = entry.default_scale if scale is None else (scale if type(scale) is float else
+                                                             arguments.real_number(scale, "scale"))
     seed = offset = 0
     if dropout_p > 0.0:
         seed = new_dropout_seed() if dropout_seed is None else _s64(dropout_seed, "dropout_seed")
@@ -335,6 +374,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         entry.runner(q, k, v, out, mask, stats, scale_value, seed, offset)
         return _results(out, stats, torch_direct, kind)
     roles = entry.roles
+    if queue is None and tuple(q.shape) != entry.query_shape:
+        q = np.broadcast_to(q, entry.query_shape)  # as _query_over_value_batch viewed it at build time
     data = {roles["query"]: q, roles["key"]: k, roles["value"]: v,
             roles["scale"]: np.array([scale_value], np.float32), **entry.fixed}
     if "mask" in roles:
@@ -357,7 +398,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 
 
 def _s64(value, name: str) -> int:
-    value = int(value)
+    value = arguments.integer(value, name)
     if not -(1 << 63) <= value < 1 << 63:
         raise ValueError(f"{name} must fit in a signed 64-bit integer, got {value}")
     return value
@@ -367,5 +408,14 @@ def _results(out, stats, torch_direct: bool, kind: str):
     """out, or (out, stats), as the caller's array kind."""
     if stats is None:
         return out if torch_direct else from_numpy(out, kind)
-    stats = stats.reshape(tuple(out.shape[:-1]) + (1,))  # GQA stats come as (..., Hkv, rep, L, 1): query's heads
+    stats_shape = tuple(out.shape[:-1]) + (1,)
+    if (stats.numel() if torch_direct else stats.size) == math.prod(stats_shape):
+        stats = stats.reshape(stats_shape)  # GQA stats come as (..., Hkv, rep, L, 1): query's heads
+    else:  # V's batch dims broadcast the output beyond the scores': each row's stats repeat over them
+        stats = stats.reshape((1,) * (len(stats_shape) - stats.ndim) + tuple(stats.shape))
+        if is_torch_tensor(stats):
+            stats = stats.expand(stats_shape).contiguous()
+        else:
+            xp = np if isinstance(stats, np.ndarray) else __import__("dpnp")
+            stats = xp.ascontiguousarray(xp.broadcast_to(stats, stats_shape))
     return (out, stats) if torch_direct else (from_numpy(out, kind), from_numpy(stats, kind))

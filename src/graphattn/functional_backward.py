@@ -17,9 +17,9 @@ import numpy as np
 
 from . import _cpu
 from .dtypes import DTYPES, from_numpy as dtype_of
-from . import sycl_runtime, verbose
+from . import arguments, sycl_runtime, verbose
 from .functional import SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
-from .interop import from_numpy, is_torch_tensor, to_numpy, torch_empty, torch_layout
+from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
 from .logical_tensor import dense_strides
 from .ops.broadcast import broadcast_shapes
 from .ops.philox import bits64
@@ -98,16 +98,25 @@ class _BackwardPlan:
     def direct(self) -> bool:
         """Whether the kernel's gradient buffers are the gradients themselves (no copied operand to sum back)
         and it has work: then torch tensors can go to it as they are."""
-        return self.query_copy is None and self.kv_copy is None and not self.dense and self.seq_q > 0 \
-            and self.seq_kv > 0
+        return self.query_copy is None and self.kv_copy is None and not self.dense and self.has_scores
+
+    @property
+    def has_scores(self) -> bool:
+        """Whether any score exists (no empty batch dim or sequence): else every gradient is zero and the kernel,
+        which takes no empty views, is not called."""
+        return self.seq_q > 0 and self.seq_kv > 0 and 0 not in self.kernel_batch
 
 
 _plans = SignatureCache()
 
 
-def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad):
+def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad,
+          kind="numpy"):
     """Checks a new signature and derives its _BackwardPlan (the arrays' data are not read)."""
-    gqa = _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment)
+    gqa = _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment, kind)
+    for name, a in (("out", o), ("grad_out", do), ("stats", st)):
+        if isinstance(a, np.ndarray):
+            arguments.check_host_array(a, name)
     hq, hkv = q.shape[-3], k.shape[-3]
     lead = [q.shape[:-3], k.shape[:-3], v.shape[:-3]] if gqa else [q.shape[:-2], k.shape[:-2], v.shape[:-2]]
     out_shape = broadcast_shapes(lead, "batch") + ((hq,) if gqa else ()) + (q.shape[-2], v.shape[-1])
@@ -151,9 +160,15 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
     def given(a, dtype, dense):  # a caller's array as it is, or its contiguous copy
         return fresh(a.shape, dtype) if dense else (a.shape, _strides(a), dtype)
 
+    def stride_0(a) -> bool:  # a caller's broadcast view (stride 0 over a batch dim of 2 or more)
+        return any(s == 0 and d > 1 for d, s in zip(a.shape[:-2], _strides(a)[:-2]))
+
+    # A caller's stride-0 view of Q, K or V has a gradient element per index, as any other tensor of its shape
+    # does (torch's gradient of an expand()ed tensor): it is copied, like a broadcast operand, so the kernel
+    # does not sum over its stride-0 dims.
     for dense in (False, True):
-        query_copy = batch + tuple(q2.shape[-2:]) if dense or any(is_broadcast(q2)) else None
-        kv_alike = is_broadcast(k2) == is_broadcast(v2)
+        query_copy = batch + tuple(q2.shape[-2:]) if dense or any(is_broadcast(q2)) or stride_0(q2) else None
+        kv_alike = is_broadcast(k2) == is_broadcast(v2) and not stride_0(k2) and not stride_0(v2)
         kv_copy = None if kv_alike and not dense else (batch + tuple(k2.shape[-2:]), batch + tuple(v2.shape[-2:]))
         mask_copy = batch + (q.shape[-2], k.shape[-2]) if dense and m2 is not None else None
         grad_shapes = (batch + tuple(q2.shape[-2:]), kv_copy[0] if kv_copy else tuple(k2.shape),
@@ -218,7 +233,7 @@ def _log_plan(plan: _BackwardPlan, is_causal: bool, dropout_p: float, queue) -> 
 def _run_kernel(run_backward, plan: _BackwardPlan, arrays: dict, scale, is_causal, dropout_p, dropout_seed,
                 dropout_offset) -> None:
     """One kernel call on the plan's views of `arrays` (NumPy arrays, torch CPU tensors or USM addresses)."""
-    scale_value = plan.default_scale if scale is None else float(scale)
+    scale_value = plan.default_scale if scale is None else arguments.real_number(scale, "scale")
     specs = {name: (code, strides, arrays[name]) for name, code, strides in plan.roles}
     if verbose.enabled():
         import time
@@ -254,7 +269,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     With dropout, pass the forward's dropout_p, dropout_seed and
     dropout_offset: the kernel regenerates the same keep-mask.
     """
-    dropout_p = float(dropout_p)
+    dropout_p = arguments.dropout_probability(dropout_p)
     if dropout_p > 0 and dropout_seed is None:
         raise ValueError("dropout_p > 0 needs the forward's dropout_seed (and dropout_offset) to rebuild its mask")
     # torch tensors without a mask go to the kernel as they are once their signature has a plan, as in the
@@ -262,8 +277,9 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     # kernel.  A new signature is checked and planned through NumPy first.
     tensors = (grad_out, query, key, value, out, stats)
     torch_signature = None
-    if attn_mask is None and all(is_torch_tensor(x) for x in tensors):
-        torch_signature = (torch_layout(*tensors), bool(enable_gqa), bool(is_causal), causal_alignment, dropout_p,
+    layouts = torch_layout(*tensors) if attn_mask is None and plain_torch_tensors(*tensors) else None
+    if layouts is not None:
+        torch_signature = (layouts, bool(enable_gqa), bool(is_causal), causal_alignment, dropout_p,
                            bool(return_mask_grad))
         plan = _plans.get(torch_signature)
         if plan is not None:  # direct: the kernel's contiguous gradient buffers have the operands' own shapes
@@ -299,7 +315,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     plan = _plans.get(signature)
     if plan is None:
         plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
-                     return_mask_grad)
+                     return_mask_grad, kind)
         _plans.put(signature, plan)
         if torch_signature is not None and plan.direct:
             _plans.put(torch_signature, plan)
@@ -323,7 +339,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     dmask_full = None if plan.grad_mask_shape is None else empty(plan.grad_mask_shape, np.float32)
     arrays = {"query": q_in, "key": k_in, "value": v_in, "output": o, "stats": st, "grad_output": do,
               "grad_query": dq_full, "grad_key": dk_own, "grad_value": dv_own, "mask": mask_in, "grad_mask": dmask_full}
-    if plan.seq_q == 0 or plan.seq_kv == 0:  # no score exists: every gradient is zero (the kernel takes no empty views)
+    if not plan.has_scores:
         for a in (dq_full, dk_own, dv_own, dmask_full):
             if a is not None:
                 a[...] = 0

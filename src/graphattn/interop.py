@@ -29,13 +29,18 @@ def is_torch_tensor(x) -> bool:
 
 
 def to_numpy(x, name: str) -> tuple[np.ndarray, str]:
-    """(array sharing x's memory, kind of x) where kind is 'numpy' or 'torch'."""
+    """(array sharing x's memory, kind of x) where kind is 'numpy' or 'torch'.  A torch tensor with the negative
+    bit (torch._neg_view) is resolved into a copy: its memory holds the negated values."""
     if isinstance(x, np.ndarray):
         return x, "numpy"
     if is_torch_tensor(x):
         if not x.is_cpu:
             raise TypeError(f"{name} is a torch tensor on {x.device}; the CPU engine needs CPU tensors")
+        if x.layout is not _torch.strided:
+            raise TypeError(f"{name} is a torch tensor of layout {x.layout}; pass a dense tensor ({name}.to_dense())")
         t = x.detach() if x.requires_grad else x
+        if t.is_neg() or t.is_conj():
+            t = t.resolve_neg().resolve_conj()
         if t.dtype is _torch.bfloat16:
             return t.view(_torch.int16).numpy().view(ml_dtypes.bfloat16), "torch"
         return t.numpy(), "torch"
@@ -46,14 +51,39 @@ def to_numpy(x, name: str) -> tuple[np.ndarray, str]:
     raise TypeError(f"{name} must be a NumPy array, a torch CPU tensor or a DLPack producer, got {type(x).__name__}")
 
 
-def torch_layout(*tensors) -> tuple:
+def plain_torch_tensors(*xs) -> bool:
+    """Whether every x is a torch tensor whose memory holds its values as they are (no negative bit, which
+    torch._neg_view sets): such tensors may go to a kernel without a NumPy view."""
+    for x in xs:
+        if not is_torch_tensor(x) or x.is_neg():
+            return False
+    return True
+
+
+def torch_layout(*tensors) -> tuple | None:
     """What pins the memory layout of torch tensors for a compiled call or a plan: the shape, element strides,
-    dtype and whether on the CPU of each, in one tuple."""
-    if len(tensors) == 3:  # the forward's Q, K, V spelled out: the loop below costs 0.3-0.5 us more a call
-        q, k, v = tensors
-        return ((q.shape, q.stride(), q.dtype, q.is_cpu), (k.shape, k.stride(), k.dtype, k.is_cpu),
-                (v.shape, v.stride(), v.dtype, v.is_cpu))
-    return tuple([(t.shape, t.stride(), t.dtype, t.is_cpu) for t in tensors])  # a list: faster than a generator
+    dtype and whether on the CPU of each, in one tuple; None where one has no strides (a sparse tensor, which
+    the checks of a new signature then refuse by name)."""
+    try:
+        if len(tensors) == 3:  # the forward's Q, K, V spelled out: the loop below costs 0.3-0.5 us more a call
+            q, k, v = tensors
+            return ((q.shape, q.stride(), q.dtype, q.is_cpu), (k.shape, k.stride(), k.dtype, k.is_cpu),
+                    (v.shape, v.stride(), v.dtype, v.is_cpu))
+        return tuple([(t.shape, t.stride(), t.dtype, t.is_cpu) for t in tensors])  # a list: faster than a generator
+    except RuntimeError:
+        return None
+
+
+def torch_dtype_name(dtype) -> str:
+    """A NumPy dtype as torch names it (torch.float64), for messages to torch callers."""
+    if _torch is None:
+        return str(np.dtype(dtype))
+    if dtype == ml_dtypes.bfloat16:
+        return str(_torch.bfloat16)
+    try:
+        return str(_torch.from_numpy(np.empty(0, dtype)).dtype)
+    except TypeError:
+        return str(np.dtype(dtype))
 
 
 def torch_empty(shape: tuple, dtype: np.dtype):
