@@ -398,3 +398,29 @@ def test_ten_thousand_mixed_calls_do_not_grow_memory(rng):
     grown = _rss_kib() - before
     print(f"RSS growth over 10,000 mixed calls: {grown} KiB")
     assert grown < 5 * 1024, f"RSS grew by {grown} KiB"
+
+
+# ---- SYCL (the OpenCL CPU device in CI) --------------------------------------------------------------------------
+
+
+@pytest.mark.sycl
+def test_sycl_float_mask_beyond_flt_max_over_log2e_and_view_reach(rng):
+    from sycl_helpers import get_queue_or_skip
+
+    queue = get_queue_or_skip()
+    import dpnp
+
+    q, k, v = _qkv(rng, (1, 2, 5, 16))
+    mask = np.zeros((1, 1, 5, 5), np.float32)
+    mask[..., 2] = 3e38
+    on_device = [dpnp.asarray(x, sycl_queue=queue) for x in (q, k, v, mask)]
+    out = dpnp.asnumpy(ga.scaled_dot_product_attention(*on_device[:3], attn_mask=on_device[3]))
+    assert_close(out, sdpa_reference(q, k, v, attn_mask=mask), "f32")
+    # The plugin checks each USM view's reach against the array it was given, as the CPU binding does.
+    partition = _sdpa_graph()[0].partition  # (1, 2, 5, 8) operands
+    compiled = partition.compile(partition.get_input_ports(), partition.get_output_ports(), ga.Engine(queue))
+    q8, k8, v8 = (dpnp.asarray(x, sycl_queue=queue) for x in _qkv(rng))
+    short = dpnp.asarray(np.asarray(dpnp.asnumpy(v8))[:, :1], sycl_queue=queue)
+    with pytest.raises(ValueError, match="value: its strides .* outside its buffer"):
+        compiled.execute_unchecked({0: q8, 1: k8, 2: short},
+                                   {5: dpnp.empty((1, 2, 5, 8), dtype=np.float32, sycl_queue=queue)})

@@ -28,6 +28,7 @@ int main() {
         view.dtype = graphattn::DType::f32;
         const int64_t strides[5] = {0, H * S * D, S * D, D, 1};
         std::copy(strides, strides + 5, view.strides);
+        view.buffer = {0, int64_t(sizeof(float)) * N * H * S * D};  // the bytes the checks let the view reach
         return view;
     };
     args.query = bshd_view(q.data());
@@ -35,6 +36,7 @@ int main() {
     args.value = bshd_view(v.data());
     args.output = bshd_view(out.data());
     args.mask.data = mask.data();
+    args.mask.buffer = {0, int64_t(sizeof(float) * mask.size())};
     const int64_t mask_strides[5] = {0, S * S, 0, S, 1};  // stride 0 over heads
     std::copy(mask_strides, mask_strides + 5, args.mask.strides);
     args.mask_kind = graphattn::MaskKind::additive;

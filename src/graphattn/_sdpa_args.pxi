@@ -99,3 +99,13 @@ cdef void _set_backward_args(SdpaBackwardArgs* args, object batch, int64_t seq_q
     args.forward.causal_fill = causal_fill
     args.forward.dropout_seed = dropout_seed
     args.forward.dropout_offset = dropout_offset
+
+
+cdef void _set_extent(TensorView* view, object extent) except *:
+    # extent = (begin, end) bytes around the view's data that its buffer holds, or None (unknown, unchecked)
+    if extent is None:
+        view.buffer.begin = 0
+        view.buffer.end = -1
+        return
+    view.buffer.begin = extent[0]
+    view.buffer.end = extent[1]

@@ -67,13 +67,22 @@ cdef class ForwardPlan:
 
     def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
             uintptr_t stats=0, float scale=1.0, int64_t causal_offset=0, float select_fill=float("-inf"),
-            float causal_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0):
-        """Submit the kernel on the plan's queue for these USM addresses; raises ValueError on bad arguments."""
+            float causal_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0, extents=None):
+        """Submit the kernel on the plan's queue for these USM addresses; raises ValueError on bad arguments.
+        extents: None, or the (begin, end) bytes around each address that its buffer holds, for query, key,
+        value, output, mask and stats (None for one not known), checked against the views' reach."""
         cdef SdpaForwardArgs local = self.args
         cdef Status status
         cdef void* q = _queue_ref(self.queue)
         _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, causal_offset, select_fill,
                               causal_fill, dropout_seed, dropout_offset)
+        if extents is not None:
+            _set_extent(&local.query, extents[0])
+            _set_extent(&local.key, extents[1])
+            _set_extent(&local.value, extents[2])
+            _set_extent(&local.output, extents[3])
+            _set_extent(&local.mask, extents[4])
+            _set_extent(&local.stats, extents[5])
         with nogil:
             status = sdpa_forward(q, local)
         _raise_if_failed(status)
@@ -83,15 +92,28 @@ def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, i
              int mask_kind=0, bint select_keep_value=True, bint has_scale=False, float scale=1.0,
              bint causal=False, int64_t causal_offset=0, float select_fill=float("-inf"),
              float causal_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
-             uint64_t dropout_seed=0, uint64_t dropout_offset=0):
+             uint64_t dropout_seed=0, uint64_t dropout_offset=0, dict extents=None):
     """Submit the fused backward kernels.  views maps the CPU backward's names to
-    (dtype code, 5 strides, USM address)."""
+    (dtype code, 5 strides, USM address); extents (optional) maps them to the (begin, end) bytes around each
+    address that its buffer holds, checked against the views' reach."""
     cdef SdpaBackwardArgs args
     cdef Status status
     cdef void* q = _queue_ref(queue)
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind, select_keep_value,
                        has_scale, scale, causal, causal_offset, select_fill, causal_fill, inf_as_zero, dropout_p,
                        dropout_seed, dropout_offset)
+    if extents is not None:
+        _set_extent(&args.forward.query, extents.get("query"))
+        _set_extent(&args.forward.key, extents.get("key"))
+        _set_extent(&args.forward.value, extents.get("value"))
+        _set_extent(&args.forward.output, extents.get("output"))
+        _set_extent(&args.forward.stats, extents.get("stats"))
+        _set_extent(&args.forward.mask, extents.get("mask"))
+        _set_extent(&args.grad_output, extents.get("grad_output"))
+        _set_extent(&args.grad_query, extents.get("grad_query"))
+        _set_extent(&args.grad_key, extents.get("grad_key"))
+        _set_extent(&args.grad_value, extents.get("grad_value"))
+        _set_extent(&args.grad_mask, extents.get("grad_mask"))
     with nogil:
         status = sdpa_backward(q, args)
     _raise_if_failed(status)

@@ -241,13 +241,16 @@ class FusedSdpaForward:
         m = self.match
         causal_offset = self._causal_offset(inputs)
         if self.on_sycl:
-            run = self.plan.run
             operands = {"query": inputs[m.query.tensor_id], "key": inputs[m.key.tensor_id],
                         "value": inputs[m.value.tensor_id], "output": outputs[m.output_id]}
             sycl_runtime.wait_for_producers(list(inputs.values()) + list(outputs.values()))
             data = [usm_address(a, name) for name, a in operands.items()]
             mask = usm_address(inputs[m.mask.tensor_id], "mask") if m.mask is not None else 0
             stats = usm_address(outputs[m.stats_id], "stats") if m.stats_id is not None else 0
+            buffers = list(operands.values()) + [inputs[m.mask.tensor_id] if m.mask is not None else None,
+                                                 outputs[m.stats_id] if m.stats_id is not None else None]
+            extents = [None if a is None else sycl_runtime.usm_extent(a) for a in buffers]
+            run = functools.partial(self.plan.run, extents=extents)
         else:
             run = self.plan.run_arrays
             data = [inputs[m.query.tensor_id], inputs[m.key.tensor_id], inputs[m.value.tensor_id], outputs[m.output_id]]
