@@ -424,3 +424,13 @@ def test_sycl_float_mask_beyond_flt_max_over_log2e_and_view_reach(rng):
     with pytest.raises(ValueError, match="value: its strides .* outside its buffer"):
         compiled.execute_unchecked({0: q8, 1: k8, 2: short},
                                    {5: dpnp.empty((1, 2, 5, 8), dtype=np.float32, sycl_queue=queue)})
+
+
+def test_execute_names_a_tensor_whose_byte_strides_are_not_whole_elements(sdpa_graph, rng):
+    compiled, engine, stream, (q, k, v), out = sdpa_graph
+    base = np.zeros(4000, np.float32)
+    odd = np.lib.stride_tricks.as_strided(base, shape=q.shape, strides=(1280, 640, 128, 2))  # 2 bytes: half an f32
+    _, key, value = _qkv(rng)
+    with pytest.raises(ValueError, match="tensor 0 has byte strides .* not multiples of its element size"):
+        compiled.execute(stream, [ga.Tensor(q, engine, odd), ga.Tensor(k, engine, key), ga.Tensor(v, engine, value)],
+                         [ga.Tensor(out, engine, np.zeros(out.shape, np.float32))])

@@ -290,7 +290,7 @@ def _checked_array(data: np.ndarray, lt: LogicalTensor, where: str) -> np.ndarra
     if data.shape != lt.shape:
         raise ValueError(f"{where}: tensor {lt.id} has shape {data.shape}, compiled for {lt.shape}")
     if data.size:
-        strides = element_strides(data)
+        strides = element_strides(data, f"{where}: tensor {lt.id}")
         if any(a != b for a, b, d in zip(strides, lt.strides, lt.shape) if d != 1):
             raise ValueError(f"{where}: tensor {lt.id} has strides {strides}, compiled for {lt.strides}; "
                              "compile with LogicalTensor(..., strides=...) matching the array")

@@ -9,13 +9,15 @@ from .engine import Engine
 from .logical_tensor import LogicalTensor
 
 
-def element_strides(array: np.ndarray) -> tuple[int, ...]:
-    """NumPy byte strides converted to element strides; raises if they are not whole elements."""
+def element_strides(array: np.ndarray, name: str = "array") -> tuple[int, ...]:
+    """NumPy byte strides converted to element strides; a ValueError naming the array (`name`) if they are not
+    whole elements."""
     itemsize = array.itemsize
     if array.flags.aligned:  # every stride is then a multiple of the alignment, which is the itemsize here
         return tuple([s // itemsize for s in array.strides])
     if any(s % itemsize for s in array.strides):
-        raise ValueError(f"array strides {array.strides} are not multiples of the element size {itemsize}")
+        raise ValueError(f"{name} has byte strides {array.strides} that are not multiples of its element size "
+                         f"{itemsize}; pass a copy (np.ascontiguousarray)")
     return tuple(s // itemsize for s in array.strides)
 
 
