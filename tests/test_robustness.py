@@ -12,7 +12,7 @@ import graphattn as ga
 from graphattn import _cpu
 from graphattn.dtypes import as_data_type, numpy_dtype
 from graphattn.functional import SignatureCache
-from graphattn.testing import assert_close, assert_grad_close, random_array, sdpa_reference, sdpa_reference_backward
+from graphattn.testing import TOLERANCES, assert_close, assert_grad_close, random_array, sdpa_reference, sdpa_reference_backward
 
 torch = pytest.importorskip("torch")
 
@@ -434,3 +434,31 @@ def test_execute_names_a_tensor_whose_byte_strides_are_not_whole_elements(sdpa_g
     with pytest.raises(ValueError, match="tensor 0 has byte strides .* not multiples of its element size"):
         compiled.execute(stream, [ga.Tensor(q, engine, odd), ga.Tensor(k, engine, key), ga.Tensor(v, engine, value)],
                          [ga.Tensor(out, engine, np.zeros(out.shape, np.float32))])
+
+
+HUGE_EQUAL_KEYS_SCRIPT = """
+import numpy as np, graphattn as ga
+from graphattn.dtypes import as_data_type, numpy_dtype
+rng = np.random.default_rng(3)
+for dtype in ("f32", "bf16", "f16"):
+    dt = numpy_dtype(as_data_type(dtype))
+    big = 6e4 if dtype == "f16" else 1e5
+    pattern = np.sign(rng.standard_normal((1, 8, 1, 64)))
+    q = (np.sign(rng.standard_normal((1, 8, 256, 1))) * pattern * big).astype(dt)
+    k = np.repeat(pattern * big, 300, axis=2).astype(dt)
+    v = rng.standard_normal((1, 8, 300, 64)).astype(dt)
+    out = np.asarray(ga.scaled_dot_product_attention(q, k, v), np.float64)
+    mean = np.asarray(v, np.float64).mean(axis=2, keepdims=True)
+    print(dtype, ga.forward_isa(dtype, 256, 300, batch=8, head_dim=64), float(np.abs(out - mean).max()))
+"""
+
+
+def test_huge_equal_scores_on_every_forward_build_give_the_mean_of_v():
+    """300 equal keys whose scores pass 2^32: P is uniform, the output V's mean, on every build (with two
+    threads, f32 at these lengths takes the AMX build amx_bf16x6 where there is one)."""
+    from subprocess_helpers import run_python
+
+    for line in run_python(HUGE_EQUAL_KEYS_SCRIPT, OMP_NUM_THREADS="2").splitlines():
+        dtype, isa, error = line.split()
+        rtol, atol = TOLERANCES[as_data_type(dtype)]
+        assert float(error) <= atol + rtol, f"{dtype} on {isa}: max error {error}"  # |V's mean| is under 1
