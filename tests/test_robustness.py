@@ -343,7 +343,8 @@ def _mixed_call(i, arrays):
 
 
 def _mixed_arrays(rng):
-    shapes = [(1, 2, 9, 16), (2, 3, 33, 32), (1, 4, 1, 64), (1, 1, 130, 8)]
+    # (1, 4, 512, 64): enough key blocks that the backward's last items go in pieces sharing dQ rows
+    shapes = [(1, 2, 9, 16), (2, 3, 33, 32), (1, 4, 1, 64), (1, 1, 130, 8), (1, 4, 512, 64)]
     return [tuple(random_array(s, "f32", rng) for _ in range(4)) for s in shapes]
 
 

@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 
 #include "amx_packing.hpp"
 #include "amx_split.hpp"
@@ -253,7 +252,7 @@ struct Backward {
     }
 
     void chunk(Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int64_t j0, int kv_rows, float* dq_split,
-               std::mutex* dq_lock) {
+               const DqTurn& turn) {
         const int64_t fb = flat(b);
         const int rows = int(std::min<int64_t>(kRows, Sq - i0));
         for (int r = 0; r < rows; ++r) {
@@ -308,8 +307,7 @@ struct Backward {
                               sc.dv_t.get());
         accumulate_transposed(bf16s(q_cols) + fb * Dp * cols_ld, q_cols_plane, Dp, i0, pairs(sc.ds_pairs), sc.dk_t.get());
         float* dq = dq_split + (fb * Sqp + i0) * Dp;
-        std::unique_lock<std::mutex> hold;  // pieces of one item share its dQ rows
-        if (dq_lock) hold = std::unique_lock<std::mutex>(*dq_lock);
+        if (!turn.begin(fb * Sqp + i0, kRows)) return;  // pieces of one item add in their blocks' order (DqTurns)
         for (int m = 0; m < kRows / 16; m += 2)
             for (int n = 0; n < Dp / 16; n += 2) {
                 float* acc = dq + (m * 16) * Dp + n * 16;
@@ -319,6 +317,7 @@ struct Backward {
                                                kKeys / kTileBf16Cols);
                 store_tiles_2x2(acc, Dp * 4);
             }
+        turn.end(fb * Sqp + i0, kRows);
     }
 
     // Rows j0 .. j0 + kv_rows of K or V (cols wide) as the packings' inputs,
@@ -345,7 +344,7 @@ struct Backward {
     }
 
     void key_block(Scratch& sc, const int64_t outer_b[kBatchDims], int64_t j0, float* dq_split,
-                   std::mutex* dq_lock = nullptr) {
+                   const DqTurn& turn) {
         const int kv_rows = int(std::min<int64_t>(kKeys, Skv - j0));
         Bf16Block blocks[Parts];
         kv_part_blocks(sc, a.key, outer_b, j0, kv_rows, D, Dp, blocks);
@@ -364,7 +363,7 @@ struct Backward {
         for (int64_t g = 0; g < kv.group; ++g) {
             int64_t b[kBatchDims];
             kv.member(outer_b, g, b);
-            for (int64_t i0 = first_row; i0 < Sq; i0 += kRows) chunk(sc, b, i0, j0, kv_rows, dq_split, dq_lock);
+            for (int64_t i0 = first_row; i0 < Sq; i0 += kRows) chunk(sc, b, i0, j0, kv_rows, dq_split, turn);
         }
 
         store_transposed_rows(sc.dk_t.get(), kKeys, kv_rows, D, scale, args.grad_key, outer_b, j0, sc.out_rows.get());
@@ -377,7 +376,8 @@ struct Backward {
         if (saw_infinity.load()) return false;
         // 16-core Xeon, in-process A/B of KeyBlockWave's pieces against whole items: bf16 1.02-1.39x,
         // f16 1.03-1.72x (the most at (1,2,2048,64)); this machine 1.00-1.16x.
-        const KeyBlockWave work(kv.outer_items * splits, splits, key_blocks, omp_get_max_threads());
+        const KeyBlockWave work(kv.outer_items * splits, splits, key_blocks, omp_get_max_threads(),
+                                splits * batch_total * Sqp);
         run_on_team(team, [&] {
             Scratch sc(Dp, Dvp);
             configure_tiles();
@@ -388,9 +388,14 @@ struct Backward {
                 int64_t b[kBatchDims];
                 kv.outer_index(unit.item / splits, b);
                 float* dq_split = dq_sum.get() + unit.item % splits * batch_total * Sqp * Dp;
+                const int64_t split = unit.item % splits;
                 for (int64_t kb = unit.first; kb < unit.end; kb += splits)
-                    key_block(sc, b, kb * kKeys, dq_split, unit.lock);
-                if (sc.infinite) saw_infinity.store(true, std::memory_order_relaxed);
+                    key_block(sc, b, kb * kKeys, dq_split,
+                              DqTurn{unit.turns, split * batch_total * Sqp, unit.ordinal(kb, splits)});
+                if (sc.infinite) {
+                    saw_infinity.store(true, std::memory_order_relaxed);
+                    work.abandon();  // later units are skipped: no piece may wait on them
+                }
             }
             _tile_release();
 #pragma omp barrier

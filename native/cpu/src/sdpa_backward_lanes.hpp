@@ -34,7 +34,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -304,7 +303,7 @@ struct LaneBackward {
     // 1.019x and 1.029x, (1,16,16,1024,64) 1.011x, (1,16,16,2048,128) 1.018x, (4,32,32,512,64) 1.022x,
     // causal (1,32,8,1024,1024,128) 1.019x; small calls whose rows stay in L2 0.99x (noise).
     void key_item_rows(KeyScratch& sc, KeyBlock& kb, const int64_t b[kBatchDims], int64_t chunk_row0, int64_t i0,
-                       int rows, float* dq_buffer, std::mutex* dq_lock, bool rows_cold) {
+                       int rows, float* dq_buffer, const DqTurn& turn, bool rows_cold) {
         const int64_t fb = flat_batch(b);
         for (int r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
@@ -321,10 +320,10 @@ struct LaneBackward {
             probs_and_grad_scores(sc, kb, b, i0, rows);
         // dV^T += P^T dO and dK^T += dS^T Q (the scale is applied once, at the end).
         key_grads(sc, kb, b, i0, rows, int((i0 - chunk_row0) / 2));
-        // dQ rows += dS K; pieces of one item take turns.
-        std::unique_lock<std::mutex> hold;
-        if (dq_lock) hold = std::unique_lock<std::mutex>(*dq_lock);
+        // dQ rows += dS K; pieces of one item add in their key blocks' order (DqTurns).
+        if (!turn.begin(fb * a.seq_q + i0, rows)) return;
         query_grads(sc, kb, rows, dq_rows(b, i0, dq_buffer), dq_row_stride(), rows_cold);
+        turn.end(fb * a.seq_q + i0, rows);
     }
 
     // Row i of batch index b of dQ's sums: in the gradient itself (dq_direct), else in `buffer`; rows
@@ -545,7 +544,8 @@ struct LaneBackward {
     // sc.blocks.size() of them at once: each chunk of query rows is read once for
     // them all.  dq_buffer receives dS K.
     void key_items(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t first, int64_t end, int64_t step,
-                   float* dq_buffer, std::mutex* dq_lock) {
+                   float* dq_buffer, DqTurns* turns) {
+        const int64_t split = first % step, counter_base = split * batch_total * a.seq_q;
         const int64_t at_once = int64_t(sc.blocks.size());
         for (int64_t kb0 = first; kb0 < end; kb0 += at_once * step) {
             int taken = 0;
@@ -571,8 +571,9 @@ struct LaneBackward {
                         // From an even row of the chunk, so that the packed pairs line up; rows
                         // before first_row see none of the block's keys and add nothing.
                         const int64_t from = i0 + (std::max<int64_t>(0, blk.first_row - i0) & ~int64_t(1));
+                        const DqTurn turn{turns, counter_base, int32_t((blk.j0 / kLaneBlock - split) / step)};
                         if (from < i_end)
-                            key_item_rows(sc, blk, b, i0, from, int(i_end - from), dq_buffer, dq_lock, g == 0);
+                            key_item_rows(sc, blk, b, i0, from, int(i_end - from), dq_buffer, turn, g == 0);
                     }
                 }
             }
@@ -594,7 +595,7 @@ struct LaneBackward {
         // whole items: 1.06-1.12x at (1,16,1024,64), (1,16,2048,128) and (4,32,512,64),
         // 0.99-1.02x elsewhere; this machine 1.00-1.08x.
         const KeyBlockWave wave(kv.outer_items * dq_splits, dq_splits, key_blocks, omp_get_max_threads(),
-                                max_piece_blocks(a));
+                                dq_splits * batch_total * a.seq_q, max_piece_blocks(a));
         run_on_team(team, [&] {
             KeyScratch sc(D, Dv, d_padded, dropout.active, pair_dots, kKeyBlocksAtOnce);
 #pragma omp for schedule(dynamic, 1)
@@ -603,7 +604,7 @@ struct LaneBackward {
                 int64_t b[kBatchDims];
                 kv.outer_index(unit.item / dq_splits, b);
                 float* dq_buffer = dq_sum.get() + unit.item % dq_splits * dq_plane;
-                key_items(sc, b, unit.first, unit.end, dq_splits, dq_buffer, unit.lock);
+                key_items(sc, b, unit.first, unit.end, dq_splits, dq_buffer, unit.turns);
             }  // the loop's barrier: every dQ sum is complete
             if (!dq_direct) write_dq();
         });

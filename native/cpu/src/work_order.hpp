@@ -19,8 +19,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
-#include <mutex>
 #include <string>
+#include <thread>
 
 #include <omp.h>
 
@@ -198,33 +198,84 @@ inline std::string order_name(bool home, bool by_rank, bool groups = false) {
     return home ? "home_first" : (by_rank ? "longest_first" : "batch_major");
 }
 
-// GRAPHATTN_DETERMINISTIC set: the backwards hand out whole items only, so
-// that every call sums dQ in the same order (bitwise equal results); their
-// last-wave pieces otherwise add to an item's dQ rows in turns.
-inline bool deterministic_sums() {
-    static const bool on = std::getenv("GRAPHATTN_DETERMINISTIC") != nullptr;
-    return on;
-}
-
 // How a backward's key pass is laid out, for the verbose log (fields as
 // work_plan_text's): items of a K/V batch index's key blocks, `key_splits`
 // per index, their dQ buffers, and the hand-out order (the last wave in
-// pieces of one key block, or of piece_blocks, unless deterministic_sums).
+// pieces of one key block, or of piece_blocks).
 inline std::string key_pass_text(const char* layout, int64_t key_block, int64_t kv_items, int64_t key_splits,
                                  int64_t dq_buffer_floats, int team, int64_t piece_blocks = 1) {
     return std::string("layout=") + layout + ",key_block=" + std::to_string(key_block) +
            ",kv_items=" + std::to_string(kv_items) + ",key_splits=" + std::to_string(key_splits) +
            ",dq_buffers_kib=" + std::to_string(dq_buffer_floats * 4 / 1024) + ",threads=" + std::to_string(team) +
-           ",order=" + (deterministic_sums() ? "batch_major" : "batch_major+pieces") +
-           (deterministic_sums() || piece_blocks == 1 ? "" : "_of_" + std::to_string(piece_blocks));
+           ",order=batch_major+pieces" + (piece_blocks == 1 ? "" : "_of_" + std::to_string(piece_blocks));
 }
+
+// Turns at dQ's rows for the pieces of the backwards' last wave, so that
+// every call sums dQ in one order, bitwise alike however its pieces meet.
+// Each dQ row takes the adds of its item's key blocks in their order, the
+// order of a whole item: a block's add to a row waits until the row's
+// counter, the number of the item's blocks that have added to it, reaches
+// the block's ordinal in the item.  The blocks adding to a row are always a
+// prefix of the item's blocks (a block's first row, past the causal cut,
+// only moves down as its keys ascend), so that count is reached.  Pieces are
+// handed out in ascending order, so each block waits only on blocks already
+// taken.  Rows are counted in `rows` counters, one per dQ sum row (split,
+// batch index, row), laid out by the kernel.
+class DqTurns {
+public:
+    explicit DqTurns(int64_t rows) : rows_(rows), counters_(new std::atomic<int32_t>[size_t(rows)]) {
+        for (int64_t r = 0; r < rows; ++r) counters_[r].store(0, std::memory_order_relaxed);
+    }
+
+    // Waits for block `ordinal`'s turn at counters [row, row + count); false
+    // (no turn: skip the add) once the call is abandoned.
+    bool wait(int64_t row, int64_t count, int32_t ordinal) const {
+        for (int64_t r = row; r < row + count; ++r)
+            for (int spins = 0; counters_[r].load(std::memory_order_acquire) != ordinal; ++spins) {
+                if (abandoned_.load(std::memory_order_relaxed)) return false;
+                if (spins > 64) std::this_thread::yield();  // the predecessor's thread may be descheduled
+            }
+        return true;
+    }
+
+    // Block `ordinal` has added to counters [row, row + count).
+    void done(int64_t row, int64_t count, int32_t ordinal) {
+        for (int64_t r = row; r < row + count; ++r) counters_[r].store(ordinal + 1, std::memory_order_release);
+    }
+
+    // A piece stopped short (the AMX build met an infinity and its call will
+    // be rerun): no one waits any more.
+    void abandon() { abandoned_.store(true, std::memory_order_relaxed); }
+
+    int64_t rows() const { return rows_; }
+
+private:
+    int64_t rows_;
+    std::unique_ptr<std::atomic<int32_t>[]> counters_;
+    std::atomic<bool> abandoned_{false};
+};
+
+// One key block's turn at its item's dQ rows: no turns for a whole item;
+// else the DqTurns counter of its split's first dQ row (counter_base) and
+// the block's ordinal in the item.  Rows are counted from counter_base.
+struct DqTurn {
+    DqTurns* turns = nullptr;
+    int64_t counter_base = 0;
+    int32_t ordinal = 0;
+
+    // Waits for the turn at rows [row, row + count); false: skip the add.
+    bool begin(int64_t row, int64_t count) const { return !turns || turns->wait(counter_base + row, count, ordinal); }
+    void end(int64_t row, int64_t count) const {
+        if (turns) turns->done(counter_base + row, count, ordinal);
+    }
+};
 
 // The backwards' items: item w takes split w % splits of a K/V batch index,
 // the key blocks split, split + splits, ... < key_blocks, and sums its dQ
 // into rows of its own.  The last item per thread (LastWave says why) goes
 // in pieces of its key blocks, handed out round those items so that few
-// pieces of one item run at once; the pieces of an item take turns at its dQ
-// rows through the item's lock.  A piece is one key block, or up to
+// pieces of one item run at once; the pieces of an item take DqTurns at its
+// dQ rows.  A piece is one key block, or up to
 // max_piece_blocks where the wave still gives every thread four pieces: a
 // backward that reads each chunk of query rows once for several key blocks
 // keeps that saving.  2-core AMD EPYC, f32 backward with four-block pieces
@@ -236,14 +287,16 @@ inline std::string key_pass_text(const char* layout, int64_t key_block, int64_t 
 // two pieces of four, 0.82-1.02x (7 of 8 shapes below 1).
 class KeyBlockWave {
 public:
-    KeyBlockWave(int64_t items, int64_t splits, int64_t key_blocks, int64_t threads, int64_t max_piece_blocks = 1)
+    // dq_rows: the dQ sum rows of all items, for the pieces' DqTurns.
+    KeyBlockWave(int64_t items, int64_t splits, int64_t key_blocks, int64_t threads, int64_t dq_rows,
+                 int64_t max_piece_blocks = 1)
         : splits_(splits),
           key_blocks_(key_blocks),
-          wave_(deterministic_sums() ? 0 : std::min(items, threads)),
+          wave_(std::min(items, threads)),
           whole_(items - wave_),
           piece_blocks_(piece_blocks(items, splits, key_blocks, threads, max_piece_blocks)),
           pieces_(((key_blocks + splits - 1) / splits + piece_blocks_ - 1) / piece_blocks_) {
-        if (wave_ > 0) locks_.reset(new std::mutex[size_t(wave_)]);
+        if (wave_ > 0 && pieces_ > 1) turns_.reset(new DqTurns(dq_rows));
     }
 
     // Key blocks per piece of the wave (for these arguments, and for the verbose log).
@@ -258,21 +311,28 @@ public:
     int64_t units() const { return whole_ + wave_ * pieces_; }
 
     // Unit u: item `item` over key blocks first, first + splits, ... < end;
-    // `lock` is null for a whole item.
+    // `turns` is null for a whole item (no other unit adds to its rows).
     struct Unit {
         int64_t item, first, end;
-        std::mutex* lock;
+        DqTurns* turns;
+        // The ordinal of key block kb among its item's blocks (its DqTurns turn).
+        int32_t ordinal(int64_t kb, int64_t splits) const { return int32_t((kb - item % splits) / splits); }
     };
     Unit unit(int64_t u) const {
         if (u < whole_) return {u, u % splits_, key_blocks_, nullptr};
         const int64_t item = whole_ + (u - whole_) % wave_;
         const int64_t block = item % splits_ + (u - whole_) / wave_ * piece_blocks_ * splits_;
-        return {item, block, std::min(block + piece_blocks_ * splits_, key_blocks_), &locks_[item - whole_]};
+        return {item, block, std::min(block + piece_blocks_ * splits_, key_blocks_), turns_.get()};
+    }
+
+    // Pieces stop waiting for each other (see DqTurns::abandon).
+    void abandon() const {
+        if (turns_) turns_->abandon();
     }
 
 private:
     int64_t splits_, key_blocks_, wave_, whole_, piece_blocks_, pieces_;
-    std::unique_ptr<std::mutex[]> locks_;
+    std::unique_ptr<DqTurns> turns_;
 };
 
 }  // namespace GRAPHATTN_ISA_NS
