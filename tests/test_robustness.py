@@ -463,3 +463,22 @@ def test_huge_equal_scores_on_every_forward_build_give_the_mean_of_v():
         dtype, isa, error = line.split()
         rtol, atol = TOLERANCES[as_data_type(dtype)]
         assert float(error) <= atol + rtol, f"{dtype} on {isa}: max error {error}"  # |V's mean| is under 1
+
+
+FOUR_BATCH_DIMS_SCRIPT = """
+import numpy as np, graphattn as ga
+from graphattn.testing import assert_close, sdpa_reference
+rng = np.random.default_rng(0)
+q = rng.standard_normal((2, 2, 2, 4, 16, 32)).astype(np.float32)
+assert_close(ga.scaled_dot_product_attention(q, q, q, is_causal=True), sdpa_reference(q, q, q, is_causal=True), "f32")
+"""
+
+
+def test_four_batch_dims_run_fused():
+    """Batch dims beyond the kernel's three fold where every operand walks them as one (a causal call of
+    shape (2,2,2,4,16,32) ran on the O(S^2) reference)."""
+    from subprocess_helpers import run_python_logged
+
+    _, log = run_python_logged(FOUR_BATCH_DIMS_SCRIPT, GRAPHATTN_VERBOSE="1")
+    compiles = [line for line in log.splitlines() if ",compile," in line]
+    assert compiles and all("sdpa_forward_cpu" in line for line in compiles), compiles

@@ -19,37 +19,15 @@ from . import _cpu
 from .dtypes import DTYPES, from_numpy as dtype_of
 from . import arguments, sycl_runtime, verbose
 from .functional import SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
+from .kernels.batch_fold import fold_batch_dims
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
 from .logical_tensor import dense_strides
 from .ops.broadcast import broadcast_shapes
 from .ops.philox import bits64
 
-KERNEL_BATCH_DIMS = 3
-
-
 def _split_heads(x: np.ndarray, hkv: int, members: int) -> np.ndarray:
     """(..., H, rows, cols) -> (..., Hkv, H // Hkv, rows, cols) for the query side, (..., Hkv, 1, ...) for K/V."""
     return x.reshape(x.shape[:-3] + (hkv, members) + x.shape[-2:])
-
-
-def _merge_batch_dims(batch: tuple, strides: list[list[int]]) -> tuple[tuple, list[list[int]]] | None:
-    """Merges adjacent batch dims that every view walks as one (or drops size-1 dims) until at most 3 remain;
-    None where more than 3 remain."""
-    dims = [(size, [s[i] for s in strides]) for i, size in enumerate(batch) if size != 1]
-    merged: list[tuple[int, list[int]]] = []
-    for size, st in dims:
-        if merged and len(dims) > KERNEL_BATCH_DIMS:
-            prev_size, prev_st = merged[-1]
-            if all(p == s * size for p, s in zip(prev_st, st)):
-                merged[-1] = (prev_size * size, st)
-                continue
-        merged.append((size, st))
-    if len(merged) > KERNEL_BATCH_DIMS:
-        return None
-    pad = KERNEL_BATCH_DIMS - len(merged)
-    out_batch = (1,) * pad + tuple(size for size, _ in merged)
-    out_strides = [[0] * pad + [st[t] for _, st in merged] for t in range(len(strides))]
-    return out_batch, out_strides
 
 
 def _reduce_to(full: np.ndarray, shape: tuple) -> np.ndarray:
@@ -192,7 +170,7 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
             layouts["grad_mask"] = fresh(grad_mask_shape, np.dtype(np.float32))
         broadcast = {name: _broadcast_strides(tuple(shape), tuple(strides), batch)
                      for name, (shape, strides, _) in layouts.items()}
-        folded = _merge_batch_dims(batch, [list(st[:-2]) for st in broadcast.values()])
+        folded = fold_batch_dims(batch, [list(st[:-2]) for st in broadcast.values()])
         if folded is not None:
             break
     kernel_batch, kernel_strides = folded

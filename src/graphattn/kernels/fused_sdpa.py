@@ -19,9 +19,9 @@ from ..dtypes import DTYPES, DataType, FLOAT_TYPES
 from ..ops import OpKind
 from ..ops.philox import bits64
 from ..patterns.sdpa import InputChain, SdpaMatch
+from .batch_fold import KERNEL_BATCH_DIMS, fold_batch_dims
 from ..views import overlaps_itself, reshape_strides, transpose_strides, untranspose_strides
 
-KERNEL_BATCH_DIMS = 3
 
 
 class NotUsable(Exception):
@@ -55,16 +55,16 @@ def _swap_last(view: _View) -> _View:
 
 
 def _kernel_strides(view: _View, batch: tuple[int, ...], rows: int, cols: int, name: str) -> tuple[int, ...]:
-    """Five kernel strides of `view` broadcast to batch + (rows, cols); size-1 dims get stride 0."""
+    """The strides of `view` broadcast to batch + (rows, cols), one per dim; size-1 dims get stride 0.
+    fold_kernel_batch then brings the batch dims to the kernel's three."""
     rank = len(view.shape)
     if rank < 2 or rank - 2 > len(batch):
         raise NotUsable(f"{name} has rank {rank}; the kernel takes 2 to {len(batch) + 2}")
-    padded_batch = (1,) * (KERNEL_BATCH_DIMS - len(batch)) + tuple(batch)
     strides = []
-    for axis in range(KERNEL_BATCH_DIMS):
-        view_axis = axis - (KERNEL_BATCH_DIMS + 2 - rank)
+    for axis, size in enumerate(batch):
+        view_axis = axis - (len(batch) + 2 - rank)
         dim = view.shape[view_axis] if view_axis >= 0 else 1
-        if dim not in (1, padded_batch[axis]):
+        if dim not in (1, size):
             raise NotUsable(f"{name} batch shape {view.shape[:-2]} does not broadcast to {tuple(batch)}")
         strides.append(view.strides[view_axis] if dim != 1 else 0)
     for dim, stride, want in ((view.shape[-2], view.strides[-2], rows), (view.shape[-1], view.strides[-1], cols)):
@@ -72,6 +72,18 @@ def _kernel_strides(view: _View, batch: tuple[int, ...], rows: int, cols: int, n
             raise NotUsable(f"{name} matrix shape {view.shape[-2:]} does not broadcast to ({rows}, {cols})")
         strides.append(stride if dim != 1 else 0)
     return tuple(strides)
+
+
+def fold_kernel_batch(batch: tuple, views: dict) -> tuple[tuple, dict]:
+    """(the kernel's three batch dims, views with five strides each) for views of (dtype code, strides over
+    batch + 2 dims); NotUsable where the batch dims do not fold into three."""
+    names = list(views)
+    folded = fold_batch_dims(tuple(batch), [list(views[n][1][:-2]) for n in names])
+    if folded is None:
+        raise NotUsable(f"batch dims {tuple(batch)} do not fold into {KERNEL_BATCH_DIMS}: the operands' strides "
+                        "walk them differently")
+    kernel_batch, strides = folded
+    return kernel_batch, {n: (views[n][0], tuple(st) + tuple(views[n][1][-2:])) for n, st in zip(names, strides)}
 
 
 def output_view(out, output_ops, shapes) -> _View:
@@ -160,8 +172,6 @@ class FusedSdpaForward:
         if masked_shape[-2:] != (seq_q, seq_kv):
             raise NotUsable(f"the mask broadcasts the scores from {(seq_q, seq_kv)} to {masked_shape[-2:]}")
         batch = shapes[m.pv.outputs[0].id][:-2]
-        if len(batch) > KERNEL_BATCH_DIMS:
-            raise NotUsable(f"{len(batch)} batch dims; the kernel takes at most {KERNEL_BATCH_DIMS}")
         views = {
             "query": (_code(lts[m.query.tensor_id].dtype, FLOAT_TYPES, "query"),
                       _kernel_strides(q, batch, seq_q, head_dim, "query")),
@@ -180,8 +190,7 @@ class FusedSdpaForward:
             stats = lts[m.stats_id]
             views["stats"] = (_code(stats.dtype, {DataType.f32}, "stats"),
                               _kernel_strides(_View(stats.shape, stats.strides), batch, seq_q, 1, "stats"))
-            kernel_shape = (1,) * (KERNEL_BATCH_DIMS - len(batch)) + tuple(batch) + (seq_q, 1)
-            if overlaps_itself(kernel_shape, views["stats"][1]):
+            if overlaps_itself(tuple(batch) + (seq_q, 1), views["stats"][1]):
                 # V's batch dims broadcast the output beyond the scores: the kernel would write each row's
                 # stats once per output batch index, from several threads.
                 raise NotUsable(f"stats {stats.shape} would be written once per index of the output's batch "
@@ -191,7 +200,7 @@ class FusedSdpaForward:
         self.causal_fill = _scalar_chain(m.causal.fill, lts, "causal fill value") if m.causal else None
         self.causal_terms = [(_scalar_chain(c, lts, "causal index offset"), s) for c, s in m.causal.terms] \
             if m.causal else []
-        padded = (1,) * (KERNEL_BATCH_DIMS - len(batch)) + tuple(batch)
+        padded, views = fold_kernel_batch(batch, views)
         input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value)}
         self.on_sycl = engine is not None and engine.is_sycl
         plan_type = _cpu.ForwardPlan

@@ -16,7 +16,7 @@ from .. import _cpu, sycl_runtime
 from ..dtypes import DTYPES, DataType, FLOAT_TYPES
 from ..ops import OpKind
 from ..patterns.sdpa_backward import GradientOutput, SdpaBackwardMatch
-from .fused_sdpa import (KERNEL_BATCH_DIMS, NotUsable, _apply_chain, _code, _kernel_strides, _scalar, _scalar_chain,
+from .fused_sdpa import (NotUsable, fold_kernel_batch, _apply_chain, _code, _kernel_strides, _scalar, _scalar_chain,
                          _u64, _View, check_sycl_usable, output_view, usm_address)
 
 
@@ -56,9 +56,6 @@ class FusedSdpaBackward:
         if score_shape[-2:] != (seq_q, seq_kv):
             raise NotUsable(f"the mask broadcasts the scores from {(seq_q, seq_kv)} to {score_shape[-2:]}")
         batch = score_shape[:-2]
-        if len(batch) > KERNEL_BATCH_DIMS:
-            raise NotUsable(f"{len(batch)} batch dims; the kernel takes at most {KERNEL_BATCH_DIMS}")
-        self.batch = (1,) * (KERNEL_BATCH_DIMS - len(batch)) + tuple(batch)
         self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v = seq_q, seq_kv, head_dim, head_dim_v
 
         def spec(name, view, rows, cols, tensor_id, allowed=FLOAT_TYPES):
@@ -88,6 +85,7 @@ class FusedSdpaBackward:
             grad_mask = lts[m.grad_mask_id]
             self.specs["grad_mask"] = spec("grad_mask", _View(grad_mask.shape, grad_mask.strides), seq_q, seq_kv,
                                            m.grad_mask_id, {DataType.f32})
+        self.batch, self.specs = fold_kernel_batch(batch, self.specs)
         self.scale = _scalar_chain(m.scale, lts, "scale")
         self.select_fill = _scalar_chain(m.select_fill, lts, "Select fill value")
         self.causal_fill = _scalar_chain(m.causal.fill, lts, "causal fill value") if m.causal else None
