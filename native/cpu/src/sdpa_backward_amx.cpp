@@ -97,7 +97,7 @@ struct Backward {
           Sqp(round_up(a.seq_q, kRows)),
           batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
           cols_ld(Sqp + 32),
-          scale(a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f),
+          scale(score_scale(a)),
           scale_log2(scale * kLog2e),
           skip_causal(skips_causal_blocks(a)),
           zero_unkept(needs_unkept_zeroing(a)),

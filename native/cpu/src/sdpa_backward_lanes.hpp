@@ -89,7 +89,7 @@ struct LaneBackward {
           a(args.forward),
           D(int(a.head_dim_qk)),
           Dv(int(a.head_dim_v)),
-          scale(a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f),
+          scale(score_scale(a)),
           skip_causal(skips_causal_blocks(a)),
           zero_unkept(needs_unkept_zeroing(a)),
           dropout(a),

@@ -343,7 +343,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
               float* partial) {
     const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
     const int row_tiles = int(round_up(rows, 32) / 16);  // tiles go in pairs
-    const float scale = a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f;
+    const float scale = score_scale(a);
     const float scale_log2 = scale * kLog2e;
     const TensorView &q = a.query, &k = a.key, &v = a.value;
     for (int r = 0; r < rows; ++r) {

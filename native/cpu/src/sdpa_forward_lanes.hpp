@@ -428,9 +428,8 @@ struct LaneForward {
             }
     }
 
-    static float score_scale(const SdpaForwardArgs& a) {
-        return (a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f) * kLog2e;
-    }
+    // The scores' factor in log2 units (the softmax takes exp2).
+    static float log2_score_scale(const SdpaForwardArgs& a) { return graphattn::score_scale(a) * kLog2e; }
 
     // The item's queries as the scores' lane operand, lanes past the last row 0: Q^T with the scale
     // (and log2(e)) folded in, or Q^T's bf16 pairs, the scale then applied to the scores.
@@ -453,7 +452,7 @@ struct LaneForward {
         }
 #endif
         float* q_t = sc.q_t.get();
-        const float scale = score_scale(a);
+        const float scale = log2_score_scale(a);
         if (q.dtype == DType::f32 && q.strides[4] == 1) {
             const float* q_data = static_cast<const float*>(q.data);
             transpose_rows_f32([&](int r) { return q_data + sc.q_off[r]; }, rows, D, q_t, kBlockQ, scale, kBlockQ);
@@ -482,7 +481,7 @@ struct LaneForward {
                 k_stride = 2 * Scratch::pairs(D);
             }
             pair_gemm<RV, NT, false>(sc.q_pairs.words(), Scratch::pairs(D), k_rows, k_stride, 2, kv_rows, sc.s_t.get(),
-                                     score_scale(a));
+                                     log2_score_scale(a));
             return;
         }
 #endif
@@ -623,7 +622,7 @@ struct LaneForward {
         const int Dp = Scratch::padded(D), Dvp = Scratch::padded(Dv);
         const TensorView &q = a.query, &k = a.key, &v = a.value;
         const DropoutPlan dropout(a);
-        const float scale = (a.has_scale ? (a.scale_is_divisor ? 1.0f / a.scale : a.scale) : 1.0f) * kLog2e;
+        const float scale = log2_score_scale(a);
         float* q_pad = sc.q_pad.get();
         float* o_pad = sc.o_pad.get();
         const float* qi = sc.query_index.get();

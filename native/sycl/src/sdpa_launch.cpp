@@ -49,7 +49,7 @@ graphattn_sycl::ForwardParams forward_params(const SdpaForwardArgs& a) {
     p.mask = kernel_view(a.mask);
     p.output = kernel_view(a.output);
     p.stats = kernel_view(a.stats);
-    p.score_scale = !a.has_scale ? 1.0f : (a.scale_is_divisor ? 1.0f / a.scale : a.scale);
+    p.score_scale = score_scale(a);
     p.mask_kind = int32_t(a.mask_kind);
     p.select_keep_value = a.select_keep_value;
     p.select_fill = a.select_fill;

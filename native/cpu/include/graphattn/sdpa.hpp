@@ -85,6 +85,13 @@ struct SdpaForwardArgs {
     uint64_t dropout_offset = 0;
 };
 
+// The factor the scores Q K^T are multiplied by: scale, 1 / scale
+// (scale_is_divisor), or 1 without a scale.  Every kernel family takes it
+// from here.
+inline float score_scale(const SdpaForwardArgs& a) {
+    return !a.has_scale ? 1.0f : (a.scale_is_divisor ? 1.0f / a.scale : a.scale);
+}
+
 // Arguments of one backward call.  `forward` describes the forward call
 // whose gradients are wanted: its output and stats views are read here (the
 // forward's O and its f32 log-sum-exp), never written.  Gradients: dQ has
