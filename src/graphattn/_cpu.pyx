@@ -32,28 +32,17 @@ cdef uintptr_t _host_address(object array) except? 0:
 
 
 cdef void _extent_of(object array, BufferExtent* extent):
-    """The bytes a NumPy array's buffer holds around its first element (from its own shape and strides, which
-    NumPy keeps inside its memory), so that the kernel's checks refuse views reaching past them.  Left unknown
-    for a torch tensor: its layout is pinned by the caller's signature, and asking torch costs microseconds."""
-    cdef cnp.ndarray a
-    cdef int i
-    cdef int64_t step, lowest = 0, highest = 0
+    """The bytes a NumPy array's elements span around its first one (_span), so that the kernel's checks refuse
+    views reaching past them.  Left unknown for a torch tensor: its layout is pinned by the caller's signature,
+    and asking torch costs microseconds."""
     extent.begin = 0
     extent.end = -1
     if not cnp.PyArray_Check(array):
         return
-    a = <cnp.ndarray>array
-    for i in range(cnp.PyArray_NDIM(a)):
-        if cnp.PyArray_DIMS(a)[i] == 0:
-            extent.end = 0
-            return
-        step = cnp.PyArray_STRIDES(a)[i] * (cnp.PyArray_DIMS(a)[i] - 1)
-        if step < 0:
-            lowest += step
-        else:
-            highest += step
-    extent.begin = lowest
-    extent.end = highest + cnp.PyArray_ITEMSIZE(a)
+    cdef cnp.ndarray a = <cnp.ndarray>array
+    # npy_intp is int64_t on the 64-bit platforms this builds for
+    _span(cnp.PyArray_NDIM(a), <const int64_t*>cnp.PyArray_DIMS(a), <const int64_t*>cnp.PyArray_STRIDES(a),
+          cnp.PyArray_ITEMSIZE(a), extent)
 
 
 cdef void _extents_of(object query, object key, object value, object output, object mask, object stats,

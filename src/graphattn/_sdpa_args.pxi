@@ -101,11 +101,39 @@ cdef void _set_backward_args(SdpaBackwardArgs* args, object batch, int64_t seq_q
     args.forward.dropout_offset = dropout_offset
 
 
-cdef void _set_extent(TensorView* view, object extent) except *:
-    # extent = (begin, end) bytes around the view's data that its buffer holds, or None (unknown, unchecked)
-    if extent is None:
+cdef void _span(int ndim, const int64_t* dims, const int64_t* byte_strides, int64_t itemsize,
+                BufferExtent* extent) noexcept nogil:
+    # The bytes an array's own elements span around its first one, [begin, end): the sum of its negative
+    # steps stride * (dim - 1) below, of its positive ones above, plus one element; empty: nothing.
+    cdef int i
+    cdef int64_t step
+    extent.begin = 0
+    extent.end = itemsize
+    for i in range(ndim):
+        if dims[i] == 0:
+            extent.end = 0
+            return
+        step = byte_strides[i] * (dims[i] - 1)
+        if step < 0:
+            extent.begin += step
+        else:
+            extent.end += step
+
+
+cdef void _set_extent(TensorView* view, object layout) except *:
+    # layout = (shape, element strides, itemsize) of the array a view reads or writes, or None (its buffer is
+    # unknown and unchecked); the view's buffer becomes what the array spans.
+    cdef int64_t dims[16]
+    cdef int64_t byte_strides[16]
+    cdef int i
+    if layout is None:
         view.buffer.begin = 0
         view.buffer.end = -1
         return
-    view.buffer.begin = extent[0]
-    view.buffer.end = extent[1]
+    shape, strides, itemsize = layout
+    if len(shape) > 16:
+        raise ValueError("arrays of more than 16 dims are not supported")
+    for i in range(len(shape)):
+        dims[i] = shape[i]
+        byte_strides[i] = strides[i] * itemsize
+    _span(len(shape), dims, byte_strides, itemsize, &view.buffer)

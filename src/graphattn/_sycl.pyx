@@ -8,7 +8,7 @@ asynchronous on the queue.
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libcpp cimport bool
 
-from graphattn._cpu cimport DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView
+from graphattn._cpu cimport BufferExtent, DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView
 from graphattn._sycl cimport (MatrixKernels, build_seconds_total, build_xmx_sources, builds_done, kMaxHeadDim,
                               matrix_kernels, prebuild, sdpa_backward, sdpa_forward, sdpa_forward_kernel,
                               set_matrix_kernels)
@@ -69,8 +69,8 @@ cdef class ForwardPlan:
             uintptr_t stats=0, float scale=1.0, int64_t causal_offset=0, float select_fill=float("-inf"),
             float causal_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0, extents=None):
         """Submit the kernel on the plan's queue for these USM addresses; raises ValueError on bad arguments.
-        extents: None, or the (begin, end) bytes around each address that its buffer holds, for query, key,
-        value, output, mask and stats (None for one not known), checked against the views' reach."""
+        extents: None, or the (shape, element strides, itemsize) of the USM array at each address, for query, key,
+        value, output, mask and stats (None for one not known): the views' reach is checked against them."""
         cdef SdpaForwardArgs local = self.args
         cdef Status status
         cdef void* q = _queue_ref(self.queue)
@@ -94,8 +94,8 @@ def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, i
              float causal_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
              uint64_t dropout_seed=0, uint64_t dropout_offset=0, dict extents=None):
     """Submit the fused backward kernels.  views maps the CPU backward's names to
-    (dtype code, 5 strides, USM address); extents (optional) maps them to the (begin, end) bytes around each
-    address that its buffer holds, checked against the views' reach."""
+    (dtype code, 5 strides, USM address); extents (optional) maps them to the (shape, element strides,
+    itemsize) of the USM array at each address, which the views' reach is checked against."""
     cdef SdpaBackwardArgs args
     cdef Status status
     cdef void* q = _queue_ref(queue)

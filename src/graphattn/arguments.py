@@ -70,8 +70,6 @@ def check_host_array(a: np.ndarray, name: str) -> None:
     if isinstance(a, np.ma.MaskedArray):
         raise TypeError(f"{name} is a NumPy masked array; its mask would be ignored: pass {name}.filled(value) or, "
                         "to mask attention, attn_mask")
-    if type(a) is not np.ndarray and not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a NumPy array, got {type(a).__name__}")
     itemsize = a.itemsize
     if any(s % itemsize for s in a.strides):
         raise ValueError(f"{name} has byte strides {a.strides} that are not multiples of its element size "

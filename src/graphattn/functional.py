@@ -415,7 +415,10 @@ def _results(out, stats, torch_direct: bool, kind: str):
         stats = stats.reshape((1,) * (len(stats_shape) - stats.ndim) + tuple(stats.shape))
         if is_torch_tensor(stats):
             stats = stats.expand(stats_shape).contiguous()
-        else:
-            xp = np if isinstance(stats, np.ndarray) else __import__("dpnp")
-            stats = xp.ascontiguousarray(xp.broadcast_to(stats, stats_shape))
+        elif isinstance(stats, np.ndarray):
+            stats = np.ascontiguousarray(np.broadcast_to(stats, stats_shape))
+        else:  # USM (the SYCL route declines such calls to the host reference, with the scores' stats)
+            import dpnp
+
+            stats = dpnp.ascontiguousarray(dpnp.broadcast_to(stats, stats_shape))
     return (out, stats) if torch_direct else (from_numpy(out, kind), from_numpy(stats, kind))

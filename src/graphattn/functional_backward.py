@@ -324,7 +324,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     else:
         if queue is not None:
             sycl_runtime.wait_for_producers([a for a in arrays.values() if a is not None])
-            extents = {name: sycl_runtime.usm_extent(a) for name, a in arrays.items() if a is not None}
+            extents = {name: sycl_runtime.usm_layout(a) for name, a in arrays.items() if a is not None}
             arrays = {name: None if a is None else sycl_runtime.usm_address(a) for name, a in arrays.items()}
             run_backward = functools.partial(sycl_runtime.plugin().backward, queue, extents=extents)
         else:

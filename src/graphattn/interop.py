@@ -65,7 +65,7 @@ def torch_layout(*tensors) -> tuple | None:
     dtype and whether on the CPU of each, in one tuple; None where one has no strides (a sparse tensor, which
     the checks of a new signature then refuse by name)."""
     try:
-        if len(tensors) == 3:  # the forward's Q, K, V spelled out: the loop below costs 0.3-0.5 us more a call
+        if len(tensors) == 3:  # the forward's Q, K, V spelled out: cheaper than the loop below on tiny calls
             q, k, v = tensors
             return ((q.shape, q.stride(), q.dtype, q.is_cpu), (k.shape, k.stride(), k.dtype, k.is_cpu),
                     (v.shape, v.stride(), v.dtype, v.is_cpu))

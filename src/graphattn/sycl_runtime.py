@@ -90,21 +90,10 @@ def usm_address(array) -> int:
     return info["data"][0] + info.get("offset", 0) * array.dtype.itemsize
 
 
-def usm_extent(array) -> tuple[int, int]:
-    """The bytes a USM array's own elements span around its first element's address, [begin, end): what a
-    kernel view of it may reach (the CPU binding takes the same from a NumPy array's shape and strides)."""
-    shape = tuple(array.shape)
-    if 0 in shape:
-        return 0, 0
-    itemsize = array.dtype.itemsize
-    begin = end = 0
-    for dim, stride in zip(shape, usm_element_strides(array)):
-        step = stride * (dim - 1) * itemsize
-        if step < 0:
-            begin += step
-        else:
-            end += step
-    return begin, end + itemsize
+def usm_layout(array) -> tuple[tuple, tuple, int]:
+    """(shape, element strides, itemsize) of a USM array: what the plugin checks a kernel view's reach against
+    (the bindings' _span)."""
+    return tuple(array.shape), usm_element_strides(array), array.dtype.itemsize
 
 
 def usm_element_strides(array) -> tuple[int, ...]:

@@ -258,7 +258,7 @@ class FusedSdpaForward:
             stats = usm_address(outputs[m.stats_id], "stats") if m.stats_id is not None else 0
             buffers = list(operands.values()) + [inputs[m.mask.tensor_id] if m.mask is not None else None,
                                                  outputs[m.stats_id] if m.stats_id is not None else None]
-            extents = [None if a is None else sycl_runtime.usm_extent(a) for a in buffers]
+            extents = [None if a is None else sycl_runtime.usm_layout(a) for a in buffers]
             run = functools.partial(self.plan.run, extents=extents)
         else:
             run = self.plan.run_arrays
