@@ -19,7 +19,7 @@ from .engine import Engine, Stream
 from .builder import GraphBuilder
 from .ops.broadcast import broadcast_shapes
 from .interop import (from_numpy, is_torch_tensor, plain_torch_tensors, to_numpy, torch_empty, torch_empty_like,
-                      torch_layout)
+                      torch_layout, torch_random_seed)
 from .tensor import Tensor, element_strides
 
 _ENGINE = Engine("cpu")
@@ -314,6 +314,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return_stats, stats being the f32 logsumexp (..., L, 1) of the scores
     (dropout does not change it).
     """
+    if type(query) is not np.ndarray and _requires_grad(query, key, value, attn_mask):
+        from . import torch_autograd  # imports torch: only callers with torch tensors get here
+
+        if torch_autograd.wants_grad(query, key, value, attn_mask):
+            options = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                           causal_alignment=causal_alignment, dropout_seed=dropout_seed,
+                           dropout_offset=dropout_offset)
+            return torch_autograd.attention(query, key, value, attn_mask, return_stats, options)
     # torch Q, K, V without a mask go to the kernel as they are (no NumPy views): on decode-sized calls the
     # views cost more than torch's whole call.  New signatures are still checked and built through NumPy.
     torch_direct = attn_mask is None and plain_torch_tensors(query, key, value)
@@ -359,7 +367,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                                                              arguments.real_number(scale, "scale"))
     seed = offset = 0
     if dropout_p > 0.0:
-        seed = new_dropout_seed() if dropout_seed is None else _s64(dropout_seed, "dropout_seed")
+        if dropout_seed is None:  # torch callers draw from torch's generator, so torch.manual_seed repeats it
+            seed = torch_random_seed() if kind == "torch" else new_dropout_seed()
+        else:
+            seed = _s64(dropout_seed, "dropout_seed")
         offset = _s64(dropout_offset, "dropout_offset")
     if torch_direct:
         # empty_like: 0.9 us a call on the AMD machine, against 1.4 us from the shape and dtype (2.1 for bf16)
@@ -395,6 +406,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                          [Tensor(lt, engine, outputs[lt.id]) for lt in compiled.outputs])
         stream.wait()  # dpnp does not know the kernel's event: its results are ready on return
     return _results(out, stats, torch_direct, kind)
+
+
+def _requires_grad(*operands) -> bool:
+    """Whether an operand is a torch tensor that requires grad (attribute reads only: no torch import)."""
+    for x in operands:
+        if getattr(x, "requires_grad", False):
+            return True
+    return False
 
 
 def _s64(value, name: str) -> int:

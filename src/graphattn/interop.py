@@ -74,6 +74,11 @@ def torch_layout(*tensors) -> tuple | None:
         return None
 
 
+def torch_random_seed() -> int:
+    """A 62-bit dropout seed from torch's default generator, so that torch.manual_seed repeats the mask."""
+    return int(_torch.randint(0, 1 << 62, (), dtype=_torch.int64))
+
+
 def torch_dtype_name(dtype) -> str:
     """A NumPy dtype as torch names it (torch.float64), for messages to torch callers."""
     if _torch is None:

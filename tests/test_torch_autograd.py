@@ -1,0 +1,104 @@
+"""torch tensors that require grad get a differentiable result whose backward is graphattn's fused backward
+(issue 39's autograd part): gradients against float64 PyTorch SDPA, partial requires_grad, no_grad and
+inference_mode, dropout seeds from torch's generator, stats alongside."""
+import numpy as np
+import pytest
+
+import graphattn as ga
+from graphattn.testing import assert_grad_close
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+CASES = {
+    "plain": dict(q=(2, 4, 33, 32), kv=(2, 4, 47, 32), ev=16),
+    "causal": dict(q=(2, 4, 33, 32), kv=(2, 4, 47, 32), ev=32, is_causal=True),
+    "gqa": dict(q=(1, 8, 20, 48), kv=(1, 2, 70, 48), ev=32, enable_gqa=True),
+    "cross": dict(q=(2, 3, 9, 16), kv=(2, 3, 130, 16), ev=16),
+    "decode": dict(q=(2, 4, 1, 64), kv=(2, 4, 77, 64), ev=64),
+    "float_mask": dict(q=(2, 4, 33, 32), kv=(2, 4, 47, 32), ev=32, mask="float"),
+    "bool_mask": dict(q=(2, 4, 33, 32), kv=(2, 4, 47, 32), ev=32, mask="bool"),
+}
+
+
+def _operands(case, dtype, generator):
+    tdt = TORCH_DTYPES[dtype]
+    spec = CASES[case]
+    make = lambda shape: torch.randn(shape, generator=generator).to(tdt).requires_grad_()  # noqa: E731
+    q, k = make(spec["q"]), make(spec["kv"])
+    v = make(spec["kv"][:-1] + (spec["ev"],))
+    mask = None
+    if spec.get("mask") == "float":
+        mask = make((1, 1) + spec["q"][-2:-1] + spec["kv"][-2:-1])
+    elif spec.get("mask") == "bool":
+        mask = torch.rand((1, 1) + spec["q"][-2:-1] + spec["kv"][-2:-1], generator=generator) < 0.8
+    flags = {name: spec[name] for name in ("is_causal", "enable_gqa") if name in spec}
+    return q, k, v, mask, flags
+
+
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradients_match_float64_torch(case, dtype):
+    generator = torch.Generator().manual_seed(7)
+    q, k, v, mask, flags = _operands(case, dtype, generator)
+    out = ga.scaled_dot_product_attention(q, k, v, attn_mask=mask, **flags)
+    assert out.requires_grad and out.grad_fn is not None
+    grad_out = torch.randn(out.shape, generator=generator).to(out.dtype)
+    out.backward(grad_out)
+    leaves = [q, k, v] + ([mask] if mask is not None and mask.requires_grad else [])
+    reference = [x.detach().double().requires_grad_() for x in leaves]
+    ref_mask = reference[3] if len(reference) > 3 else mask
+    expected = F.scaled_dot_product_attention(*reference[:3], attn_mask=ref_mask, **flags)
+    expected.backward(grad_out.double())
+    np.testing.assert_allclose(out.detach().double().numpy(), expected.detach().numpy(),
+                               **dict(zip(("rtol", "atol"), ga.testing.TOLERANCES[ga.DataType(dtype)])))
+    for name, got, want in zip(("dq", "dk", "dv", "dmask"), leaves, reference):
+        assert got.grad is not None and got.grad.dtype == got.dtype, name
+        assert_grad_close(got.grad.double().numpy(), want.grad.numpy(), dtype, name)
+
+
+def test_partial_requires_grad_no_grad_and_inference_mode():
+    q = torch.randn(1, 2, 16, 32, requires_grad=True)
+    k, v = torch.randn(1, 2, 16, 32), torch.randn(1, 2, 16, 32)
+    out = ga.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.sum().backward()
+    assert q.grad is not None and k.grad is None and v.grad is None
+    reference = q.detach().requires_grad_()
+    F.scaled_dot_product_attention(reference, k, v, is_causal=True).sum().backward()
+    assert_grad_close(q.grad.numpy(), reference.grad.numpy(), "f32", "dq")
+    with torch.no_grad():
+        assert not ga.scaled_dot_product_attention(q, k, v).requires_grad
+    with torch.inference_mode():
+        assert not ga.scaled_dot_product_attention(q, k, v).requires_grad
+
+
+def test_return_stats_with_grad_gives_stats_without_grad():
+    q = torch.randn(1, 2, 16, 32, requires_grad=True)
+    out, stats = ga.scaled_dot_product_attention(q, q.detach(), q.detach(), return_stats=True)
+    assert out.requires_grad and not stats.requires_grad and stats.shape == (1, 2, 16, 1)
+    expected = torch.logsumexp(q.detach() @ q.detach().transpose(-1, -2) / 32 ** 0.5, dim=-1, keepdim=True)
+    torch.testing.assert_close(stats, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_dropout_draws_its_seed_from_torch_and_the_backward_reuses_it():
+    """torch.manual_seed repeats the keep-mask; the gradient is that of the same mask (the backward gets the
+    forward's seed), checked against graphattn's own backward given that seed."""
+    q = torch.randn(1, 2, 24, 32, requires_grad=True)
+    k, v = torch.randn(1, 2, 24, 32), torch.randn(1, 2, 24, 32)
+    torch.manual_seed(11)
+    first = ga.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+    torch.manual_seed(11)
+    again = ga.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+    torch.testing.assert_close(first, again, rtol=0, atol=0)
+    torch.manual_seed(11)
+    seed = int(torch.randint(0, 1 << 62, (), dtype=torch.int64))
+    grad_out = torch.randn(first.shape)
+    first.backward(grad_out)
+    out, stats = ga.scaled_dot_product_attention(q.detach(), k, v, dropout_p=0.3, dropout_seed=seed,
+                                                 return_stats=True)
+    torch.testing.assert_close(out, first.detach(), rtol=0, atol=0)
+    dq, _, _ = ga.scaled_dot_product_attention_backward(grad_out, q.detach(), k, v, out, stats, dropout_p=0.3,
+                                                        dropout_seed=seed)
+    torch.testing.assert_close(q.grad, dq, rtol=0, atol=0)
