@@ -61,7 +61,8 @@ def dtype_text(dtype, kind: str) -> str:
 
 def unsupported_float(name: str, dtype, kind: str) -> TypeError:
     """The error for a query, key or value of a dtype the kernels do not take."""
-    return TypeError(f"{name} dtype {dtype_text(dtype, kind)} is not supported; use {_FLOAT_NAMES.get(kind, _FLOAT_NAMES['numpy'])}")
+    accepted = _FLOAT_NAMES.get(kind, _FLOAT_NAMES["numpy"])
+    return TypeError(f"{name} dtype {dtype_text(dtype, kind)} is not supported; use {accepted}")
 
 
 def check_host_array(a: np.ndarray, name: str) -> None:

@@ -314,7 +314,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return_stats, stats being the f32 logsumexp (..., L, 1) of the scores
     (dropout does not change it).
     """
-    if type(query) is not np.ndarray and _requires_grad(query, key, value, attn_mask):
+    # torch operands that require grad take the differentiable route (attribute reads only: no torch import)
+    if type(query) is not np.ndarray and (
+            getattr(query, "requires_grad", False) or getattr(key, "requires_grad", False)
+            or getattr(value, "requires_grad", False) or getattr(attn_mask, "requires_grad", False)):
         from . import torch_autograd  # imports torch: only callers with torch tensors get here
 
         if torch_autograd.wants_grad(query, key, value, attn_mask):
@@ -406,14 +409,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                          [Tensor(lt, engine, outputs[lt.id]) for lt in compiled.outputs])
         stream.wait()  # dpnp does not know the kernel's event: its results are ready on return
     return _results(out, stats, torch_direct, kind)
-
-
-def _requires_grad(*operands) -> bool:
-    """Whether an operand is a torch tensor that requires grad (attribute reads only: no torch import)."""
-    for x in operands:
-        if getattr(x, "requires_grad", False):
-            return True
-    return False
 
 
 def _s64(value, name: str) -> int:

@@ -202,7 +202,8 @@ class CompiledPartition:
         strides."""
         if not isinstance(stream, Stream):
             raise TypeError(f"execute needs a Stream, got {type(stream).__name__}")
-        bound_inputs, bound_outputs = self._bind(inputs, self.inputs, "inputs"), self._bind(outputs, self.outputs, "outputs")
+        bound_inputs = self._bind(inputs, self.inputs, "inputs")
+        bound_outputs = self._bind(outputs, self.outputs, "outputs")
         self._check_outputs(bound_inputs, bound_outputs)
         self.execute_unchecked(bound_inputs, bound_outputs)
 
