@@ -102,3 +102,37 @@ def test_dropout_draws_its_seed_from_torch_and_the_backward_reuses_it():
     dq, _, _ = ga.scaled_dot_product_attention_backward(grad_out, q.detach(), k, v, out, stats, dropout_p=0.3,
                                                         dropout_seed=seed)
     torch.testing.assert_close(q.grad, dq, rtol=0, atol=0)
+
+
+def test_torch_compile_fullgraph_traces_forward_and_backward_at_any_length():
+    """One graph serves every length (dynamic=True): each call's output and gradient match torch's SDPA."""
+    torch._dynamo.reset()
+
+    def attend(q, k, v):
+        return ga.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    compiled = torch.compile(attend, fullgraph=True, dynamic=True)
+    for length in (16, 33, 70):
+        q = torch.randn(1, 2, length, 32, requires_grad=True)
+        k, v = torch.randn(1, 2, length, 32), torch.randn(1, 2, length, 32)
+        out = compiled(q, k, v)
+        out.sum().backward()
+        reference = q.detach().requires_grad_()
+        expected = F.scaled_dot_product_attention(reference, k, v, is_causal=True)
+        expected.sum().backward()
+        torch.testing.assert_close(out.detach(), expected.detach(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(q.grad, reference.grad, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        assert compiled(q.detach(), k, v).shape == (1, 2, 70, 32)
+
+
+def test_custom_ops_pass_opcheck():
+    from graphattn import torch_autograd
+
+    q = torch.randn(1, 2, 9, 16, requires_grad=True)
+    k, v = torch.randn(1, 2, 11, 16), torch.randn(1, 2, 11, 8)
+    mask = torch.randn(1, 1, 9, 11)
+    torch.library.opcheck(torch_autograd.sdpa_forward, (q, k, v, mask, 0.0, False, None, False, "top_left", 0, 0))
+    out, stats = torch_autograd.sdpa_forward(q.detach(), k, v, mask, 0.0, False, None, False, "top_left", 0, 0)
+    torch.library.opcheck(torch_autograd.sdpa_backward, (torch.randn(out.shape), q.detach(), k, v, out, stats, mask,
+                                                         0.0, False, None, False, "top_left", 0, 0, True))

@@ -314,17 +314,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return_stats, stats being the f32 logsumexp (..., L, 1) of the scores
     (dropout does not change it).
     """
-    # torch operands that require grad take the differentiable route (attribute reads only: no torch import)
-    if type(query) is not np.ndarray and (
-            getattr(query, "requires_grad", False) or getattr(key, "requires_grad", False)
-            or getattr(value, "requires_grad", False) or getattr(attn_mask, "requires_grad", False)):
-        from . import torch_autograd  # imports torch: only callers with torch tensors get here
-
-        if torch_autograd.wants_grad(query, key, value, attn_mask):
-            options = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                           causal_alignment=causal_alignment, dropout_seed=dropout_seed,
-                           dropout_offset=dropout_offset)
-            return torch_autograd.attention(query, key, value, attn_mask, return_stats, options)
+    # torch operands that require grad, and calls torch.compile traces, go through graphattn's torch ops
+    if type(query) is not np.ndarray and is_torch_tensor(query):
+        torch_ops = _torch_ops or _load_torch_ops()
+        if torch_ops.takes(query, key, value, attn_mask):
+            return torch_ops.attention(query, key, value, attn_mask, return_stats, dropout_p, is_causal, scale,
+                                       enable_gqa, causal_alignment, dropout_seed, dropout_offset)
     # torch Q, K, V without a mask go to the kernel as they are (no NumPy views): on decode-sized calls the
     # views cost more than torch's whole call.  New signatures are still checked and built through NumPy.
     torch_direct = attn_mask is None and plain_torch_tensors(query, key, value)
@@ -409,6 +404,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                          [Tensor(lt, engine, outputs[lt.id]) for lt in compiled.outputs])
         stream.wait()  # dpnp does not know the kernel's event: its results are ready on return
     return _results(out, stats, torch_direct, kind)
+
+
+_torch_ops = None  # graphattn.torch_autograd, once a torch call has been seen (it imports torch)
+
+
+def _load_torch_ops():
+    """graphattn.torch_autograd, imported once: an import statement on every torch call would cost a tiny call
+    more than its checks."""
+    global _torch_ops
+    from . import torch_autograd
+
+    _torch_ops = torch_autograd
+    return _torch_ops
 
 
 def _s64(value, name: str) -> int:

@@ -1,63 +1,106 @@
-"""Autograd for torch inputs: graphattn's fused forward and backward as one torch.autograd.Function.
+"""graphattn's fused forward and backward as torch.library custom ops, with autograd between them.
 
-scaled_dot_product_attention routes here when grad mode is on and query, key, value or a float attn_mask
-requires grad, so a caller who asked for gradients never gets a detached result.  The forward keeps the
-kernel's stats (the f32 log-sum-exp) and the dropout seed it drew, and the backward hands both to the fused
-backward, which recomputes P from them.  Imported on the first such call only (it imports torch).
+scaled_dot_product_attention routes torch calls here when grad mode is on and query, key, value or a float
+attn_mask requires grad (a caller who asked for gradients never gets a detached result), and while
+torch.compile traces it, so that `torch.compile(fullgraph=True)` sees one op per call, whatever the lengths.
+The forward op returns the kernel's stats (the f32 log-sum-exp) beside the output; the backward op takes
+them and recomputes P.  Imported on the first such call only (it imports torch).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from . import functional, functional_backward
+from . import arguments, functional, functional_backward
 from .interop import torch_random_seed
 
 
-class FusedAttention(torch.autograd.Function):
-    """(out, stats) of attention on q, k, v and an optional mask; `options` are the functional API's other
-    arguments (dropout_p, is_causal, scale, enable_gqa, causal_alignment, dropout_seed, dropout_offset), the
-    seed already drawn where dropout needs one."""
-
-    @staticmethod
-    def forward(ctx, query, key, value, attn_mask, options):
-        out, stats = functional.scaled_dot_product_attention(
-            _detached(query), _detached(key), _detached(value), _detached(attn_mask), return_stats=True, **options)
-        tensors = [query, key, value, attn_mask]
-        ctx.arrays = [None if isinstance(x, torch.Tensor) else x for x in tensors]  # NumPy operands, if any
-        ctx.save_for_backward(*(x if isinstance(x, torch.Tensor) else None for x in tensors), out, stats)
-        ctx.options = options
-        ctx.mark_non_differentiable(stats)
-        return out, stats
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_stats):
-        *saved, out, stats = ctx.saved_tensors
-        query, key, value, attn_mask = (_detached(t) if a is None else a for t, a in zip(saved, ctx.arrays))
-        wants = ctx.needs_input_grad
-        mask_grad = attn_mask is not None and wants[3]
-        # An expanded or strided gradient (e.g. from .sum()) is read once; contiguous keeps the kernel's
-        # direct torch route.
-        grads = functional_backward.scaled_dot_product_attention_backward(
-            grad_out.contiguous(), query, key, value, out, stats, attn_mask, return_mask_grad=mask_grad,
-            **ctx.options)
-        dq, dk, dv = grads[:3]
-        return (dq if wants[0] else None, dk if wants[1] else None, dv if wants[2] else None,
-                grads[3] if mask_grad else None, None)
+@torch.library.custom_op("graphattn::sdpa_forward", mutates_args=())
+def sdpa_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                 dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool, causal_alignment: str,
+                 dropout_seed: int, dropout_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, stats) of the functional forward (on detached operands: they take its direct route)."""
+    return functional.scaled_dot_product_attention(
+        query.detach(), key.detach(), value.detach(), None if attn_mask is None else attn_mask.detach(), dropout_p, is_causal, scale, enable_gqa, causal_alignment=causal_alignment,
+        return_stats=True, dropout_seed=dropout_seed, dropout_offset=dropout_offset)
 
 
-def _detached(x):
-    return x.detach() if isinstance(x, torch.Tensor) else x
+@sdpa_forward.register_fake
+def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment, dropout_seed,
+      dropout_offset):
+    lead = 3 if enable_gqa else 2  # under GQA the heads are Q's, and K/V's batch dims stop before theirs
+    batch = torch.broadcast_shapes(query.shape[:-lead], key.shape[:-lead], value.shape[:-lead])
+    batch = tuple(batch) + (tuple(query.shape[-3:-2]) if enable_gqa else ())
+    out = query.new_empty(batch + (query.shape[-2], value.shape[-1]))
+    return out, query.new_empty(batch + (query.shape[-2], 1), dtype=torch.float32)
 
 
-def wants_grad(query, key, value, attn_mask) -> bool:
-    """Whether a call must be differentiable: grad mode on, and a torch operand that requires grad."""
-    return torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in (query, key, value, attn_mask))
+@torch.library.custom_op("graphattn::sdpa_backward", mutates_args=())
+def sdpa_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  out: torch.Tensor, stats: torch.Tensor, attn_mask: Optional[torch.Tensor], dropout_p: float,
+                  is_causal: bool, scale: Optional[float], enable_gqa: bool, causal_alignment: str, dropout_seed: int,
+                  dropout_offset: int, mask_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dmask) of the functional backward; dmask is empty unless mask_grad."""
+    grads = functional_backward.scaled_dot_product_attention_backward(
+        grad_out.contiguous(), query, key, value, out, stats, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+        causal_alignment=causal_alignment, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+        return_mask_grad=mask_grad)
+    dmask = grads[3] if mask_grad else query.new_empty(0)
+    return grads[0], grads[1], grads[2], dmask
 
 
-def attention(query, key, value, attn_mask, return_stats: bool, options: dict):
-    """The differentiable call: out, or (out, stats) with stats not differentiable."""
-    if options["dropout_p"] and options["dropout_seed"] is None:  # one seed for the forward and the backward
-        options = dict(options, dropout_seed=torch_random_seed())
-    out, stats = FusedAttention.apply(query, key, value, attn_mask, options)
+@sdpa_backward.register_fake
+def _(grad_out, query, key, value, out, stats, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment,
+      dropout_seed, dropout_offset, mask_grad):
+    dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else query.new_empty(0)
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask
+
+
+_OPTIONS = ("dropout_p", "is_causal", "scale", "enable_gqa", "causal_alignment", "dropout_seed", "dropout_offset")
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, attn_mask, *options = inputs
+    ctx.save_for_backward(query, key, value, attn_mask, *output)
+    ctx.options = dict(zip(_OPTIONS, options))
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward(ctx, grad_out, _grad_stats):
+    query, key, value, attn_mask, out, stats = ctx.saved_tensors
+    wants = ctx.needs_input_grad
+    mask_grad = attn_mask is not None and bool(wants[3])
+    dq, dk, dv, dmask = sdpa_backward(grad_out, query, key, value, out, stats, attn_mask, *ctx.options.values(),
+                                      mask_grad)
+    return (dq if wants[0] else None, dk if wants[1] else None, dv if wants[2] else None,
+            dmask if mask_grad else None) + (None,) * len(_OPTIONS)
+
+
+sdpa_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def takes(query, key, value, attn_mask) -> bool:
+    """Whether a call goes through the ops: a torch operand that requires grad with grad mode on, or a call
+    that torch.compile is tracing.  Attribute reads come first: they are the cheapest test of a plain call."""
+    if query.requires_grad or getattr(key, "requires_grad", False) or getattr(value, "requires_grad", False) \
+            or getattr(attn_mask, "requires_grad", False):
+        return torch.is_grad_enabled() or torch.compiler.is_dynamo_compiling()
+    return torch.compiler.is_dynamo_compiling()
+
+
+def attention(query, key, value, attn_mask, return_stats: bool, dropout_p, is_causal, scale, enable_gqa,
+              causal_alignment, dropout_seed, dropout_offset):
+    """The call through sdpa_forward: out, or (out, stats) with stats not differentiable.  NumPy operands are
+    taken as tensors (the ops take tensors only)."""
+    dropout_p = arguments.dropout_probability(dropout_p)
+    if dropout_p and dropout_seed is None:  # one seed for the forward and the backward
+        dropout_seed = torch_random_seed()
+    query, key, value = (x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in (query, key, value))
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        attn_mask = torch.as_tensor(attn_mask)
+    out, stats = sdpa_forward(query, key, value, attn_mask, dropout_p, bool(is_causal), arguments.scale_value(scale),
+                              bool(enable_gqa), causal_alignment,
+                              0 if dropout_seed is None else arguments.integer(dropout_seed, "dropout_seed"),
+                              arguments.integer(dropout_offset, "dropout_offset"))
     return (out, stats) if return_stats else out
