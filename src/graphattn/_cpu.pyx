@@ -47,6 +47,7 @@ cdef void _extent_of(object array, BufferExtent* extent):
 
 cdef void _extents_of(object query, object key, object value, object output, object mask, object stats,
                       BufferExtent* extents):
+    # In FORWARD_VIEWS' order.
     _extent_of(query, &extents[0])
     _extent_of(key, &extents[1])
     _extent_of(value, &extents[2])
@@ -111,13 +112,10 @@ cdef class ForwardPlan:
         cdef Status status
         _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, causal_offset, select_fill,
                               causal_fill, dropout_seed, dropout_offset)
+        cdef int i
         if extents != NULL:
-            local.query.buffer = extents[0]
-            local.key.buffer = extents[1]
-            local.value.buffer = extents[2]
-            local.output.buffer = extents[3]
-            local.mask.buffer = extents[4]
-            local.stats.buffer = extents[5]
+            for i in range(6):
+                _forward_view(&local, i).buffer = extents[i]
         with nogil:
             status = sdpa_forward(local)
         if not status.ok:
@@ -157,19 +155,10 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, addresses, mask_kind, select_keep_value,
                        has_scale, scale, causal, causal_offset, select_fill, causal_fill, inf_as_zero, dropout_p,
                        dropout_seed, dropout_offset)
-    _extent_of(views["query"][2], &args.forward.query.buffer)
-    _extent_of(views["key"][2], &args.forward.key.buffer)
-    _extent_of(views["value"][2], &args.forward.value.buffer)
-    _extent_of(views["output"][2], &args.forward.output.buffer)
-    _extent_of(views["stats"][2], &args.forward.stats.buffer)
-    _extent_of(views["grad_output"][2], &args.grad_output.buffer)
-    _extent_of(views["grad_query"][2], &args.grad_query.buffer)
-    _extent_of(views["grad_key"][2], &args.grad_key.buffer)
-    _extent_of(views["grad_value"][2], &args.grad_value.buffer)
-    if "mask" in views:
-        _extent_of(views["mask"][2], &args.forward.mask.buffer)
-    if "grad_mask" in views:
-        _extent_of(views["grad_mask"][2], &args.grad_mask.buffer)
+    cdef TensorView* view
+    for name, (_, _, array) in views.items():
+        view = _backward_view(&args, name)
+        _extent_of(array, &view.buffer)
     with nogil:
         status = sdpa_backward(args)
     if not status.ok:

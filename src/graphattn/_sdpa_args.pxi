@@ -65,6 +65,42 @@ cdef void _set_data_and_scalars(SdpaForwardArgs* a, uintptr_t query, uintptr_t k
     a.dropout_offset = dropout_offset
 
 
+# The order of a forward call's views wherever they come as a sequence (the bindings' extents).
+FORWARD_VIEWS = ("query", "key", "value", "output", "mask", "stats")
+
+
+cdef TensorView* _forward_view(SdpaForwardArgs* args, int index) noexcept:
+    # View `index` of FORWARD_VIEWS.
+    if index == 0:
+        return &args.query
+    if index == 1:
+        return &args.key
+    if index == 2:
+        return &args.value
+    if index == 3:
+        return &args.output
+    if index == 4:
+        return &args.mask
+    return &args.stats
+
+
+cdef TensorView* _backward_view(SdpaBackwardArgs* args, str name) except NULL:
+    # The backward's view of this operand name (the functional backward's roles).
+    if name == "grad_output":
+        return &args.grad_output
+    if name == "grad_query":
+        return &args.grad_query
+    if name == "grad_key":
+        return &args.grad_key
+    if name == "grad_value":
+        return &args.grad_value
+    if name == "grad_mask":
+        return &args.grad_mask
+    if name in FORWARD_VIEWS:
+        return _forward_view(&args.forward, FORWARD_VIEWS.index(name))
+    raise ValueError(f"backward: unknown operand {name!r}")
+
+
 cdef void _set_address_view(TensorView* view, object spec) except *:
     # spec = (dtype code, five strides in elements, address of the view's origin)
     code, strides, address = spec
@@ -80,19 +116,8 @@ cdef void _set_backward_args(SdpaBackwardArgs* args, object batch, int64_t seq_q
     # views maps the backward's operand names to (dtype code, 5 strides, address).
     _set_shape_and_flags(&args.forward, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
                          has_scale, False, causal, inf_as_zero, dropout_p)
-    _set_address_view(&args.forward.query, views["query"])
-    _set_address_view(&args.forward.key, views["key"])
-    _set_address_view(&args.forward.value, views["value"])
-    _set_address_view(&args.forward.output, views["output"])
-    _set_address_view(&args.forward.stats, views["stats"])
-    _set_address_view(&args.grad_output, views["grad_output"])
-    _set_address_view(&args.grad_query, views["grad_query"])
-    _set_address_view(&args.grad_key, views["grad_key"])
-    _set_address_view(&args.grad_value, views["grad_value"])
-    if "mask" in views:
-        _set_address_view(&args.forward.mask, views["mask"])
-    if "grad_mask" in views:
-        _set_address_view(&args.grad_mask, views["grad_mask"])
+    for name, spec in views.items():  # a required view left out stays null, which the kernels' checks refuse
+        _set_address_view(_backward_view(args, name), spec)
     args.forward.scale = scale
     args.forward.causal_offset = causal_offset
     args.forward.select_fill = select_fill

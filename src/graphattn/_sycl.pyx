@@ -70,19 +70,17 @@ cdef class ForwardPlan:
             float causal_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0, extents=None):
         """Submit the kernel on the plan's queue for these USM addresses; raises ValueError on bad arguments.
         extents: None, or the (shape, element strides, itemsize) of the USM array at each address, for query, key,
-        value, output, mask and stats (None for one not known): the views' reach is checked against them."""
+        value, output, mask and stats (FORWARD_VIEWS; None for one not known): the views' reach is checked
+        against them."""
         cdef SdpaForwardArgs local = self.args
         cdef Status status
         cdef void* q = _queue_ref(self.queue)
         _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, causal_offset, select_fill,
                               causal_fill, dropout_seed, dropout_offset)
+        cdef int i
         if extents is not None:
-            _set_extent(&local.query, extents[0])
-            _set_extent(&local.key, extents[1])
-            _set_extent(&local.value, extents[2])
-            _set_extent(&local.output, extents[3])
-            _set_extent(&local.mask, extents[4])
-            _set_extent(&local.stats, extents[5])
+            for i in range(6):
+                _set_extent(_forward_view(&local, i), extents[i])
         with nogil:
             status = sdpa_forward(q, local)
         _raise_if_failed(status)
@@ -102,18 +100,8 @@ def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, i
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind, select_keep_value,
                        has_scale, scale, causal, causal_offset, select_fill, causal_fill, inf_as_zero, dropout_p,
                        dropout_seed, dropout_offset)
-    if extents is not None:
-        _set_extent(&args.forward.query, extents.get("query"))
-        _set_extent(&args.forward.key, extents.get("key"))
-        _set_extent(&args.forward.value, extents.get("value"))
-        _set_extent(&args.forward.output, extents.get("output"))
-        _set_extent(&args.forward.stats, extents.get("stats"))
-        _set_extent(&args.forward.mask, extents.get("mask"))
-        _set_extent(&args.grad_output, extents.get("grad_output"))
-        _set_extent(&args.grad_query, extents.get("grad_query"))
-        _set_extent(&args.grad_key, extents.get("grad_key"))
-        _set_extent(&args.grad_value, extents.get("grad_value"))
-        _set_extent(&args.grad_mask, extents.get("grad_mask"))
+    for name, layout in (extents or {}).items():
+        _set_extent(_backward_view(&args, name), layout)
     with nogil:
         status = sdpa_backward(q, args)
     _raise_if_failed(status)

@@ -10,6 +10,8 @@ import operator
 
 import numpy as np
 
+from .tensor import element_strides
+
 # The dtypes query, key and value may have, as each framework spells them.
 _FLOAT_NAMES = {"numpy": "float32, ml_dtypes.bfloat16 or float16",
                 "torch": "torch.float32, torch.bfloat16 or torch.float16"}
@@ -39,7 +41,7 @@ def integer(value, name: str) -> int:
 
 def dropout_probability(value) -> float:
     """dropout_p as a float in [0, 1)."""
-    p = real_number(value, "dropout_p")
+    p = value if type(value) is float else real_number(value, "dropout_p")
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {p}")
     return p
@@ -47,7 +49,9 @@ def dropout_probability(value) -> float:
 
 def scale_value(value) -> float | None:
     """scale as a float (None: 1 / sqrt(E)); it may be any finite or infinite real number, as in PyTorch."""
-    return None if value is None else real_number(value, "scale")
+    if value is None or type(value) is float:
+        return value
+    return real_number(value, "scale")
 
 
 def dtype_text(dtype, kind: str) -> str:
@@ -71,10 +75,7 @@ def check_host_array(a: np.ndarray, name: str) -> None:
     if isinstance(a, np.ma.MaskedArray):
         raise TypeError(f"{name} is a NumPy masked array; its mask would be ignored: pass {name}.filled(value) or, "
                         "to mask attention, attn_mask")
-    itemsize = a.itemsize
-    if any(s % itemsize for s in a.strides):
-        raise ValueError(f"{name} has byte strides {a.strides} that are not multiples of its element size "
-                         f"{itemsize}; pass a copy (np.ascontiguousarray({name}))")
+    element_strides(a, name)  # raises, naming the array, where the byte strides are not whole elements
 
 
 def check_head_sizes(q_shape: tuple, k_shape: tuple, v_shape: tuple) -> None:

@@ -141,7 +141,7 @@ def _empty_like_kind(template, shape, dtype, queue):
     return dpnp.empty(shape, dtype=dtype, sycl_queue=queue)
 
 
-def _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment, kind="numpy"):
+def _check_inputs(q, k, v, mask, is_causal, enable_gqa, causal_alignment, kind="numpy"):
     """The rules of a new signature (shapes, dtypes, flags) on NumPy or USM arrays; kind is the caller's array
     kind, for messages in its terms.  Returns whether the call is grouped-query (enable_gqa with fewer K/V
     heads)."""
@@ -167,8 +167,6 @@ def _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignm
                          f"(E={k.shape[-1]})")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"key and value sequence lengths differ: key {k.shape} vs value {v.shape}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if is_causal and mask is not None:
         raise ValueError("pass either attn_mask or is_causal=True, not both")
     if causal_alignment not in ALIGNMENTS:
@@ -338,7 +336,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         v, _ = to_numpy(value, "value")
         mask = _normalize_mask(None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0])
         queue = None
-    if type(dropout_p) is not float:
+    if type(dropout_p) is not float or not 0.0 <= dropout_p < 1.0:  # the common float in range costs no call
         dropout_p = arguments.dropout_probability(dropout_p)
     # A signature seen before was validated when it was built: only new ones are checked.
     if torch_direct:
@@ -351,7 +349,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         # Checked and built on NumPy views (the same memory); a torch tensor off the CPU is refused here.
         qc, kc, vc = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value"))) \
             if torch_direct else (q, k, v)
-        gqa = _check_inputs(qc, kc, vc, mask, dropout_p, is_causal, enable_gqa, causal_alignment, kind)
+        gqa = _check_inputs(qc, kc, vc, mask, is_causal, enable_gqa, causal_alignment, kind)
         if queue is None:
             qc = _query_over_value_batch(qc, kc, vc, gqa)
         entry = _build(qc, kc, vc, mask, gqa, bool(is_causal), causal_alignment, return_stats, dropout_p,
@@ -361,8 +359,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         q, k, v = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value")))
         torch_direct = False
 
-    scale_value = entry.default_scale if scale is None else (scale if type(scale) is float else
-                                                             arguments.real_number(scale, "scale"))
+    scale_value = entry.default_scale if scale is None else arguments.scale_value(scale)
     seed = offset = 0
     if dropout_p > 0.0:
         if dropout_seed is None:  # torch callers draw from torch's generator, so torch.manual_seed repeats it
@@ -433,14 +430,10 @@ def _results(out, stats, torch_direct: bool, kind: str):
     stats_shape = tuple(out.shape[:-1]) + (1,)
     if (stats.numel() if torch_direct else stats.size) == math.prod(stats_shape):
         stats = stats.reshape(stats_shape)  # GQA stats come as (..., Hkv, rep, L, 1): query's heads
-    else:  # V's batch dims broadcast the output beyond the scores': each row's stats repeat over them
-        stats = stats.reshape((1,) * (len(stats_shape) - stats.ndim) + tuple(stats.shape))
-        if is_torch_tensor(stats):
-            stats = stats.expand(stats_shape).contiguous()
-        elif isinstance(stats, np.ndarray):
-            stats = np.ascontiguousarray(np.broadcast_to(stats, stats_shape))
-        else:  # USM (the SYCL route declines such calls to the host reference, with the scores' stats)
-            import dpnp
+    else:  # USM only: V's batch dims broadcast the output beyond the scores (host calls view Q over them,
+        # _query_over_value_batch), and each row's stats repeat over those dims
+        import dpnp
 
-            stats = dpnp.ascontiguousarray(dpnp.broadcast_to(stats, stats_shape))
+        stats = stats.reshape((1,) * (len(stats_shape) - stats.ndim) + tuple(stats.shape))
+        stats = dpnp.ascontiguousarray(dpnp.broadcast_to(stats, stats_shape))
     return (out, stats) if torch_direct else (from_numpy(out, kind), from_numpy(stats, kind))

@@ -91,7 +91,7 @@ _plans = SignatureCache()
 def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad,
           kind="numpy"):
     """Checks a new signature and derives its _BackwardPlan (the arrays' data are not read)."""
-    gqa = _check_inputs(q, k, v, mask, dropout_p, is_causal, enable_gqa, causal_alignment, kind)
+    gqa = _check_inputs(q, k, v, mask, is_causal, enable_gqa, causal_alignment, kind)
     for name, a in (("out", o), ("grad_out", do), ("stats", st)):
         if isinstance(a, np.ndarray):
             arguments.check_host_array(a, name)
@@ -211,7 +211,7 @@ def _log_plan(plan: _BackwardPlan, is_causal: bool, dropout_p: float, queue) -> 
 def _run_kernel(run_backward, plan: _BackwardPlan, arrays: dict, scale, is_causal, dropout_p, dropout_seed,
                 dropout_offset) -> None:
     """One kernel call on the plan's views of `arrays` (NumPy arrays, torch CPU tensors or USM addresses)."""
-    scale_value = plan.default_scale if scale is None else arguments.real_number(scale, "scale")
+    scale_value = plan.default_scale if scale is None else arguments.scale_value(scale)
     specs = {name: (code, strides, arrays[name]) for name, code, strides in plan.roles}
     if verbose.enabled():
         import time

@@ -12,8 +12,6 @@ namespace {
 
 bool is_float(DType dt) { return dt == DType::f32 || dt == DType::bf16 || dt == DType::f16; }
 
-int64_t element_bytes(DType dt) { return dt == DType::f32 ? 4 : dt == DType::boolean ? 1 : 2; }
-
 // A view's logical shape: the call's batch dims, then its rows and columns.
 struct ViewShape {
     int64_t dims[kBatchDims + 2];
@@ -27,6 +25,19 @@ struct ViewShape {
 ViewShape view_shape(const int64_t batch[kBatchDims], int64_t rows, int64_t cols) {
     return {{batch[0], batch[1], batch[2], rows, cols}};
 }
+
+// The logical shapes of a call's views (SdpaForwardArgs' comment); the
+// backward's gradients take those of the operands they belong to.
+struct CallShapes {
+    ViewShape q, k, v, o, m, st;
+    explicit CallShapes(const SdpaForwardArgs& a)
+        : q(view_shape(a.batch, a.seq_q, a.head_dim_qk)),
+          k(view_shape(a.batch, a.seq_kv, a.head_dim_qk)),
+          v(view_shape(a.batch, a.seq_kv, a.head_dim_v)),
+          o(view_shape(a.batch, a.seq_q, a.head_dim_v)),
+          m(view_shape(a.batch, a.seq_q, a.seq_kv)),
+          st(view_shape(a.batch, a.seq_q, 1)) {}
+};
 
 std::string strides_text(const TensorView& t) {
     std::string text = "(";
@@ -45,7 +56,7 @@ Status check_view(const TensorView& t, const char* name, bool float_only) {
 // buffer it was given is refused before any element is read or written.
 Status check_reach(const TensorView& t, const char* name, const ViewShape& shape) {
     if (!t.buffer.known() || shape.empty()) return Status::success();
-    const int64_t size = element_bytes(t.dtype);
+    const int64_t size = dtype_size(t.dtype);
     int64_t lowest = 0, highest = 0;
     for (int i = 0; i < kBatchDims + 2; ++i) {
         const int64_t step = t.strides[i] * (shape.dims[i] - 1) * size;
@@ -87,10 +98,6 @@ Status check_no_self_overlap(const TensorView& t, const char* name, const ViewSh
     return Status::success();
 }
 
-}  // namespace
-
-namespace {
-
 // The checks of a forward call's arguments that the backward shares: there
 // the forward's output and stats are read, not written.
 Status check_call(const SdpaForwardArgs& a) {
@@ -108,14 +115,12 @@ Status check_call(const SdpaForwardArgs& a) {
     if (a.mask_kind == MaskKind::select && !(s = check_view(a.mask, "mask", false)).ok) return s;
     if (a.stats.data && a.stats.dtype != DType::f32) return Status::error("stats: dtype must be f32");
     if (!(a.dropout_p >= 0.0f && a.dropout_p < 1.0f)) return Status::error("dropout_p must be in [0, 1)");
-    const ViewShape q = view_shape(a.batch, a.seq_q, a.head_dim_qk), k = view_shape(a.batch, a.seq_kv, a.head_dim_qk),
-                    v = view_shape(a.batch, a.seq_kv, a.head_dim_v), o = view_shape(a.batch, a.seq_q, a.head_dim_v),
-                    m = view_shape(a.batch, a.seq_q, a.seq_kv), st = view_shape(a.batch, a.seq_q, 1);
-    if (!(s = check_reach(a.query, "query", q)).ok || !(s = check_reach(a.key, "key", k)).ok ||
-        !(s = check_reach(a.value, "value", v)).ok || !(s = check_reach(a.output, "output", o)).ok)
+    const CallShapes sh(a);
+    if (!(s = check_reach(a.query, "query", sh.q)).ok || !(s = check_reach(a.key, "key", sh.k)).ok ||
+        !(s = check_reach(a.value, "value", sh.v)).ok || !(s = check_reach(a.output, "output", sh.o)).ok)
         return s;
-    if (a.mask_kind != MaskKind::none && !(s = check_reach(a.mask, "mask", m)).ok) return s;
-    if (a.stats.data && !(s = check_reach(a.stats, "stats", st)).ok) return s;
+    if (a.mask_kind != MaskKind::none && !(s = check_reach(a.mask, "mask", sh.m)).ok) return s;
+    if (a.stats.data && !(s = check_reach(a.stats, "stats", sh.st)).ok) return s;
     return Status::success();
 }
 
@@ -124,9 +129,9 @@ Status check_call(const SdpaForwardArgs& a) {
 Status check_forward_args(const SdpaForwardArgs& a) {
     Status s;
     if (!(s = check_call(a)).ok) return s;
-    const ViewShape o = view_shape(a.batch, a.seq_q, a.head_dim_v), st = view_shape(a.batch, a.seq_q, 1);
-    if (!(s = check_no_self_overlap(a.output, "output", o)).ok) return s;
-    if (a.stats.data && !(s = check_no_self_overlap(a.stats, "stats", st)).ok) return s;
+    const CallShapes sh(a);
+    if (!(s = check_no_self_overlap(a.output, "output", sh.o)).ok) return s;
+    if (a.stats.data && !(s = check_no_self_overlap(a.stats, "stats", sh.st)).ok) return s;
     return Status::success();
 }
 
@@ -154,21 +159,20 @@ Status check_backward_args(const SdpaBackwardArgs& b) {
             return Status::error("key, value, grad_key and grad_value must all be broadcast (stride 0) over " + dim +
                                  ", or none of them");
     }
-    const ViewShape q = view_shape(a.batch, a.seq_q, a.head_dim_qk), k = view_shape(a.batch, a.seq_kv, a.head_dim_qk),
-                    v = view_shape(a.batch, a.seq_kv, a.head_dim_v), o = view_shape(a.batch, a.seq_q, a.head_dim_v),
-                    m = view_shape(a.batch, a.seq_q, a.seq_kv);
-    if (!(s = check_reach(b.grad_output, "grad_output", o)).ok || !(s = check_reach(b.grad_query, "grad_query", q)).ok ||
-        !(s = check_reach(b.grad_key, "grad_key", k)).ok || !(s = check_reach(b.grad_value, "grad_value", v)).ok)
+    const CallShapes sh(a);
+    if (!(s = check_reach(b.grad_output, "grad_output", sh.o)).ok ||
+        !(s = check_reach(b.grad_query, "grad_query", sh.q)).ok || !(s = check_reach(b.grad_key, "grad_key", sh.k)).ok ||
+        !(s = check_reach(b.grad_value, "grad_value", sh.v)).ok)
         return s;
-    if (b.grad_mask.data && !(s = check_reach(b.grad_mask, "grad_mask", m)).ok) return s;
+    if (b.grad_mask.data && !(s = check_reach(b.grad_mask, "grad_mask", sh.m)).ok) return s;
     // dK and dV sum over the batch dims where K and V are broadcast (checked above to match theirs).
     bool kv_summed[kBatchDims + 2] = {};
     for (int d = 0; d < kBatchDims; ++d) kv_summed[d] = a.key.strides[d] == 0;
-    if (!(s = check_no_self_overlap(b.grad_query, "grad_query", q)).ok ||
-        !(s = check_no_self_overlap(b.grad_key, "grad_key", k, kv_summed)).ok ||
-        !(s = check_no_self_overlap(b.grad_value, "grad_value", v, kv_summed)).ok)
+    if (!(s = check_no_self_overlap(b.grad_query, "grad_query", sh.q)).ok ||
+        !(s = check_no_self_overlap(b.grad_key, "grad_key", sh.k, kv_summed)).ok ||
+        !(s = check_no_self_overlap(b.grad_value, "grad_value", sh.v, kv_summed)).ok)
         return s;
-    if (b.grad_mask.data && !(s = check_no_self_overlap(b.grad_mask, "grad_mask", m)).ok) return s;
+    if (b.grad_mask.data && !(s = check_no_self_overlap(b.grad_mask, "grad_mask", sh.m)).ok) return s;
     return Status::success();
 }
 

@@ -13,16 +13,6 @@
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
-inline int64_t dtype_size(DType dt) {
-    switch (dt) {
-        case DType::f32: return 4;
-        case DType::bf16:
-        case DType::f16: return 2;
-        case DType::boolean: return 1;
-    }
-    return 0;
-}
-
 // Element offset of batch index b in view t.
 inline int64_t view_batch_offset(const TensorView& t, const int64_t b[kBatchDims]) {
     return b[0] * t.strides[0] + b[1] * t.strides[1] + b[2] * t.strides[2];

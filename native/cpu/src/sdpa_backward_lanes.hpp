@@ -540,12 +540,13 @@ struct LaneBackward {
                            kLaneBlock);
     }
 
-    // Key blocks first, first + step, ... < end of K/V batch index outer_b, up to
-    // sc.blocks.size() of them at once: each chunk of query rows is read once for
-    // them all.  dq_buffer receives dS K.
-    void key_items(KeyScratch& sc, const int64_t outer_b[kBatchDims], int64_t first, int64_t end, int64_t step,
-                   float* dq_buffer, DqTurns* turns) {
-        const int64_t split = first % step, counter_base = split * batch_total * a.seq_q;
+    // The unit's key blocks first, first + step, ... < end of K/V batch index
+    // outer_b, up to sc.blocks.size() of them at once: each chunk of query rows
+    // is read once for them all.  dq_buffer receives dS K, in the unit's turns.
+    void key_items(KeyScratch& sc, const int64_t outer_b[kBatchDims], const KeyBlockWave::Unit& unit, int64_t step,
+                   float* dq_buffer) {
+        const int64_t first = unit.first, end = unit.end;
+        const int64_t counter_base = unit.item % step * batch_total * a.seq_q;
         const int64_t at_once = int64_t(sc.blocks.size());
         for (int64_t kb0 = first; kb0 < end; kb0 += at_once * step) {
             int taken = 0;
@@ -571,7 +572,7 @@ struct LaneBackward {
                         // From an even row of the chunk, so that the packed pairs line up; rows
                         // before first_row see none of the block's keys and add nothing.
                         const int64_t from = i0 + (std::max<int64_t>(0, blk.first_row - i0) & ~int64_t(1));
-                        const DqTurn turn{turns, counter_base, int32_t((blk.j0 / kLaneBlock - split) / step)};
+                        const DqTurn turn{unit.turns, counter_base, unit.ordinal(blk.j0 / kLaneBlock, step)};
                         if (from < i_end)
                             key_item_rows(sc, blk, b, i0, from, int(i_end - from), dq_buffer, turn, g == 0);
                     }
@@ -604,7 +605,7 @@ struct LaneBackward {
                 int64_t b[kBatchDims];
                 kv.outer_index(unit.item / dq_splits, b);
                 float* dq_buffer = dq_sum.get() + unit.item % dq_splits * dq_plane;
-                key_items(sc, b, unit.first, unit.end, dq_splits, dq_buffer, unit.turns);
+                key_items(sc, b, unit, dq_splits, dq_buffer);
             }  // the loop's barrier: every dQ sum is complete
             if (!dq_direct) write_dq();
         });

@@ -223,7 +223,7 @@ inline std::string key_pass_text(const char* layout, int64_t key_block, int64_t 
 // batch index, row), laid out by the kernel.
 class DqTurns {
 public:
-    explicit DqTurns(int64_t rows) : rows_(rows), counters_(new std::atomic<int32_t>[size_t(rows)]) {
+    explicit DqTurns(int64_t rows) : counters_(new std::atomic<int32_t>[size_t(rows)]) {
         for (int64_t r = 0; r < rows; ++r) counters_[r].store(0, std::memory_order_relaxed);
     }
 
@@ -247,10 +247,7 @@ public:
     // be rerun): no one waits any more.
     void abandon() { abandoned_.store(true, std::memory_order_relaxed); }
 
-    int64_t rows() const { return rows_; }
-
 private:
-    int64_t rows_;
     std::unique_ptr<std::atomic<int32_t>[]> counters_;
     std::atomic<bool> abandoned_{false};
 };

@@ -14,6 +14,17 @@ namespace graphattn {
 
 enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2, boolean = 3 };
 
+// Bytes of one element of this dtype.
+inline int64_t dtype_size(DType dt) {
+    switch (dt) {
+        case DType::f32: return 4;
+        case DType::bf16:
+        case DType::f16: return 2;
+        case DType::boolean: return 1;
+    }
+    return 0;
+}
+
 constexpr int kBatchDims = 3;
 
 // The bytes a view's buffer holds around its data pointer: [begin, end),
