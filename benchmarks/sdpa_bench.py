@@ -1,6 +1,6 @@
 """graphattn's fused SDPA against the installed peers, in one process, interleaved.
 
-    python benchmarks/sdpa_bench.py [--suite quick|standard|full|training|decode|small] [--dtypes f32,bf16]
+    python benchmarks/sdpa_bench.py [--suite quick|standard|full|training|decode|small|window] [--dtypes f32,bf16]
                                     [--direction forward|backward|both] [--only causal|plain]
                                     [--plot out.png] [--memory]
 
@@ -212,6 +212,49 @@ def causal_speedup_case(shape, dtype: str, rng, min_seconds: float) -> dict:
             "cpu": cpu_model()}
 
 
+WINDOW_KEYS = 2048  # the issue's case: window=(W - 1, 0) under is_causal at S=16384, D=64
+WINDOW_SPEEDUP_SHARE = 0.8  # of the ideal speedup, the ratio of visible score pairs
+SUITES["window"] = [(1, 2, 2, 16384, 16384, 64)]
+
+
+def visible_pairs(seq: int, window_keys: int | None) -> int:
+    """Score pairs a square causal call sees: row i sees min(i + 1, W) keys (all i + 1 without a window)."""
+    if window_keys is None:
+        return seq * (seq + 1) // 2
+    w = min(window_keys, seq)
+    return w * (w + 1) // 2 + (seq - w) * w
+
+
+def window_speedup_case(shape, dtype: str, rng, min_seconds: float, window_keys: int | None = None) -> dict:
+    """graphattn's causal forward with a sliding window of window_keys keys against full causal, interleaved
+    on the same inputs; ideal_speedup is the ratio of visible score pairs, share the part of it reached."""
+    window_keys = WINDOW_KEYS if window_keys is None else window_keys
+    q, k, v = make_inputs(shape, dtype, rng)
+    gqa = shape[1] != shape[2]
+    window = (window_keys - 1, 0)
+    runs = {"causal": lambda: ga.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa),
+            "window": lambda: ga.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa,
+                                                               window=window)}
+    medians = {name: median(t) * 1e3 for name, t in interleaved_times(runs, min_seconds).items()}
+    ideal = visible_pairs(shape[3], None) / visible_pairs(shape[3], window_keys)
+    speedup = medians["causal"] / medians["window"]
+    return {"bench": "sdpa_window_speedup", "shape": list(shape), "dtype": dtype, "window": list(window),
+            "causal_ms": round(medians["causal"], MS_DECIMALS), "window_ms": round(medians["window"], MS_DECIMALS),
+            "speedup": round(speedup, 2), "ideal_speedup": round(ideal, 2), "share": round(speedup / ideal, 3),
+            "threads": ga.thread_count(), "cpu": cpu_model()}
+
+
+def print_window_speedups(rows: list[dict]) -> None:
+    if not rows:
+        return
+    print(f"\nsliding window vs full causal, graphattn alone, interleaved (causal ms / window ms; share = speedup / "
+          f"ideal, target {WINDOW_SPEEDUP_SHARE}):")
+    for row in rows:
+        print(f"  {str(tuple(row['shape'])):<30} {row['dtype']:<5} window {tuple(row['window'])} causal "
+              f"{row['causal_ms']:>9.3f} ms  window {row['window_ms']:>9.3f} ms  speedup {row['speedup']:.2f} of "
+              f"{row['ideal_speedup']:.2f}  share {row['share']:.2f}")
+
+
 def print_causal_speedups(rows: list[dict]) -> None:
     if not rows:
         return
@@ -385,6 +428,14 @@ def main() -> None:
     causal_flags = {"causal": [True], "plain": [False], None: [False, True]}[args.only]
     direction = args.direction or ("both" if args.suite == "training" else "forward")
     directions = {"forward": [False], "backward": [True], "both": [False, True]}[direction]
+    if args.suite == "window":  # the window suite times the window against full causal only
+        rows = []
+        for shape, dtype in [(s, dt) for s in SUITES["window"] for dt in dtypes]:
+            row = window_speedup_case(shape, dtype, np.random.default_rng(0), args.seconds)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        print_window_speedups(rows)
+        return
     cases = [(s, dt, c, b) for b in directions for s in SUITES[args.suite] for dt in dtypes for c in causal_flags
              if not (c and s[3] == 1)]
     rng = np.random.default_rng(0)

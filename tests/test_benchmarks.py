@@ -172,6 +172,25 @@ def test_causal_flops_count_the_pairs_the_mask_keeps():
     assert flops(1, 1, 2, 5, 8, causal=True, alignment="bottom_right") == 4 * 8 * (4 + 5)
 
 
+def test_window_ideal_speedup_counts_visible_pairs():
+    bench = _bench_module("sdpa_bench")
+    assert bench.visible_pairs(5, None) == 15
+    assert bench.visible_pairs(5, 2) == 1 + 2 * 4  # rows see 1, 2, 2, 2, 2 keys
+    assert bench.visible_pairs(4, 9) == bench.visible_pairs(4, None)
+    assert round(bench.visible_pairs(16384, None) / bench.visible_pairs(16384, 2048), 2) == 4.27
+
+
+def test_window_suite_prints_its_speedup(monkeypatch, capsys):
+    bench = _bench_module("sdpa_bench")
+    monkeypatch.setitem(bench.SUITES, "window", [(1, 1, 1, 300, 300, 32)])
+    monkeypatch.setattr(sys, "argv", ["sdpa_bench.py", "--suite", "window", "--dtypes", "f32", "--seconds", "0.05"])
+    monkeypatch.setattr(bench, "WINDOW_KEYS", 64)
+    bench.main()
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [r["bench"] for r in rows] == ["sdpa_window_speedup"]
+    assert rows[0]["window"] == [63, 0] and rows[0]["speedup"] > 0 and rows[0]["ideal_speedup"] > 1
+
+
 def test_table_keeps_each_peers_columns_where_a_peer_sat_a_case_out(capsys):
     bench = _bench_module("sdpa_bench")
     row = {"bench": "sdpa_forward", "shape": [1, 2, 2, 64, 64, 32], "dtype": "f16", "causal": False, "isa": "avx512",

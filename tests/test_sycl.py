@@ -122,6 +122,11 @@ FUNCTIONAL_CASES = {
     "float_mask": dict(shape_q=(1, 2, 17, 64), shape_kv=(1, 2, 33, 64), mask="float"),
     "bool_mask_fully_masked": dict(shape_q=(1, 2, 17, 64), shape_kv=(1, 2, 33, 64), mask="bool"),
     "dropout": dict(shape_q=(1, 2, 17, 64), shape_kv=(1, 2, 33, 64), dropout_p=0.3, dropout_seed=11),
+    "window_sliding": dict(shape_q=(1, 2, 33, 64), shape_kv=(1, 2, 33, 64), window=(5, 0)),
+    "window_two_sided_bottom_right": dict(shape_q=(1, 2, 17, 64), shape_kv=(1, 2, 40, 64), window=(4, 3),
+                                          causal_alignment="bottom_right"),
+    "window_more_rows": dict(shape_q=(1, 2, 40, 64), shape_kv=(1, 2, 17, 64), window=(2, 1)),
+    "window_float_mask": dict(shape_q=(1, 2, 17, 64), shape_kv=(1, 2, 33, 64), mask="float", window=(6, -1)),
 }
 
 

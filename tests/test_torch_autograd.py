@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import graphattn as ga
-from graphattn.testing import assert_grad_close
+from graphattn.testing import assert_close, assert_grad_close, sdpa_reference, sdpa_reference_backward
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -132,7 +132,26 @@ def test_custom_ops_pass_opcheck():
     q = torch.randn(1, 2, 9, 16, requires_grad=True)
     k, v = torch.randn(1, 2, 11, 16), torch.randn(1, 2, 11, 8)
     mask = torch.randn(1, 1, 9, 11)
-    torch.library.opcheck(torch_autograd.sdpa_forward, (q, k, v, mask, 0.0, False, None, False, "top_left", 0, 0))
-    out, stats = torch_autograd.sdpa_forward(q.detach(), k, v, mask, 0.0, False, None, False, "top_left", 0, 0)
+    window = [4, 2]  # a key window (left, right), as scaled_dot_product_attention's window=
+    torch.library.opcheck(torch_autograd.sdpa_forward,
+                          (q, k, v, mask, 0.0, False, None, False, "top_left", 0, 0, window))
+    out, stats = torch_autograd.sdpa_forward(q.detach(), k, v, mask, 0.0, False, None, False, "top_left", 0, 0, window)
     torch.library.opcheck(torch_autograd.sdpa_backward, (torch.randn(out.shape), q.detach(), k, v, out, stats, mask,
-                                                         0.0, False, None, False, "top_left", 0, 0, True))
+                                                         0.0, False, None, False, "top_left", 0, 0, window, True))
+
+
+@pytest.mark.parametrize("window, alignment", [((3, 0), "top_left"), ((5, 2), "bottom_right"), ((-1, 4), "top_left")])
+def test_gradients_flow_through_a_key_window(window, alignment):
+    q = torch.randn(1, 2, 13, 16, dtype=torch.float64).float().requires_grad_()
+    k = torch.randn(1, 2, 21, 16).requires_grad_()
+    v = torch.randn(1, 2, 21, 8).requires_grad_()
+    out = ga.scaled_dot_product_attention(q, k, v, window=window, causal_alignment=alignment)
+    grad_out = torch.randn(out.shape)
+    out.backward(grad_out)
+    want = sdpa_reference(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(), window=window,
+                          causal_alignment=alignment)
+    assert_close(out.detach().numpy(), want, "f32", "output")
+    want_grads = sdpa_reference_backward(grad_out.numpy(), q.detach().numpy(), k.detach().numpy(),
+                                         v.detach().numpy(), window=window, causal_alignment=alignment)
+    for got, expected in zip((q.grad, k.grad, v.grad), want_grads):
+        assert_grad_close(got.numpy(), expected, "f32")

@@ -37,7 +37,7 @@ int main() {
     args.output = view(out.data(), {0, G * D, D, Hq * D, 1});   // (S, Hq * D)
     args.has_scale = true;
     args.scale = 1.0f / std::sqrt(float(D));
-    args.causal = true;  // top-left: key j is kept for query i when j <= i
+    args.window.right = 0;  // causal, top-left: query i sees key j when j <= i
 
     double ms;
     if (!example::timed_forward(args, 5, ms)) return 1;

@@ -4,6 +4,16 @@ from libcpp cimport bool
 from libcpp.string cimport string
 
 
+cdef extern from "graphattn/key_window.hpp" namespace "graphattn":
+    int64_t kNoKeyLimit
+
+    cdef struct KeyWindow:
+        int64_t left
+        int64_t right
+        int64_t row_shift
+        float fill
+
+
 cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
     cpdef enum class DType(int32_t):
         f32
@@ -44,9 +54,7 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         MaskKind mask_kind
         bool select_keep_value
         float select_fill
-        bool causal
-        int64_t causal_offset
-        float causal_fill
+        KeyWindow window
         bool inf_as_zero
         float dropout_p
         uint64_t dropout_seed

@@ -63,9 +63,11 @@ cdef class ForwardPlan:
     def __init__(self, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
                  query, key, value, output, mask=None, stats=None, *, int mask_kind=0,
                  bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
-                 bint causal=False, bint inf_as_zero=False, float dropout_p=0.0):
+                 int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, bint inf_as_zero=False,
+                 float dropout_p=0.0):
         _set_shape_and_flags(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
-                             has_scale, scale_is_divisor, causal, inf_as_zero, dropout_p)
+                             has_scale, scale_is_divisor, window_left, window_right, inf_as_zero,
+                             dropout_p)
         _set_forward_views(&self.args, query, key, value, output, mask, stats)
 
     def isa(self):
@@ -78,7 +80,8 @@ cdef class ForwardPlan:
         return sdpa_forward_plan(self.args).decode()
 
     def run_arrays(self, query, key, value, output, mask=None, stats=None, float scale=1.0,
-                   int64_t causal_offset=0, float select_fill=float("-inf"), float causal_fill=float("-inf"),
+                   int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, float select_fill=float("-inf"),
+                   float window_fill=float("-inf"),
                    uint64_t dropout_seed=0, uint64_t dropout_offset=0):
         """As run, taking the arrays themselves: NumPy arrays, or torch CPU tensors (their first element's
         address is used; strides were fixed at plan time and are checked by the caller)."""
@@ -86,32 +89,34 @@ cdef class ForwardPlan:
         _extents_of(query, key, value, output, mask, stats, extents)
         self._call(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
                    _host_address(mask) if mask is not None else 0, _host_address(stats) if stats is not None else 0,
-                   scale, causal_offset, select_fill, causal_fill, dropout_seed, dropout_offset, extents)
+                   scale, window_left, window_right, select_fill, window_fill, dropout_seed, dropout_offset, extents)
 
     def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
-            uintptr_t stats=0, float scale=1.0, int64_t causal_offset=0, float select_fill=float("-inf"),
-            float causal_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0):
+            uintptr_t stats=0, float scale=1.0, int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit,
+            float select_fill=float("-inf"), float window_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0):
         """Run the kernel on the given data addresses; raises ValueError on bad arguments."""
-        self._call(query, key, value, output, mask, stats, scale, causal_offset, select_fill, causal_fill,
+        self._call(query, key, value, output, mask, stats, scale, window_left, window_right, select_fill, window_fill,
                    dropout_seed, dropout_offset, NULL)
 
-    def bound(self, int64_t causal_offset, float select_fill, float causal_fill):
+    def bound(self, int64_t window_left, int64_t window_right, float select_fill, float window_fill):
         """A BoundForward: run_arrays with these operands fixed, for repeated calls that only change data."""
         cdef BoundForward bound = BoundForward.__new__(BoundForward)
         bound.plan = self
-        bound.causal_offset = causal_offset
+        bound.window_left = window_left
+        bound.window_right = window_right
         bound.select_fill = select_fill
-        bound.causal_fill = causal_fill
+        bound.window_fill = window_fill
         return bound
 
     cdef void _call(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask,
-                    uintptr_t stats, float scale, int64_t causal_offset, float select_fill, float causal_fill,
+                    uintptr_t stats, float scale, int64_t window_left, int64_t window_right, float select_fill,
+                    float window_fill,
                     uint64_t dropout_seed, uint64_t dropout_offset, const BufferExtent* extents) except *:
         # extents: the buffers of query, key, value, output, mask and stats, or NULL (unknown)
         cdef SdpaForwardArgs local = self.args
         cdef Status status
-        _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, causal_offset, select_fill,
-                              causal_fill, dropout_seed, dropout_offset)
+        _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, window_left, window_right,
+                              select_fill, window_fill, dropout_seed, dropout_offset)
         cdef int i
         if extents != NULL:
             for i in range(6):
@@ -123,11 +128,11 @@ cdef class ForwardPlan:
 
 
 cdef class BoundForward:
-    """A ForwardPlan with the causal offset and fill values of its calls fixed (ForwardPlan.bound): the
+    """A ForwardPlan with the key window and fill values of its calls fixed (ForwardPlan.bound): the
     functional API's repeated calls reach the kernel through one call, with no Python frame between."""
     cdef ForwardPlan plan
-    cdef int64_t causal_offset
-    cdef float select_fill, causal_fill
+    cdef int64_t window_left, window_right
+    cdef float select_fill, window_fill
 
     def run(self, query, key, value, output, mask, stats, float scale, int64_t dropout_seed,
             int64_t dropout_offset):
@@ -137,14 +142,14 @@ cdef class BoundForward:
         _extents_of(query, key, value, output, mask, stats, extents)
         self.plan._call(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
                         _host_address(mask) if mask is not None else 0,
-                        _host_address(stats) if stats is not None else 0, scale, self.causal_offset,
-                        self.select_fill, self.causal_fill, <uint64_t>dropout_seed, <uint64_t>dropout_offset, extents)
+                        _host_address(stats) if stats is not None else 0, scale, self.window_left,
+                        self.window_right, self.select_fill, self.window_fill, <uint64_t>dropout_seed, <uint64_t>dropout_offset, extents)
 
 
 def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,
              int mask_kind=0, bint select_keep_value=True, bint has_scale=False, float scale=1.0,
-             bint causal=False, int64_t causal_offset=0, float select_fill=float("-inf"),
-             float causal_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
+             int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, float select_fill=float("-inf"),
+             float window_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
              uint64_t dropout_seed=0, uint64_t dropout_offset=0):
     """Run the fused backward kernel.  views maps query, key, value, output, stats, grad_output,
     grad_query, grad_key, grad_value and optionally mask and grad_mask to (dtype code, 5 strides,
@@ -153,7 +158,7 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
     cdef Status status
     addresses = {name: (code, strides, _host_address(array)) for name, (code, strides, array) in views.items()}
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, addresses, mask_kind, select_keep_value,
-                       has_scale, scale, causal, causal_offset, select_fill, causal_fill, inf_as_zero, dropout_p,
+                       has_scale, scale, window_left, window_right, select_fill, window_fill, inf_as_zero, dropout_p,
                        dropout_seed, dropout_offset)
     cdef TensorView* view
     for name, (_, _, array) in views.items():
@@ -198,14 +203,16 @@ def backward_isa(dtype="f32", seq_q=1 << 20, seq_kv=None):
 
 def backward_dispatch_text(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
                            dict roles, *, int mask_kind=0, bint select_keep_value=True, bint has_scale=False,
-                           bint causal=False, bint inf_as_zero=True, float dropout_p=0.0):
+                           int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit,
+                           bint inf_as_zero=True, float dropout_p=0.0):
     """isa=<build>,why=<the rule that chose it>, then the key pass's layout, for a backward call with these
     arguments (backward's, with roles mapping the operand names to (dtype code, 5 strides), no data), for
     the verbose log."""
     cdef SdpaBackwardArgs args
     views = {name: (code, strides, 0) for name, (code, strides) in roles.items()}
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind, select_keep_value,
-                       has_scale, 1.0, causal, 0, float("-inf"), float("-inf"), inf_as_zero, dropout_p, 0, 0)
+                       has_scale, 1.0, window_left, window_right, float("-inf"), float("-inf"), inf_as_zero,
+                       dropout_p, 0, 0)
     return sdpa_backward_plan(args).decode()
 
 

@@ -1,4 +1,10 @@
 # Marshalling of graphattn::SdpaForwardArgs shared by the CPU and SYCL bindings (no math).
+#
+# A key window comes from Python as (left, right) about the row itself (row_shift 0), kNoKeyLimit for a
+# side without a limit, and its fill.
+
+# The window side without a limit (graphattn::kNoKeyLimit).
+NO_KEY_LIMIT = kNoKeyLimit
 
 cdef void _set_view(TensorView* view, object spec) except *:
     # spec = (dtype code, five strides in elements)
@@ -12,8 +18,8 @@ cdef void _set_view(TensorView* view, object spec) except *:
 
 cdef void _set_shape_and_flags(SdpaForwardArgs* args, object batch, int64_t seq_q, int64_t seq_kv,
                                int64_t head_dim_qk, int64_t head_dim_v, int mask_kind, bint select_keep_value,
-                               bint has_scale, bint scale_is_divisor, bint causal, bint inf_as_zero,
-                               float dropout_p) except *:
+                               bint has_scale, bint scale_is_divisor, int64_t window_left, int64_t window_right,
+                               bint inf_as_zero, float dropout_p) except *:
     # The compile-time part of a call, shared by the forward plan and the backward.
     if len(batch) != 3:
         raise ValueError("batch must have 3 dimensions")
@@ -27,7 +33,9 @@ cdef void _set_shape_and_flags(SdpaForwardArgs* args, object batch, int64_t seq_
     args.select_keep_value = select_keep_value
     args.has_scale = has_scale
     args.scale_is_divisor = scale_is_divisor
-    args.causal = causal
+    args.window.left = window_left
+    args.window.right = window_right
+    args.window.row_shift = 0
     args.inf_as_zero = inf_as_zero
     args.dropout_p = dropout_p
 
@@ -48,7 +56,7 @@ cdef void _set_forward_views(SdpaForwardArgs* args, object query, object key, ob
 
 cdef void _set_data_and_scalars(SdpaForwardArgs* a, uintptr_t query, uintptr_t key, uintptr_t value,
                                 uintptr_t output, uintptr_t mask, uintptr_t stats, float scale,
-                                int64_t causal_offset, float select_fill, float causal_fill,
+                                int64_t window_left, int64_t window_right, float select_fill, float window_fill,
                                 uint64_t dropout_seed, uint64_t dropout_offset):
     # The run-time part of a forward call: data addresses and scalar operands.
     a.query.data = <const void*>query
@@ -58,9 +66,10 @@ cdef void _set_data_and_scalars(SdpaForwardArgs* a, uintptr_t query, uintptr_t k
     a.mask.data = <const void*>mask
     a.stats.data = <const void*>stats
     a.scale = scale
-    a.causal_offset = causal_offset
+    a.window.left = window_left
+    a.window.right = window_right
     a.select_fill = select_fill
-    a.causal_fill = causal_fill
+    a.window.fill = window_fill
     a.dropout_seed = dropout_seed
     a.dropout_offset = dropout_offset
 
@@ -110,18 +119,17 @@ cdef void _set_address_view(TensorView* view, object spec) except *:
 
 cdef void _set_backward_args(SdpaBackwardArgs* args, object batch, int64_t seq_q, int64_t seq_kv,
                              int64_t head_dim_qk, int64_t head_dim_v, dict views, int mask_kind,
-                             bint select_keep_value, bint has_scale, float scale, bint causal,
-                             int64_t causal_offset, float select_fill, float causal_fill, bint inf_as_zero,
+                             bint select_keep_value, bint has_scale, float scale, int64_t window_left,
+                             int64_t window_right, float select_fill, float window_fill, bint inf_as_zero,
                              float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) except *:
     # views maps the backward's operand names to (dtype code, 5 strides, address).
     _set_shape_and_flags(&args.forward, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
-                         has_scale, False, causal, inf_as_zero, dropout_p)
+                         has_scale, False, window_left, window_right, inf_as_zero, dropout_p)
     for name, spec in views.items():  # a required view left out stays null, which the kernels' checks refuse
         _set_address_view(_backward_view(args, name), spec)
     args.forward.scale = scale
-    args.forward.causal_offset = causal_offset
     args.forward.select_fill = select_fill
-    args.forward.causal_fill = causal_fill
+    args.forward.window.fill = window_fill
     args.forward.dropout_seed = dropout_seed
     args.forward.dropout_offset = dropout_offset
 

@@ -8,7 +8,8 @@ asynchronous on the queue.
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libcpp cimport bool
 
-from graphattn._cpu cimport BufferExtent, DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView
+from graphattn._cpu cimport (BufferExtent, DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
+                            kNoKeyLimit)
 from graphattn._sycl cimport (MatrixKernels, build_seconds_total, build_xmx_sources, builds_done, kMaxHeadDim,
                               matrix_kernels, prebuild, sdpa_backward, sdpa_forward, sdpa_forward_kernel,
                               set_matrix_kernels)
@@ -54,11 +55,13 @@ cdef class ForwardPlan:
     def __init__(self, queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
                  query, key, value, output, mask=None, stats=None, *, int mask_kind=0,
                  bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
-                 bint causal=False, bint inf_as_zero=False, float dropout_p=0.0):
+                 int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, bint inf_as_zero=False,
+                 float dropout_p=0.0):
         _queue_ref(queue)
         self.queue = queue
         _set_shape_and_flags(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
-                             has_scale, scale_is_divisor, causal, inf_as_zero, dropout_p)
+                             has_scale, scale_is_divisor, window_left, window_right, inf_as_zero,
+                             dropout_p)
         _set_forward_views(&self.args, query, key, value, output, mask, stats)
 
     def kernel_name(self):
@@ -66,8 +69,8 @@ cdef class ForwardPlan:
         return sdpa_forward_kernel(_queue_ref(self.queue), self.args).decode()
 
     def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
-            uintptr_t stats=0, float scale=1.0, int64_t causal_offset=0, float select_fill=float("-inf"),
-            float causal_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0, extents=None):
+            uintptr_t stats=0, float scale=1.0, int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit,
+            float select_fill=float("-inf"), float window_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0, extents=None):
         """Submit the kernel on the plan's queue for these USM addresses; raises ValueError on bad arguments.
         extents: None, or the (shape, element strides, itemsize) of the USM array at each address, for query, key,
         value, output, mask and stats (FORWARD_VIEWS; None for one not known): the views' reach is checked
@@ -75,8 +78,8 @@ cdef class ForwardPlan:
         cdef SdpaForwardArgs local = self.args
         cdef Status status
         cdef void* q = _queue_ref(self.queue)
-        _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, causal_offset, select_fill,
-                              causal_fill, dropout_seed, dropout_offset)
+        _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, window_left, window_right,
+                              select_fill, window_fill, dropout_seed, dropout_offset)
         cdef int i
         if extents is not None:
             for i in range(6):
@@ -88,8 +91,8 @@ cdef class ForwardPlan:
 
 def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,
              int mask_kind=0, bint select_keep_value=True, bint has_scale=False, float scale=1.0,
-             bint causal=False, int64_t causal_offset=0, float select_fill=float("-inf"),
-             float causal_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
+             int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, float select_fill=float("-inf"),
+             float window_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
              uint64_t dropout_seed=0, uint64_t dropout_offset=0, dict extents=None):
     """Submit the fused backward kernels.  views maps the CPU backward's names to
     (dtype code, 5 strides, USM address); extents (optional) maps them to the (shape, element strides,
@@ -98,7 +101,7 @@ def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, i
     cdef Status status
     cdef void* q = _queue_ref(queue)
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind, select_keep_value,
-                       has_scale, scale, causal, causal_offset, select_fill, causal_fill, inf_as_zero, dropout_p,
+                       has_scale, scale, window_left, window_right, select_fill, window_fill, inf_as_zero, dropout_p,
                        dropout_seed, dropout_offset)
     for name, layout in (extents or {}).items():
         _set_extent(_backward_view(&args, name), layout)

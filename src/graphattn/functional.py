@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import arguments, sycl_runtime, verbose
+from . import arguments, key_window, sycl_runtime, verbose
 from .dtypes import DataType, from_numpy as dtype_of, numpy_dtype
 from .engine import Engine, Stream
 from .builder import GraphBuilder
@@ -58,7 +58,8 @@ class SignatureCache:
 
 _cache = SignatureCache()  # compiled partitions of the forward
 
-ALIGNMENTS = ("top_left", "bottom_right")
+ALIGNMENTS = key_window.ALIGNMENTS
+_NO_LIMIT = key_window.NO_LIMIT
 # The dtypes of query, key and value the kernels take.
 _KERNEL_FLOATS = frozenset(numpy_dtype(dt) for dt in (DataType.f32, DataType.bf16, DataType.f16))
 
@@ -169,8 +170,7 @@ def _check_inputs(q, k, v, mask, is_causal, enable_gqa, causal_alignment, kind="
         raise ValueError(f"key and value sequence lengths differ: key {k.shape} vs value {v.shape}")
     if is_causal and mask is not None:
         raise ValueError("pass either attn_mask or is_causal=True, not both")
-    if causal_alignment not in ALIGNMENTS:
-        raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}, got {causal_alignment!r}")
+    key_window.checked_alignment(causal_alignment)
     hq, hkv = q.shape[-3], k.shape[-3]
     gqa = enable_gqa and hq != hkv
     if gqa:
@@ -222,7 +222,30 @@ def _normalize_mask(mask):
     return mask
 
 
-def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p, engine) -> _Compiled:
+def _bound_selects(b: GraphBuilder, score, score_shape, left: int, right: int, alignment: str):
+    """The key window as the graph's bound Selects on the scores (patterns/sdpa.py): the right bound
+    GreaterEqual(row' + right, col), the left bound GreaterEqual(col, row' - left), row' the aligned row."""
+    tensor, op = b.tensor, b.op
+    s32, f32 = DataType.s32, DataType.f32
+    row = op("GenIndex", [score], [tensor(None, s32, score_shape)], axis=-2)
+    col = op("GenIndex", [score], [tensor(None, s32, score_shape)], axis=-1)
+    if alignment == "bottom_right":
+        row = op("Add", [row, tensor("seq_kv", s32, (1,))], [tensor(None, s32, score_shape)])
+        row = op("Subtract", [row, tensor("seq_q", s32, (1,))], [tensor(None, s32, score_shape)])
+    fill = tensor("window_fill", f32, (1,))
+    if right != _NO_LIMIT:
+        last = row if right == 0 else op("Add", [row, tensor("window_right", s32, (1,))],
+                                         [tensor(None, s32, score_shape)])
+        keep = op("GreaterEqual", [last, col], [tensor(None, DataType.boolean, score_shape)])
+        score = op("Select", [keep, score, fill], [tensor(None, f32, score_shape)])
+    if left != _NO_LIMIT:
+        first = op("Subtract", [row, tensor("window_left", s32, (1,))], [tensor(None, s32, score_shape)])
+        keep = op("GreaterEqual", [col, first], [tensor(None, DataType.boolean, score_shape)])
+        score = op("Select", [keep, score, fill], [tensor(None, f32, score_shape)])
+    return score
+
+
+def _build(q, k, v, mask, gqa, window, alignment, return_stats, dropout_p, engine) -> _Compiled:
     dt = dtype_of(q.dtype)
     f32 = DataType.f32
     b = GraphBuilder()
@@ -252,15 +275,9 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p, en
             score = op("Select", [lm, score, tensor("fill", f32, (1,))], [tensor(None, f32, masked_shape)])
         else:
             score = op("Add", [score, lm], [tensor(None, f32, masked_shape)])
-    elif is_causal:
-        s32 = DataType.s32
-        row = op("GenIndex", [score], [tensor(None, s32, score_shape)], axis=-2)
-        col = op("GenIndex", [score], [tensor(None, s32, score_shape)], axis=-1)
-        if alignment == "bottom_right":
-            row = op("Add", [row, tensor("seq_kv", s32, (1,))], [tensor(None, s32, score_shape)])
-            row = op("Subtract", [row, tensor("seq_q", s32, (1,))], [tensor(None, s32, score_shape)])
-        keep = op("GreaterEqual", [row, col], [tensor(None, DataType.boolean, score_shape)])
-        score = op("Select", [keep, score, tensor("fill", f32, (1,))], [tensor(None, f32, score_shape)])
+    left, right = window
+    if key_window.is_limited(left, right):
+        score = _bound_selects(b, score, b.ops[-1].outputs[0].shape, left, right, alignment)
     masked_shape = b.ops[-1].outputs[0].shape
     softmax_out = [tensor(None, dt, masked_shape)]
     if return_stats:
@@ -282,11 +299,15 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p, en
     compiled = partition.compile(partition.get_input_ports(), partition.get_output_ports(), engine)
     stats_shape = compiled.query_logical_tensor(roles["stats"]).shape if return_stats else None
     fixed = {}
-    if "fill" in roles:
-        fixed[roles["fill"]] = np.array([-np.inf], np.float32)
+    for name in ("fill", "window_fill"):
+        if name in roles:
+            fixed[roles[name]] = np.array([-np.inf], np.float32)
     if "seq_kv" in roles:
         fixed[roles["seq_kv"]] = np.array([seq_kv], np.int32)
         fixed[roles["seq_q"]] = np.array([seq_q], np.int32)
+    for name, value in (("window_left", left), ("window_right", right)):
+        if name in roles:
+            fixed[roles[name]] = np.array([value], np.int32)
     return _Compiled(compiled, roles, compiled.query_logical_tensor(out.id).shape, stats_shape, fixed,
                      compiled.bound_runner(fixed), numpy_dtype(dt), 1.0 / math.sqrt(q.shape[-1]),
                      q.flags.c_contiguous and tuple(q.shape) == tuple(out.shape), tuple(q.shape))
@@ -295,7 +316,7 @@ def _build(q, k, v, mask, gqa, is_causal, alignment, return_stats, dropout_p, en
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: float | None = None, enable_gqa: bool = False, *,
                                  causal_alignment: str = "top_left", return_stats: bool = False,
-                                 dropout_seed: int | None = None, dropout_offset: int = 0):
+                                 dropout_seed: int | None = None, dropout_offset: int = 0, window=None):
     """softmax(Q K^T * scale + mask) V, fused, with PyTorch's arguments.
 
     query (..., L, E), key (..., S, E), value (..., S, Ev), at least 3 dims;
@@ -304,6 +325,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     means no mask.  is_causal applies the implicit causal mask aligned
     "top_left" (PyTorch) or "bottom_right".  enable_gqa lets key/value have
     fewer heads (dim -3) than query, dividing it; K/V are never repeated.
+    window=(left, right) limits the keys each row sees, as flash-attn's
+    window_size: key j is visible to row i iff (left < 0 or j >= i' - left)
+    and (right < 0 or j <= i' + right), i' the row aligned as causal_alignment
+    says; is_causal sets right to 0.  It combines with attn_mask.
     Fully masked rows give 0.  dropout_p > 0 drops probabilities with the
     Philox keep-mask of (dropout_seed, dropout_offset) and scales the kept
     ones by 1 / (1 - dropout_p); the same seed and offset always drop the same
@@ -317,7 +342,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         torch_ops = _torch_ops or _load_torch_ops()
         if torch_ops.takes(query, key, value, attn_mask):
             return torch_ops.attention(query, key, value, attn_mask, return_stats, dropout_p, is_causal, scale,
-                                       enable_gqa, causal_alignment, dropout_seed, dropout_offset)
+                                       enable_gqa, causal_alignment, dropout_seed, dropout_offset, window)
     # torch Q, K, V without a mask go to the kernel as they are (no NumPy views): on decode-sized calls the
     # views cost more than torch's whole call.  New signatures are still checked and built through NumPy.
     torch_direct = attn_mask is None and plain_torch_tensors(query, key, value)
@@ -338,12 +363,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         queue = None
     if type(dropout_p) is not float or not 0.0 <= dropout_p < 1.0:  # the common float in range costs no call
         dropout_p = arguments.dropout_probability(dropout_p)
+    # The window as (left, right), is_causal included; a plain call costs no function call here.
+    bounds = (_NO_LIMIT, 0 if is_causal else _NO_LIMIT) if window is None else \
+        key_window.effective_window(window, is_causal)
     # A signature seen before was validated when it was built: only new ones are checked.
     if torch_direct:
-        signature = (layouts, bool(enable_gqa), bool(is_causal), causal_alignment, bool(return_stats), dropout_p)
+        signature = (layouts, bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p)
     else:
         signature = (_layout(q), _layout(k), _layout(v), _layout(mask) if mask is not None else None,
-                     bool(enable_gqa), bool(is_causal), causal_alignment, bool(return_stats), dropout_p, queue)
+                     bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p, queue)
     entry = _cache.get(signature)
     if entry is None:
         # Checked and built on NumPy views (the same memory); a torch tensor off the CPU is refused here.
@@ -352,7 +380,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         gqa = _check_inputs(qc, kc, vc, mask, is_causal, enable_gqa, causal_alignment, kind)
         if queue is None:
             qc = _query_over_value_batch(qc, kc, vc, gqa)
-        entry = _build(qc, kc, vc, mask, gqa, bool(is_causal), causal_alignment, return_stats, dropout_p,
+        entry = _build(qc, kc, vc, mask, gqa, bounds, causal_alignment, return_stats, dropout_p,
                        _engine_for(queue)[0])
         _cache.put(signature, entry)
     if torch_direct and entry.runner is None:  # the reference executor (or the verbose log) takes NumPy arrays

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _cpu
 from .dtypes import DTYPES, from_numpy as dtype_of
-from . import arguments, sycl_runtime, verbose
+from . import arguments, key_window, sycl_runtime, verbose
 from .functional import SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
 from .kernels.batch_fold import fold_batch_dims
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
@@ -67,7 +67,7 @@ class _BackwardPlan:
     grad_shapes: tuple        # dQ, dK, dV buffers the kernel writes
     grad_mask_shape: tuple | None
     mask_kind: int
-    causal_offset: int
+    window: tuple             # (left, right) about the row itself, as the kernel takes them
     default_scale: float
     operand_shapes: tuple     # shapes of Q, K, V (and of their gradients)
     grad_dtypes: tuple        # NumPy dtypes of dQ, dK, dV
@@ -88,8 +88,14 @@ class _BackwardPlan:
 _plans = SignatureCache()
 
 
+def _kernel_window(bounds: tuple, causal_alignment: str, seq_q: int, seq_kv: int) -> tuple[int, int]:
+    """A call's (left, right) window as the kernel takes it: about the row itself, NO_KEY_LIMIT for no limit."""
+    lowest, highest = key_window.diagonal_bounds(*bounds, key_window.row_shift(causal_alignment, seq_q, seq_kv))
+    return (_cpu.NO_KEY_LIMIT if lowest is None else -lowest), (_cpu.NO_KEY_LIMIT if highest is None else highest)
+
+
 def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad,
-          kind="numpy"):
+          bounds, kind="numpy"):
     """Checks a new signature and derives its _BackwardPlan (the arrays' data are not read)."""
     gqa = _check_inputs(q, k, v, mask, is_causal, enable_gqa, causal_alignment, kind)
     for name, a in (("out", o), ("grad_out", do), ("stats", st)):
@@ -186,7 +192,7 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
         kernel_batch, seq_q, seq_kv, q.shape[-1], v.shape[-1],
         tuple((name, codes[name], st) for name, st in kernel_roles.items()), query_copy, kv_copy, mask_copy, dense,
         (q2.shape, k2.shape, v2.shape, None if m2 is None else m2.shape), grad_shapes, grad_mask_shape, mask_kind,
-        (seq_kv - seq_q) if causal_alignment == "bottom_right" else 0, 1.0 / math.sqrt(q.shape[-1]),
+        _kernel_window(bounds, causal_alignment, seq_q, seq_kv), 1.0 / math.sqrt(q.shape[-1]),
         (q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype))
 
 
@@ -195,7 +201,7 @@ def _shape_text(plan: _BackwardPlan) -> str:
             f"dv={plan.head_dim_v}")
 
 
-def _log_plan(plan: _BackwardPlan, is_causal: bool, dropout_p: float, queue) -> None:
+def _log_plan(plan: _BackwardPlan, dropout_p: float, queue) -> None:
     """The verbose compile line of a new backward signature: the kernel, the rule that chose its build and its
     work layout, the shape."""
     if queue is not None:
@@ -203,12 +209,12 @@ def _log_plan(plan: _BackwardPlan, is_causal: bool, dropout_p: float, queue) -> 
         return
     roles = {name: (code, strides) for name, code, strides in plan.roles}
     text = _cpu.backward_dispatch_text(plan.kernel_batch, plan.seq_q, plan.seq_kv, plan.head_dim, plan.head_dim_v,
-                                       roles, mask_kind=plan.mask_kind, has_scale=True, causal=bool(is_causal),
-                                       dropout_p=dropout_p)
+                                       roles, mask_kind=plan.mask_kind, has_scale=True, window_left=plan.window[0],
+                                       window_right=plan.window[1], dropout_p=dropout_p)
     verbose.log("compile", "functional_backward", "sdpa_backward_cpu", text, _shape_text(plan))
 
 
-def _run_kernel(run_backward, plan: _BackwardPlan, arrays: dict, scale, is_causal, dropout_p, dropout_seed,
+def _run_kernel(run_backward, plan: _BackwardPlan, arrays: dict, scale, dropout_p, dropout_seed,
                 dropout_offset) -> None:
     """One kernel call on the plan's views of `arrays` (NumPy arrays, torch CPU tensors or USM addresses)."""
     scale_value = plan.default_scale if scale is None else arguments.scale_value(scale)
@@ -216,18 +222,18 @@ def _run_kernel(run_backward, plan: _BackwardPlan, arrays: dict, scale, is_causa
     if verbose.enabled():
         import time
         start = time.perf_counter()
-        _call_kernel(run_backward, plan, specs, scale_value, is_causal, dropout_p, dropout_seed, dropout_offset)
+        _call_kernel(run_backward, plan, specs, scale_value, dropout_p, dropout_seed, dropout_offset)
         verbose.log("exec", "functional_backward", "sdpa_backward_cpu" if run_backward is _cpu.backward
                     else "sdpa_backward_sycl", _shape_text(plan), f"{(time.perf_counter() - start) * 1e3:.4f}ms")
     else:
-        _call_kernel(run_backward, plan, specs, scale_value, is_causal, dropout_p, dropout_seed, dropout_offset)
+        _call_kernel(run_backward, plan, specs, scale_value, dropout_p, dropout_seed, dropout_offset)
 
 
-def _call_kernel(run_backward, plan: _BackwardPlan, specs: dict, scale_value: float, is_causal, dropout_p,
-                 dropout_seed, dropout_offset) -> None:
+def _call_kernel(run_backward, plan: _BackwardPlan, specs: dict, scale_value: float, dropout_p, dropout_seed,
+                 dropout_offset) -> None:
     run_backward(plan.kernel_batch, plan.seq_q, plan.seq_kv, plan.head_dim, plan.head_dim_v, specs,
-                 mask_kind=plan.mask_kind, has_scale=True, scale=scale_value, causal=bool(is_causal),
-                 causal_offset=plan.causal_offset, inf_as_zero=True, dropout_p=dropout_p,
+                 mask_kind=plan.mask_kind, has_scale=True, scale=scale_value, window_left=plan.window[0],
+                 window_right=plan.window[1], inf_as_zero=True, dropout_p=dropout_p,
                  dropout_seed=bits64(_s64(dropout_seed or 0, "dropout_seed")),
                  dropout_offset=bits64(_s64(dropout_offset, "dropout_offset")))
 
@@ -236,7 +242,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
                                           dropout_p: float = 0.0, is_causal: bool = False,
                                           scale: float | None = None, enable_gqa: bool = False, *,
                                           causal_alignment: str = "top_left", dropout_seed: int | None = None,
-                                          dropout_offset: int = 0, return_mask_grad: bool = False):
+                                          dropout_offset: int = 0, return_mask_grad: bool = False, window=None):
     """Gradients (dq, dk, dv) of scaled_dot_product_attention, fused.
 
     grad_out and out have the forward output's shape (..., L, Ev); stats is
@@ -248,6 +254,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     dropout_offset: the kernel regenerates the same keep-mask.
     """
     dropout_p = arguments.dropout_probability(dropout_p)
+    bounds = key_window.effective_window(window, is_causal)
     if dropout_p > 0 and dropout_seed is None:
         raise ValueError("dropout_p > 0 needs the forward's dropout_seed (and dropout_offset) to rebuild its mask")
     # torch tensors without a mask go to the kernel as they are once their signature has a plan, as in the
@@ -257,14 +264,14 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     torch_signature = None
     layouts = torch_layout(*tensors) if attn_mask is None and plain_torch_tensors(*tensors) else None
     if layouts is not None:
-        torch_signature = (layouts, bool(enable_gqa), bool(is_causal), causal_alignment, dropout_p,
+        torch_signature = (layouts, bool(enable_gqa), bounds, causal_alignment, dropout_p,
                            bool(return_mask_grad))
         plan = _plans.get(torch_signature)
         if plan is not None:  # direct: the kernel's contiguous gradient buffers have the operands' own shapes
             grads = tuple(torch_empty(shape, dtype) for shape, dtype in zip(plan.operand_shapes, plan.grad_dtypes))
             arrays = {"query": query, "key": key, "value": value, "output": out, "stats": stats,
                       "grad_output": grad_out, "grad_query": grads[0], "grad_key": grads[1], "grad_value": grads[2]}
-            _run_kernel(_cpu.backward, plan, arrays, scale, is_causal, dropout_p, dropout_seed, dropout_offset)
+            _run_kernel(_cpu.backward, plan, arrays, scale, dropout_p, dropout_seed, dropout_offset)
             return grads + (None,) if return_mask_grad else grads
 
     on_sycl = _sycl_inputs(query, key, value, attn_mask)
@@ -289,16 +296,16 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     # A signature seen before was checked when its plan was made: repeated calls only bind data (a small call
     # spent most of its time in these checks and stride walks).
     signature = (tuple(_layout(a) for a in (q, k, v, o, do, st)), _layout(mask) if mask is not None else None,
-                 bool(enable_gqa), bool(is_causal), causal_alignment, dropout_p, bool(return_mask_grad), queue)
+                 bool(enable_gqa), bounds, causal_alignment, dropout_p, bool(return_mask_grad), queue)
     plan = _plans.get(signature)
     if plan is None:
         plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
-                     return_mask_grad, kind)
+                     return_mask_grad, bounds, kind)
         _plans.put(signature, plan)
         if torch_signature is not None and plan.direct:
             _plans.put(torch_signature, plan)
         if verbose.enabled():
-            _log_plan(plan, is_causal, dropout_p, queue)
+            _log_plan(plan, dropout_p, queue)
 
     def empty(shape, dtype):
         return np.empty(shape, dtype) if queue is None else xp.empty(shape, dtype=dtype, sycl_queue=queue)
@@ -329,7 +336,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
             run_backward = functools.partial(sycl_runtime.plugin().backward, queue, extents=extents)
         else:
             run_backward = _cpu.backward
-        _run_kernel(run_backward, plan, arrays, scale, is_causal, dropout_p, dropout_seed, dropout_offset)
+        _run_kernel(run_backward, plan, arrays, scale, dropout_p, dropout_seed, dropout_offset)
         if queue is not None:
             queue.wait()  # the gradients are ready on return, as on the CPU
 

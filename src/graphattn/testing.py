@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from . import key_window
 from .dtypes import DataType, as_data_type, numpy_dtype
 from .builder import GraphBuilder
 from .graph import Graph
@@ -121,6 +122,10 @@ class SdpaGraphSpec:
                  "gt" = Select(col > row, -inf, score) (the RFC's form)
     layout: "bhsd" (dense inputs) or "bshd" (Q, K, V are strided views of (N, S, H, D) arrays)
     dropout: p of a Dropout between SoftMax and MatMul(P, V) (0 = none), with s64 seed and offset inputs
+    window_left: a key window's left bound after any mask, Select(GreaterEqual(col, row' - left), score, -inf),
+                 left an s32 input (None = none); row' is shifted as the causal mask's (bottom-right aligns
+                 to the keys' end)
+    window_alignment: the row shift of a left bound without a causal mask: "top_left" or "bottom_right"
     """
     batch: int = 1
     heads_q: int = 2
@@ -141,6 +146,8 @@ class SdpaGraphSpec:
     key_transposed: bool = False
     layout: str = "bhsd"
     dropout: float = 0.0
+    window_left: int | None = None
+    window_alignment: str = "top_left"
     ids: dict = field(default_factory=dict, init=False, repr=False)
 
     def with_(self, **changes) -> "SdpaGraphSpec":
@@ -218,7 +225,24 @@ class SdpaGraphSpec:
             else:
                 cond = op("GreaterThan", [col, row], [cond_out])
                 score = op("Select", [cond, fill, score], [tensor(None, f32, score_shape)])
+        if self.window_left is not None:
+            s32 = DataType.s32
+            row = op("GenIndex", [score], [tensor(None, s32, masked_shape)], axis=-2)
+            col = op("GenIndex", [score], [tensor(None, s32, masked_shape)], axis=-1)
+            if self.alignment == "bottom_right":
+                row = op("Add", [row, tensor("window_seq_kv", s32, (1,))], [tensor(None, s32, masked_shape)])
+                row = op("Subtract", [row, tensor("window_seq_q", s32, (1,))], [tensor(None, s32, masked_shape)])
+            first = op("Subtract", [row, tensor("window_left", s32, (1,))], [tensor(None, s32, masked_shape)])
+            keep = op("GreaterEqual", [col, first], [tensor(None, DataType.boolean, masked_shape)])
+            score = op("Select", [keep, score, tensor("window_fill", f32, (1,))], [tensor(None, f32, masked_shape)])
         return q, k, v, score, masked_shape
+
+    @property
+    def alignment(self) -> str:
+        """The rows' alignment to the keys: the causal mask's, else window_alignment."""
+        if self.mask in ("causal_top_left", "causal_bottom_right"):
+            return self.mask[len("causal_"):]
+        return self.window_alignment
 
     def build(self) -> Graph:
         """Builds the graph; self.ids maps role names (query, key, ..., output, stats) to tensor ids."""
@@ -344,6 +368,12 @@ class SdpaGraphSpec:
         if "seq_kv" in ids:
             data[ids["seq_kv"]] = np.array([self.skv], np.int32)
             data[ids["seq_q"]] = np.array([self.seq_q], np.int32)
+        if "window_left" in ids:
+            data[ids["window_left"]] = np.array([self.window_left], np.int32)
+            data[ids["window_fill"]] = np.array([-np.inf], np.float32)
+            if "window_seq_kv" in ids:
+                data[ids["window_seq_kv"]] = np.array([self.skv], np.int32)
+                data[ids["window_seq_q"]] = np.array([self.seq_q], np.int32)
         if "seed" in ids:
             data[ids["seed"]] = np.array([int(rng.integers(-2**62, 2**62))], np.int64)
             data[ids["offset"]] = np.array([int(rng.integers(0, 2**40))], np.int64)
@@ -364,7 +394,7 @@ def dropout_multipliers(shape: tuple, dropout_p: float, seed: int, offset: int) 
 
 def sdpa_reference(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
                    causal_alignment="top_left", return_stats=False, dropout_p=0.0, dropout_seed=0,
-                   dropout_offset=0):
+                   dropout_offset=0, window=None):
     """Plain float64 NumPy SDPA with the functional API's semantics (fully masked rows give 0)."""
     q, k, v = (np.asarray(x).astype(np.float64) for x in (query, key, value))
     if enable_gqa and q.shape[-3] != k.shape[-3]:
@@ -372,10 +402,9 @@ def sdpa_reference(query, key, value, attn_mask=None, is_causal=False, scale=Non
         k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
     scores = q @ np.swapaxes(k, -1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
     seq_q, seq_kv = scores.shape[-2:]
-    if is_causal:
-        offset = 0 if causal_alignment == "top_left" else seq_kv - seq_q
-        keep = np.arange(seq_kv)[None, :] - np.arange(seq_q)[:, None] <= offset
-        scores = np.where(keep, scores, -np.inf)
+    left, right = key_window.effective_window(window, is_causal)
+    if key_window.is_limited(left, right):
+        scores = np.where(key_window.visible(seq_q, seq_kv, left, right, causal_alignment), scores, -np.inf)
     if attn_mask is not None:
         mask = np.asarray(attn_mask)
         scores = np.where(mask, scores, -np.inf) if mask.dtype == np.bool_ else scores + mask.astype(np.float64)
@@ -405,7 +434,7 @@ def assert_grad_close(actual: np.ndarray, expected: np.ndarray, dtype, what: str
 
 def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_causal=False, scale=None,
                             enable_gqa=False, causal_alignment="top_left", dropout_p=0.0, dropout_seed=0,
-                            dropout_offset=0):
+                            dropout_offset=0, window=None):
     """Float64 gradients (dq, dk, dv, dmask) of sdpa_reference by the textbook formulas.
 
     P = softmax(S), Z the dropout multipliers, dV = (P Z)^T dO, dP = (dO V^T) Z,
@@ -422,9 +451,7 @@ def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_caus
     scores = q @ np.swapaxes(k, -1, -2) * factor
     seq_q, seq_kv = scores.shape[-2:]
     keep = np.ones(scores.shape, bool)
-    if is_causal:
-        offset = 0 if causal_alignment == "top_left" else seq_kv - seq_q
-        keep &= np.arange(seq_kv)[None, :] - np.arange(seq_q)[:, None] <= offset
+    keep &= key_window.visible(seq_q, seq_kv, *key_window.effective_window(window, is_causal), causal_alignment)
     mask = None if attn_mask is None else np.asarray(attn_mask)
     if mask is not None and mask.dtype == np.bool_:
         keep &= mask

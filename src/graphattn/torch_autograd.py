@@ -12,23 +12,24 @@ from typing import Optional
 
 import torch
 
-from . import arguments, functional, functional_backward
+from . import arguments, functional, functional_backward, key_window
 from .interop import torch_random_seed
 
 
 @torch.library.custom_op("graphattn::sdpa_forward", mutates_args=())
 def sdpa_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
                  dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool, causal_alignment: str,
-                 dropout_seed: int, dropout_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 dropout_seed: int, dropout_offset: int, window: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, stats) of the functional forward (on detached operands: they take its direct route)."""
     return functional.scaled_dot_product_attention(
-        query.detach(), key.detach(), value.detach(), None if attn_mask is None else attn_mask.detach(), dropout_p, is_causal, scale, enable_gqa, causal_alignment=causal_alignment,
-        return_stats=True, dropout_seed=dropout_seed, dropout_offset=dropout_offset)
+        query.detach(), key.detach(), value.detach(), None if attn_mask is None else attn_mask.detach(), dropout_p,
+        is_causal, scale, enable_gqa, causal_alignment=causal_alignment, return_stats=True,
+        dropout_seed=dropout_seed, dropout_offset=dropout_offset, window=tuple(window))
 
 
 @sdpa_forward.register_fake
 def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment, dropout_seed,
-      dropout_offset):
+      dropout_offset, window):
     lead = 3 if enable_gqa else 2  # under GQA the heads are Q's, and K/V's batch dims stop before theirs
     batch = torch.broadcast_shapes(query.shape[:-lead], key.shape[:-lead], value.shape[:-lead])
     batch = tuple(batch) + (tuple(query.shape[-3:-2]) if enable_gqa else ())
@@ -40,24 +41,26 @@ def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, cau
 def sdpa_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   out: torch.Tensor, stats: torch.Tensor, attn_mask: Optional[torch.Tensor], dropout_p: float,
                   is_causal: bool, scale: Optional[float], enable_gqa: bool, causal_alignment: str, dropout_seed: int,
-                  dropout_offset: int, mask_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  dropout_offset: int, window: list[int],
+                  mask_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dmask) of the functional backward; dmask is empty unless mask_grad."""
     grads = functional_backward.scaled_dot_product_attention_backward(
         grad_out.contiguous(), query, key, value, out, stats, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         causal_alignment=causal_alignment, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
-        return_mask_grad=mask_grad)
+        return_mask_grad=mask_grad, window=tuple(window))
     dmask = grads[3] if mask_grad else query.new_empty(0)
     return grads[0], grads[1], grads[2], dmask
 
 
 @sdpa_backward.register_fake
 def _(grad_out, query, key, value, out, stats, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment,
-      dropout_seed, dropout_offset, mask_grad):
+      dropout_seed, dropout_offset, window, mask_grad):
     dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else query.new_empty(0)
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask
 
 
-_OPTIONS = ("dropout_p", "is_causal", "scale", "enable_gqa", "causal_alignment", "dropout_seed", "dropout_offset")
+_OPTIONS = ("dropout_p", "is_causal", "scale", "enable_gqa", "causal_alignment", "dropout_seed", "dropout_offset",
+            "window")
 
 
 def _setup_context(ctx, inputs, output):
@@ -90,7 +93,7 @@ def takes(query, key, value, attn_mask) -> bool:
 
 
 def attention(query, key, value, attn_mask, return_stats: bool, dropout_p, is_causal, scale, enable_gqa,
-              causal_alignment, dropout_seed, dropout_offset):
+              causal_alignment, dropout_seed, dropout_offset, window=None):
     """The call through sdpa_forward: out, or (out, stats) with stats not differentiable.  NumPy operands are
     taken as tensors (the ops take tensors only)."""
     dropout_p = arguments.dropout_probability(dropout_p)
@@ -102,5 +105,6 @@ def attention(query, key, value, attn_mask, return_stats: bool, dropout_p, is_ca
     out, stats = sdpa_forward(query, key, value, attn_mask, dropout_p, bool(is_causal), arguments.scale_value(scale),
                               bool(enable_gqa), causal_alignment,
                               0 if dropout_seed is None else arguments.integer(dropout_seed, "dropout_seed"),
-                              arguments.integer(dropout_offset, "dropout_offset"))
+                              arguments.integer(dropout_offset, "dropout_offset"),
+                              list(key_window.checked_window(window)))
     return (out, stats) if return_stats else out

@@ -160,7 +160,7 @@ bool forward_runs_on_amx(DType dtype_class, const SdpaForwardArgs& args, const c
 }
 
 // A call's shape for the kernel choice alone: `batch` batch indices, no mask
-// but the implicit causal one if asked.
+// but a top-left causal window if asked.
 SdpaForwardArgs shape_only_args(int64_t batch, int64_t seq_q, int64_t seq_kv, bool causal, int64_t head_dim) {
     SdpaForwardArgs args;
     args.batch[0] = batch;
@@ -168,7 +168,7 @@ SdpaForwardArgs shape_only_args(int64_t batch, int64_t seq_q, int64_t seq_kv, bo
     args.seq_q = seq_q;
     args.seq_kv = seq_kv;
     args.head_dim_qk = args.head_dim_v = head_dim;
-    args.causal = causal;
+    if (causal) args.window.right = 0;
     return args;
 }
 

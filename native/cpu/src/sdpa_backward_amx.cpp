@@ -74,7 +74,7 @@ struct Backward {
     int64_t Sq, Skv, Sqp, batch_total;
     int64_t cols_ld;  // row stride of the transposed Q and dO: Sqp plus a cache line, so a tile's rows spread over L1 sets
     float scale, scale_log2;
-    bool skip_causal, zero_unkept;
+    bool skip_hidden, zero_unkept;  // skip_hidden: key blocks and row chunks no row sees are skipped
     DropoutPlan dropout;
     KvGrouping kv;            // batch dims K and V ignore (their gradients sum over them)
     int64_t key_blocks = 0, splits = 1;
@@ -99,7 +99,7 @@ struct Backward {
           cols_ld(Sqp + 32),
           scale(score_scale(a)),
           scale_log2(scale * kLog2e),
-          skip_causal(skips_causal_blocks(a)),
+          skip_hidden(skips_hidden_blocks(a) && !b.grad_mask.data),  // dS of every score is written
           zero_unkept(needs_unkept_zeroing(a)),
           dropout(a),
           kv(a) {
@@ -307,7 +307,8 @@ struct Backward {
                               sc.dv_t.get());
         accumulate_transposed(bf16s(q_cols) + fb * Dp * cols_ld, q_cols_plane, Dp, i0, pairs(sc.ds_pairs), sc.dk_t.get());
         float* dq = dq_split + (fb * Sqp + i0) * Dp;
-        if (!turn.begin(fb * Sqp + i0, kRows)) return;  // pieces of one item add in their blocks' order (DqTurns)
+        // Pieces of one item add in their blocks' order (DqTurns), a chunk's rows counted from its first.
+        if (!turn.begin(fb * Sqp + i0, kRows, i0, 0)) return;
         for (int m = 0; m < kRows / 16; m += 2)
             for (int n = 0; n < Dp / 16; n += 2) {
                 float* acc = dq + (m * 16) * Dp + n * 16;
@@ -317,7 +318,7 @@ struct Backward {
                                                kKeys / kTileBf16Cols);
                 store_tiles_2x2(acc, Dp * 4);
             }
-        turn.end(fb * Sqp + i0, kRows);
+        turn.end(fb * Sqp + i0, kRows, i0, 0);
     }
 
     // Rows j0 .. j0 + kv_rows of K or V (cols wide) as the packings' inputs,
@@ -358,12 +359,13 @@ struct Backward {
         std::fill(sc.dk_t.get(), sc.dk_t.get() + size_t(Dp) * kKeys, 0.0f);
         std::fill(sc.dv_t.get(), sc.dv_t.get() + size_t(Dvp) * kKeys, 0.0f);
 
-        // Query rows before first_row see none of these keys through the causal mask.
-        const int64_t first_row = skip_causal ? std::max<int64_t>(0, j0 - a.causal_offset) / kRows * kRows : 0;
+        // Query rows outside [first_row, row_end) see none of these keys through the window.
+        const int64_t first_row = skip_hidden ? a.window.row_begin(j0, Sq) / kRows * kRows : 0;
+        const int64_t row_end = skip_hidden ? a.window.row_end(j0 + kv_rows - 1, Sq) : Sq;
         for (int64_t g = 0; g < kv.group; ++g) {
             int64_t b[kBatchDims];
             kv.member(outer_b, g, b);
-            for (int64_t i0 = first_row; i0 < Sq; i0 += kRows) chunk(sc, b, i0, j0, kv_rows, dq_split, turn);
+            for (int64_t i0 = first_row; i0 < row_end; i0 += kRows) chunk(sc, b, i0, j0, kv_rows, dq_split, turn);
         }
 
         store_transposed_rows(sc.dk_t.get(), kKeys, kv_rows, D, scale, args.grad_key, outer_b, j0, sc.out_rows.get());
@@ -391,7 +393,8 @@ struct Backward {
                 const int64_t split = unit.item % splits;
                 for (int64_t kb = unit.first; kb < unit.end; kb += splits)
                     key_block(sc, b, kb * kKeys, dq_split,
-                              DqTurn{unit.turns, split * batch_total * Sqp, unit.ordinal(kb, splits)});
+                              DqTurn{unit.turns, split * batch_total * Sqp, unit.ordinal(kb, splits),
+                                     UnseenBlocks{a.window, Skv, kKeys, split, splits, skip_hidden}});
                 if (sc.infinite) {
                     saw_infinity.store(true, std::memory_order_relaxed);
                     work.abandon();  // later units are skipped: no piece may wait on them

@@ -70,7 +70,7 @@ struct LaneBackward {
     AlignedFloats f32_copies[2];
     int D, Dv;
     float scale;          // multiplies Q K^T
-    bool skip_causal;     // causal blocks with a -inf fill can be skipped
+    bool skip_hidden;     // key blocks and rows no row or key of theirs sees are skipped (a -inf fill)
     bool zero_unkept;
     DropoutPlan dropout;
     int64_t batch_total;
@@ -90,7 +90,7 @@ struct LaneBackward {
           D(int(a.head_dim_qk)),
           Dv(int(a.head_dim_v)),
           scale(score_scale(a)),
-          skip_causal(skips_causal_blocks(a)),
+          skip_hidden(skips_hidden_blocks(a) && !backward.grad_mask.data),  // dS of every score is written
           zero_unkept(needs_unkept_zeroing(a)),
           dropout(a),
           batch_total(a.batch[0] * a.batch[1] * a.batch[2]),
@@ -235,7 +235,8 @@ struct LaneBackward {
         AlignedFloats k_t, v_t, dk_t, dv_t, k_rows;
         // pair_dots (32-bit words of bf16 pairs): K^T and V^T along the head dims, K's rows along the keys.
         AlignedFloats kt_pairs, vt_pairs, k_row_pairs;
-        int64_t j0 = 0, first_row = 0;  // its first key; query rows before first_row see none of its keys
+        int64_t j0 = 0;  // its first key
+        int64_t first_row = 0, row_end = 0;  // query rows outside [first_row, row_end) see none of its keys
         int kv_rows = 0;                // its keys
         // Only k_rows (its padding columns) must start as zeros; the rest is written before it is read.
         KeyBlock(int D, int Dv, int d_padded, bool pairs)
@@ -314,16 +315,16 @@ struct LaneBackward {
             sc.dm_off[r] = view_batch_offset(args.grad_mask, b) + i * args.grad_mask.strides[3];
             sc.drop_base[r] = dropout.row_base(fb, i);
         }
-        if (unmasked_f32_block(kb, i0))
+        if (unmasked_f32_block(kb, i0, rows))
             tile_probs_and_grad_scores(sc, kb, b, i0, rows, rows_cold);
         else
             probs_and_grad_scores(sc, kb, b, i0, rows);
         // dV^T += P^T dO and dK^T += dS^T Q (the scale is applied once, at the end).
         key_grads(sc, kb, b, i0, rows, int((i0 - chunk_row0) / 2));
         // dQ rows += dS K; pieces of one item add in their key blocks' order (DqTurns).
-        if (!turn.begin(fb * a.seq_q + i0, rows)) return;
+        if (!turn.begin(fb * a.seq_q + i0, rows, i0, 1)) return;
         query_grads(sc, kb, rows, dq_rows(b, i0, dq_buffer), dq_row_stride(), rows_cold);
-        turn.end(fb * a.seq_q + i0, rows);
+        turn.end(fb * a.seq_q + i0, rows, i0, 1);
     }
 
     // Row i of batch index b of dQ's sums: in the gradient itself (dq_direct), else in `buffer`; rows
@@ -390,10 +391,11 @@ struct LaneBackward {
     // dS are then taken in the products' register tiles (ProbTiles, GradScoreTiles).  2-core AMD EPYC,
     // one thread, f32 (1,2,2048,64) backward against the separate passes: 102.1 -> 103.6 GFLOP/s
     // (means of five alternating process pairs, each pair in its favour).
-    bool unmasked_f32_block(const KeyBlock& kb, int64_t i0) const {
+    bool unmasked_f32_block(const KeyBlock& kb, int64_t i0, int rows) const {
         if (pair_dots || a.mask_kind != MaskKind::none || dropout.active || args.grad_mask.data) return false;
         if (kb.kv_rows != kLaneBlock) return false;  // padding lanes take -inf in the mask pass
-        return !a.causal || kb.j0 + kb.kv_rows - 1 <= i0 + a.causal_offset;
+        return !a.window.limited() ||
+               a.window.block(i0, i0 + rows, kb.j0, kb.j0 + kb.kv_rows) == KeyWindow::Block::all_visible;
     }
 
     // P = 2^(S - lse) of rows n.. from their score tiles (lane_gemm_to's sink).
@@ -554,27 +556,30 @@ struct LaneBackward {
                 KeyBlock& blk = sc.blocks[size_t(taken)];
                 blk.j0 = kb * kLaneBlock;
                 blk.kv_rows = int(std::min<int64_t>(kLaneBlock, a.seq_kv - blk.j0));
-                blk.first_row = skip_causal ? std::max<int64_t>(0, blk.j0 - a.causal_offset) : 0;
+                blk.first_row = skip_hidden ? a.window.row_begin(blk.j0, a.seq_q) : 0;
+                blk.row_end = skip_hidden ? a.window.row_end(blk.j0 + blk.kv_rows - 1, a.seq_q) : a.seq_q;
                 load_key_block(sc, blk, outer_b);
                 std::fill(blk.dk_t.get(), blk.dk_t.get() + size_t(D) * kLaneBlock, 0.0f);
                 std::fill(blk.dv_t.get(), blk.dv_t.get() + size_t(Dv) * kLaneBlock, 0.0f);
             }
-            // The blocks' keys ascend, so the first block's first row is the lowest.
-            const int64_t first_row = sc.blocks[0].first_row;
+            // The blocks' keys ascend, so the first block's first row is the lowest, the last one's end the highest.
+            const int64_t first_row = sc.blocks[0].first_row, row_end = sc.blocks[size_t(taken - 1)].row_end;
             for (int64_t gi = 0; gi < kv.group; ++gi) {
                 int64_t b[kBatchDims];
                 kv.member(outer_b, gi, b);
-                for (int64_t i0 = first_row; i0 < a.seq_q; i0 += kRowChunk) {
-                    const int64_t i_end = std::min<int64_t>(i0 + kRowChunk, a.seq_q);
+                for (int64_t i0 = first_row; i0 < row_end; i0 += kRowChunk) {
+                    const int64_t i_end = std::min<int64_t>(i0 + kRowChunk, row_end);
                     if (pair_dots) pack_row_chunk(sc, b, i0, int(i_end - i0));
                     for (int g = 0; g < taken; ++g) {
                         KeyBlock& blk = sc.blocks[size_t(g)];
                         // From an even row of the chunk, so that the packed pairs line up; rows
-                        // before first_row see none of the block's keys and add nothing.
+                        // outside [first_row, row_end) see none of the block's keys and add nothing.
                         const int64_t from = i0 + (std::max<int64_t>(0, blk.first_row - i0) & ~int64_t(1));
-                        const DqTurn turn{unit.turns, counter_base, unit.ordinal(blk.j0 / kLaneBlock, step)};
-                        if (from < i_end)
-                            key_item_rows(sc, blk, b, i0, from, int(i_end - from), dq_buffer, turn, g == 0);
+                        const int64_t to = std::min(i_end, blk.row_end);
+                        const DqTurn turn{unit.turns, counter_base, unit.ordinal(blk.j0 / kLaneBlock, step),
+                                          UnseenBlocks{a.window, a.seq_kv, kLaneBlock, unit.item % step, step,
+                                                       skip_hidden}};
+                        if (from < to) key_item_rows(sc, blk, b, i0, from, int(to - from), dq_buffer, turn, g == 0);
                     }
                 }
             }
@@ -632,15 +637,15 @@ struct LaneBackward {
         return a.batch[0] * a.batch[1] * a.batch[2] * a.seq_q * round_up(a.head_dim_qk, kLanes);
     }
 
-    // Key blocks per piece of the last wave, at most: kKeyBlocksAtOnce, or one where causal blocks are
-    // skipped, since pieces of several blocks then hold unequal work (16-core Xeon, causal pieces of four
+    // Key blocks per piece of the last wave, at most: kKeyBlocksAtOnce, or one where later rows see more
+    // keys (a causal window), since pieces of several blocks then hold unequal work (16-core Xeon, causal pieces of four
     // against one: 0.98-1.00x).
     static int64_t max_piece_blocks(const SdpaForwardArgs& a) {
-        return skips_causal_blocks(a) ? 1 : kKeyBlocksAtOnce;
+        return later_rows_see_more(a) ? 1 : kKeyBlocksAtOnce;
     }
 
     static KeyPassWork key_work(const SdpaForwardArgs& a, const KvGrouping& kv, int64_t dq_plane) {
-        return key_pass_work(kv, a.seq_kv, kLaneBlock, skips_causal_blocks(a) ? 1 : kItemsPerThread, dq_plane);
+        return key_pass_work(kv, a.seq_kv, kLaneBlock, later_rows_see_more(a) ? 1 : kItemsPerThread, dq_plane);
     }
 
     // The key pass's layout for these arguments (key_pass_text); nothing is allocated.

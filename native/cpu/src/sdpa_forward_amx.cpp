@@ -339,7 +339,7 @@ void merge_and_write(const SdpaForwardArgs& a, const int64_t b[kBatchDims], int6
 // `partial` as `layout` lays it out.
 template <int Parts>
 void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims], int64_t i0, int rows,
-              int64_t key_begin, int64_t key_end, bool skip_causal_blocks, const PartialLayout& layout,
+              int64_t key_begin, int64_t key_end, bool skip_hidden_blocks, const PartialLayout& layout,
               float* partial) {
     const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
     const int row_tiles = int(round_up(rows, 32) / 16);  // tiles go in pairs
@@ -355,19 +355,23 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     std::fill(sc.row_max, sc.row_max + rows, -__builtin_inff());
     std::fill(sc.row_sums, sc.row_sums + rows, VecF{});
 
-    const int64_t kv_end =
-        skip_causal_blocks ? std::min(key_end, causal_key_end(i0 + rows - 1, a.causal_offset, a.seq_kv)) : key_end;
+    const KeyWindow& window = a.window;
+    const int64_t kv_end = skip_hidden_blocks ? std::min(key_end, window.key_end(i0 + rows - 1, a.seq_kv)) : key_end;
     const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
     const bool keeps = sc.keeps_blocks();
+    // The first key some row of the item sees; kept blocks go by their index, so they stay whole.
+    const int64_t first_key = window.key_begin(i0, a.seq_kv);
+    const int64_t kv_begin =
+        skip_hidden_blocks ? std::max(key_begin, keeps ? first_key / kBlockKV * kBlockKV : first_key) : key_begin;
     if (keeps && (k_base != sc.slots_k_base || v_base != sc.slots_v_base)) {
         std::fill(sc.slot_packed.begin(), sc.slot_packed.end(), 0);
         sc.slots_k_base = k_base;
         sc.slots_v_base = v_base;
     }
     // Kept blocks hold the keys that any row of the call sees, for the items that read them after this one;
-    // past this item's causal cut those score -inf here and weigh 0, as the padding would.
+    // keys this item's rows do not see score -inf here and weigh 0, as the padding would.
     const int64_t pack_end = keeps ? visible_keys_of(a) : kv_end;
-    for (int64_t j0 = key_begin; j0 < kv_end; j0 += kBlockKV) {
+    for (int64_t j0 = kv_begin; j0 < kv_end; j0 += kBlockKV) {
         const int kv_rows = int(std::min<int64_t>(kBlockKV, kv_end - j0));
         sc.slot = keeps ? int(j0 / kBlockKV) : 0;
         if (!keeps || !sc.slot_packed[sc.slot]) {
@@ -377,18 +381,19 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             sc.slot_packed[sc.slot] = 1;
         }
         // Keys of this block that rows of the pair at row tile m can see: past them
-        // every score is -inf (causal cut) or padding.
-        const bool causal_cut = a.causal && j0 + kv_rows - 1 - i0 > a.causal_offset;
+        // every score is -inf (hidden by the window) or padding.
         auto pair_keys = [&](int m) {
-            if (!skip_causal_blocks || !causal_cut) return kv_rows;
+            if (!skip_hidden_blocks) return kv_rows;
             const int64_t last_row = i0 + std::min(rows, m * 16 + kPairRows) - 1;
-            return int(std::clamp<int64_t>(causal_key_end(last_row, a.causal_offset, a.seq_kv) - j0, 0, kv_rows));
+            if (window.key_begin(i0 + m * 16, a.seq_kv) >= j0 + kv_rows) return 0;  // keys before the window
+            return int(std::clamp<int64_t>(window.key_end(last_row, a.seq_kv) - j0, 0, kv_rows));
         };
-        // Without a mask, with a positive scale and a causal fill of -inf (if
-        // any), scores only need -inf past each row's last visible key (causal
-        // cut, padding) and keep the scale for the softmax; the other calls'
+        // Without a mask, with a positive scale and hidden keys at -inf (if
+        // any), scores only need -inf outside each row's visible keys (window,
+        // padding) and keep the scale for the softmax; the other calls'
         // scores are scaled and masked first.
-        const bool only_cut = a.mask_kind == MaskKind::none && scale_log2 > 0.0f && (!a.causal || skip_causal_blocks);
+        const bool only_cut =
+            a.mask_kind == MaskKind::none && scale_log2 > 0.0f && (!window.limited() || skip_hidden_blocks);
         const float load_scale = only_cut ? scale_log2 : 1.0f;
         float* s = sc.s_store.get();
         uint16_t* p = sc.p();
@@ -399,9 +404,12 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             scores_on_tiles<Parts>(sc, m, cols, s);
             if (only_cut) {
                 for (int r = 0; r < r1 - r0; ++r) {
-                    const int64_t end = a.causal ? causal_key_end(i0 + r0 + r, a.causal_offset, a.seq_kv) - j0 : kv_rows;
-                    std::fill(s + r * kScoresLd + std::clamp<int64_t>(end, 0, kv_rows), s + r * kScoresLd + cols,
-                              -__builtin_inff());
+                    float* row = s + r * kScoresLd;
+                    const int64_t i = i0 + r0 + r;
+                    const int64_t end = std::clamp<int64_t>(window.key_end(i, a.seq_kv) - j0, 0, kv_rows);
+                    const int64_t begin = std::clamp<int64_t>(window.key_begin(i, a.seq_kv) - j0, 0, end);
+                    std::fill(row, row + begin, -__builtin_inff());
+                    std::fill(row + end, row + cols, -__builtin_inff());
                 }
             } else {
                 mask_key_lanes<kScoresLd / kLanes>(a, s, sc.mask_store.get(), sc.mask_offset + r0, sc.query_index + r0,
@@ -466,15 +474,21 @@ struct ItemPlan {
     KeySplits splits;
 };
 
-ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t threads, bool skip_causal_blocks,
-                    bool split_keys_first) {
+// Under a window with a left limit an item visits its rows' keys, its own
+// row count more than a row sees: items of at most 1/kWindowKeysPerItemRow
+// of the window keep that excess small.
+constexpr int64_t kWindowKeysPerItemRow = 8;
+
+ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t threads, bool uneven,
+                    bool split_keys_first, int64_t max_rows) {
     const int64_t wanted = 4 * threads;  // pieces of work
     auto items_of = [&](int64_t rows) { return batch * ((seq_q + rows - 1) / rows); };
     for (const int rows : kItemRows) {
+        if (rows > max_rows && rows != kItemRows[std::size(kItemRows) - 1]) continue;
         const int64_t items = items_of(rows);
-        if (items >= (rows == kBlockQ && skip_causal_blocks ? 2 : 1) * wanted)
+        if (items >= (rows == kBlockQ && uneven ? 2 : 1) * wanted)
             return {rows, plan_key_splits(items, threads, 2, visible_keys, kBlockKV)};
-        if (rows != kLargeItemRows || !split_keys_first || skip_causal_blocks) continue;
+        if (rows != kLargeItemRows || !split_keys_first || uneven) continue;
         for (const int large : {kBlockQ, kLargeItemRows}) {  // the large sizes again, now with split keys
             const int64_t n = items_of(large), splits = key_split_count(wanted, n, visible_keys, kMinKeysPerSplit);
             if (n * splits >= wanted) return {large, even_key_splits(splits, visible_keys, kBlockKV)};
@@ -494,7 +508,7 @@ ItemPlan plan_items(int64_t batch, int64_t seq_q, int64_t visible_keys, int64_t 
 struct ForwardWork {
     int64_t batch, q_blocks, items;
     ItemPlan plan;
-    bool skip_causal_blocks, by_rank;
+    bool skip_hidden_blocks, uneven, by_rank;  // uneven: later rows see more keys (later_rows_see_more)
     LastWave wave;
     int team;
     bool home;
@@ -530,23 +544,28 @@ ForwardWork forward_work(const SdpaForwardArgs& a, int parts) {
     ForwardWork w;
     const int64_t threads = omp_get_max_threads();
     w.batch = a.batch[0] * a.batch[1] * a.batch[2];
-    w.skip_causal_blocks = skips_causal_blocks(a);
-    w.plan = plan_items(w.batch, a.seq_q, visible_keys_of(a), threads, w.skip_causal_blocks,
-                        splits_keys_first(a, parts));
+    w.skip_hidden_blocks = skips_hidden_blocks(a);
+    w.uneven = later_rows_see_more(a);
+    const KeyWindow& window = a.window;
+    const int64_t max_rows = w.skip_hidden_blocks && window.limits_left() && window.limits_right()
+                                 ? (window.left + window.right + 1) / kWindowKeysPerItemRow
+                                 : kBlockQ;
+    w.plan = plan_items(w.batch, a.seq_q, visible_keys_of(a), threads, w.uneven, splits_keys_first(a, parts),
+                        max_rows);
     w.q_blocks = (a.seq_q + w.plan.rows - 1) / w.plan.rows;
     w.items = w.batch * w.q_blocks;
-    w.by_rank = longest_first(w.skip_causal_blocks, w.items, threads);
+    w.by_rank = longest_first(w.uneven, w.items, threads);
     // Key splits make small pieces of work already; the last wave goes in pieces otherwise.
     w.wave = last_wave_in_pieces(w.items, w.plan.rows, threads, kLastWavePieceRows,
-                                 w.plan.splits.count == 1 && !w.skip_causal_blocks);
+                                 w.plan.splits.count == 1 && !w.uneven);
     w.team = team_for_items(w.items * w.plan.splits.count);
-    w.home = !w.skip_causal_blocks && w.wave.pieces == 1;
+    w.home = !w.uneven && w.wave.pieces == 1;
     w.kv_slots = kept_kv_blocks(a, parts, w.plan);
     // Kept blocks pay off only where a thread's items share K/V.  Causal items go to groups of threads, a
     // batch index's items to each, longest first within the group: the blocks each thread packs serve its
     // later items, and the shortest items still come last.  (Pairing each thread's long and short items
     // home first instead: 0.80-1.06x.)
-    w.groups = w.kv_slots > 1 && w.skip_causal_blocks ? int(std::min<int64_t>(w.batch, w.team)) : 0;
+    w.groups = w.kv_slots > 1 && w.uneven ? int(std::min<int64_t>(w.batch, w.team)) : 0;
     if (w.groups > 0) {
         w.by_rank = false;  // batch-major, so each group's units are one batch index's items
         w.home = true;
@@ -560,7 +579,7 @@ bool run_forward(const SdpaForwardArgs& a) {
     const ForwardWork work = forward_work(a, Parts);
     const int64_t batch = work.batch, block_q = work.plan.rows, q_blocks = work.q_blocks, items = work.items;
     const int64_t splits = work.plan.splits.count, keys_per_split = work.plan.splits.keys;
-    const bool skip_causal_blocks = work.skip_causal_blocks, by_rank = work.by_rank;
+    const bool skip_hidden_blocks = work.skip_hidden_blocks, uneven = work.uneven, by_rank = work.by_rank;
     const LastWave& wave = work.wave;
     const int team = work.team;
     const int Dv = int(a.head_dim_v);
@@ -572,7 +591,7 @@ bool run_forward(const SdpaForwardArgs& a) {
     auto item_origin = [&](int64_t item, int64_t b[kBatchDims]) {
         const WorkItem x = work_item(item, batch, q_blocks, by_rank);
         unflatten_batch(a.batch, x.batch, b);
-        return (skip_causal_blocks ? q_blocks - 1 - x.rank : x.rank) * block_q;
+        return (uneven ? q_blocks - 1 - x.rank : x.rank) * block_q;
     };
     HomeFirstUnits units(wave.units() * splits, team, work.home, work.groups);
     SplitsDone splits_done(items, splits);
@@ -588,7 +607,7 @@ bool run_forward(const SdpaForwardArgs& a) {
             const int64_t key_begin = split * keys_per_split;
             const int rows = int(std::min<int64_t>(unit.rows, a.seq_q - i0));
             run_item<Parts>(a, scratch, b, i0, rows, key_begin, std::min(a.seq_kv, key_begin + keys_per_split),
-                            skip_causal_blocks, layout, splits > 1 ? partials.get() + w * layout.floats() : nullptr);
+                            skip_hidden_blocks, layout, splits > 1 ? partials.get() + w * layout.floats() : nullptr);
             if (scratch.infinite) saw_infinity.store(true, std::memory_order_relaxed);
             // With pieces there are no splits, so a unit is an item here.  After an infinity the vector
             // build rewrites the whole output, so an item merged regardless does no harm.

@@ -560,7 +560,7 @@ struct LaneForward {
 
     // Keys [key_begin, key_end) of one item into sc.o_t, row_max, row_sum.
     static void attend(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
-                       int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
+                       int64_t key_begin, int64_t key_end, bool skip_hidden_blocks) {
         const int Dv = int(a.head_dim_v);
         const DropoutPlan dropout(a);
 
@@ -569,16 +569,16 @@ struct LaneForward {
         std::fill(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, 0.0f);
 
         const float* qi = sc.query_index.get();
-        if (skip_causal_blocks) {
-            const int64_t last_query = int64_t(*std::max_element(qi, qi + rows));
-            key_end = std::min(key_end, causal_key_end(last_query, a.causal_offset, a.seq_kv));
+        const int64_t first_row = int64_t(*std::min_element(qi, qi + rows));
+        const int64_t last_row = int64_t(*std::max_element(qi, qi + rows));
+        if (skip_hidden_blocks) {  // the keys some row of the item sees, from a whole key block on
+            const int64_t first_key = a.window.key_begin(first_row, a.seq_kv);
+            key_begin = std::max(key_begin, key_begin + (first_key - key_begin) / kBlockKV * kBlockKV);
+            key_end = std::min(key_end, a.window.key_end(last_row, a.seq_kv));
         }
-        // Key blocks that end before every row's first causally masked key
-        // need no mask pass when there is no explicit mask.
-        const int64_t unmasked_end = a.mask_kind != MaskKind::none ? 0
-                                     : a.causal ? causal_key_end(int64_t(*std::min_element(qi, qi + rows)),
-                                                                 a.causal_offset, a.seq_kv)
-                                                : a.seq_kv;
+        // Keys that every row of the item sees need no mask pass when there is no explicit mask.
+        const int64_t unmasked_begin = a.window.key_begin(last_row, a.seq_kv);
+        const int64_t unmasked_end = a.mask_kind != MaskKind::none ? 0 : a.window.key_end(first_row, a.seq_kv);
         const int64_t k_base = view_batch_offset(a.key, outer_b), v_base = view_batch_offset(a.value, outer_b);
         // O^T is not cleared up front: the first key block sets it, unscaled, instead of clearing it,
         // rescaling the zeros and adding to them (with the two changes to Scratch and Q^T's padding: f32
@@ -587,9 +587,10 @@ struct LaneForward {
         const bool wide_blocks = !sc.pair_dots && !dropout.active;  // kTileBlockKV where no mask pass either
         for (int64_t j0 = key_begin; j0 < key_end;) {
             int kv_rows = int(std::min<int64_t>(wide_blocks ? kTileBlockKV : kBlockKV, key_end - j0));
-            if (kv_rows > kBlockKV && j0 + kv_rows > unmasked_end) kv_rows = kBlockKV;
+            const bool partly_hidden = j0 < unmasked_begin || j0 + kv_rows > unmasked_end;
+            if (kv_rows > kBlockKV && partly_hidden) kv_rows = kBlockKV;
             const bool first = j0 == key_begin;
-            const bool masked = j0 + kv_rows > unmasked_end;
+            const bool masked = j0 < unmasked_begin || j0 + kv_rows > unmasked_end;
             // Without dropout, the pair products' P^T goes to its pairs in the softmax pass (2-core AMD
             // EPYC, in-process A/B against packing s_t after it: 1.01-1.07x, causal 0.99x).
             uint32_t* p_pairs = sc.pair_dots && !dropout.active ? sc.p_pairs.words() : nullptr;
@@ -617,7 +618,7 @@ struct LaneForward {
     // where pairs pay off, both products on bf16 pairs (row_pair_products).
     // Results land in sc.o_pad (rows) / row_max / row_sum.
     static void attend_rows(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
-                            int64_t key_begin, int64_t key_end, bool skip_causal_blocks) {
+                            int64_t key_begin, int64_t key_end, bool skip_hidden_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
         const int Dp = Scratch::padded(D), Dvp = Scratch::padded(Dv);
         const TensorView &q = a.query, &k = a.key, &v = a.value;
@@ -656,8 +657,11 @@ struct LaneForward {
             sc.row_max.get()[r] = -__builtin_inff();
             sc.row_sum.get()[r] = 0.0f;
         }
-        if (skip_causal_blocks)
-            key_end = std::min(key_end, causal_key_end(int64_t(*std::max_element(qi, qi + rows)), a.causal_offset, a.seq_kv));
+        if (skip_hidden_blocks) {  // the keys some row of the item sees, from a whole key block on
+            const int64_t first_key = a.window.key_begin(int64_t(*std::min_element(qi, qi + rows)), a.seq_kv);
+            key_begin = std::max(key_begin, key_begin + (first_key - key_begin) / kRowLayoutKeys * kRowLayoutKeys);
+            key_end = std::min(key_end, a.window.key_end(int64_t(*std::max_element(qi, qi + rows)), a.seq_kv));
+        }
         const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kRowLayoutKeys) {
             const int kv = int(std::min<int64_t>(kRowLayoutKeys, key_end - j0));
@@ -752,6 +756,7 @@ struct LaneForward {
         if (a.mask_kind != MaskKind::none)
             load_block(element_ptr(m.data, m.dtype, sc.m_off[r] + j0 * m.strides[4]), m.dtype, 0, m.strides[4], 1, kv, mask,
                        kv, 1);
+        const VisibleLanes seen(a.window, int64_t(sc.query_index.get()[r]), j0, kv);
         VecF score[kRowLayoutKeyVectors];
         VecF block_max = neg_inf;
         for (int t = 0; t < vectors; ++t) {
@@ -760,8 +765,8 @@ struct LaneForward {
             if (a.mask_kind == MaskKind::additive) s += to_log2_units(load(mask + t * kLanes));
             else if (a.mask_kind == MaskKind::select)
                 s = load(mask + t * kLanes) == splat(a.select_keep_value ? 1.0f : 0.0f) ? s : splat(to_log2_units(a.select_fill));
-            if (a.causal)  // key j0 + t is cut for this row when j0 + t - i > offset
-                s = key + float(j0 - a.causal_offset) > splat(sc.query_index.get()[r]) ? splat(to_log2_units(a.causal_fill)) : s;
+            if (a.window.limited())
+                s = (key >= splat(seen.first)) & (key < splat(seen.end)) ? s : splat(to_log2_units(a.window.fill));
             s = key < float(kv) ? s : neg_inf;
             score[t] = s;
             block_max = max_ignoring_nan(s, block_max);
@@ -808,34 +813,33 @@ struct LaneForward {
     // The work layout run() takes for these arguments (work_plan_text).
     static std::string describe(const SdpaForwardArgs& a) {
         const LanePlan p = plan(a);
-        const bool skip_causal_blocks = skips_causal_blocks(a);
         const char* layout = RowLayout ? (key_reads(a, p.item_rows).pairs ? "rows_bf16_pairs" : "rows")
                                        : (uses_pair_dots(a) ? "lanes_bf16_pairs" : "lanes");
         return work_plan_text(layout, std::min(p.item_rows, p.rows_total), p.outer_items,
                               p.splits, std::min(p.keys_per_split, a.seq_kv), team_for_items(p.outer_items * p.splits),
-                              order_name(!skip_causal_blocks,
-                                         longest_first(skip_causal_blocks, p.outer_items, omp_get_max_threads())));
+                              order_name(!later_rows_see_more(a),
+                                         longest_first(later_rows_see_more(a), p.outer_items, omp_get_max_threads())));
     }
 
     static Status run(const SdpaForwardArgs& a) {
         const int Dv = int(a.head_dim_v);
         const LanePlan p = plan(a);
-        const bool skip_causal_blocks = skips_causal_blocks(a);
+        const bool skip_hidden_blocks = skips_hidden_blocks(a), uneven = later_rows_see_more(a);
         const int64_t work_items = p.outer_items * p.splits;
-        const bool by_rank = longest_first(skip_causal_blocks, p.outer_items, omp_get_max_threads());
+        const bool by_rank = longest_first(uneven, p.outer_items, omp_get_max_threads());
         // Every (item, split) writes its whole partial before the merge reads it.
         AlignedFloats partials =
             AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 0);
 
         const int team = team_for_items(work_items);
-        HomeFirstUnits units(work_items, team, !skip_causal_blocks);
+        HomeFirstUnits units(work_items, team, !uneven);
         SplitsDone splits_done(p.outer_items, p.splits);
-        const int64_t v_blocks = Scratch::cached_v_blocks(a, p, !skip_causal_blocks);
+        const int64_t v_blocks = Scratch::cached_v_blocks(a, p, !uneven);
         run_on_team(team, [&] {
             Scratch sc(a, p.item_rows, v_blocks);
             units.for_each([&](int64_t w) {
                 const WorkItem x = work_item(w / p.splits, p.outer_items / p.row_blocks, p.row_blocks, by_rank);
-                const int64_t outer = x.batch * p.row_blocks + (skip_causal_blocks ? p.row_blocks - 1 - x.rank : x.rank);
+                const int64_t outer = x.batch * p.row_blocks + (uneven ? p.row_blocks - 1 - x.rank : x.rank);
                 const int64_t split = w % p.splits;
                 int64_t b[kBatchDims], row0;
                 item_origin(a, p, outer, b, row0);
@@ -843,9 +847,9 @@ struct LaneForward {
                 const int64_t key_begin = split * p.keys_per_split;
                 const int64_t key_end = std::min(a.seq_kv, key_begin + p.keys_per_split);
                 if constexpr (RowLayout)
-                    attend_rows(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
+                    attend_rows(a, sc, b, rows, key_begin, key_end, skip_hidden_blocks);
                 else
-                    attend(a, sc, b, rows, key_begin, key_end, skip_causal_blocks);
+                    attend(a, sc, b, rows, key_begin, key_end, skip_hidden_blocks);
                 if (p.splits == 1) {
                     if constexpr (RowLayout)
                         write_rows_from_o_pad(a, sc, rows, Dv);

@@ -24,6 +24,7 @@
 
 #include <omp.h>
 
+#include "graphattn/key_window.hpp"
 #include "isa_namespace.hpp"
 
 namespace graphattn {
@@ -215,9 +216,10 @@ inline std::string key_pass_text(const char* layout, int64_t key_block, int64_t 
 // Each dQ row takes the adds of its item's key blocks in their order, the
 // order of a whole item: a block's add to a row waits until the row's
 // counter, the number of the item's blocks that have added to it, reaches
-// the block's ordinal in the item.  The blocks adding to a row are always a
-// prefix of the item's blocks (a block's first row, past the causal cut,
-// only moves down as its keys ascend), so that count is reached.  Pieces are
+// the block's ordinal among the blocks that add to the row.  Those are a run
+// of the item's blocks (both ends of a row's key window only move on as the
+// row does), starting after the blocks wholly before the row's first visible
+// key (UnseenBlocks), so that count is reached.  Pieces are
 // handed out in ascending order, so each block waits only on blocks already
 // taken.  Rows are counted in `rows` counters, one per dQ sum row (split,
 // batch index, row), laid out by the kernel.
@@ -227,20 +229,24 @@ public:
         for (int64_t r = 0; r < rows; ++r) counters_[r].store(0, std::memory_order_relaxed);
     }
 
-    // Waits for block `ordinal`'s turn at counters [row, row + count); false
-    // (no turn: skip the add) once the call is abandoned.
-    bool wait(int64_t row, int64_t count, int32_t ordinal) const {
-        for (int64_t r = row; r < row + count; ++r)
-            for (int spins = 0; counters_[r].load(std::memory_order_acquire) != ordinal; ++spins) {
+    // Waits until counter r holds turn_of(r) for r in [row, row + count);
+    // false (no turn: skip the add) once the call is abandoned.
+    template <class TurnOf>
+    bool wait(int64_t row, int64_t count, TurnOf turn_of) const {
+        for (int64_t r = row; r < row + count; ++r) {
+            const int32_t turn = turn_of(r);
+            for (int spins = 0; counters_[r].load(std::memory_order_acquire) != turn; ++spins) {
                 if (abandoned_.load(std::memory_order_relaxed)) return false;
                 if (spins > 64) std::this_thread::yield();  // the predecessor's thread may be descheduled
             }
+        }
         return true;
     }
 
-    // Block `ordinal` has added to counters [row, row + count).
-    void done(int64_t row, int64_t count, int32_t ordinal) {
-        for (int64_t r = row; r < row + count; ++r) counters_[r].store(ordinal + 1, std::memory_order_release);
+    // The block whose turn at counter r was turn_of(r) has added to counters [row, row + count).
+    template <class TurnOf>
+    void done(int64_t row, int64_t count, TurnOf turn_of) {
+        for (int64_t r = row; r < row + count; ++r) counters_[r].store(turn_of(r) + 1, std::memory_order_release);
     }
 
     // A piece stopped short (the AMX build met an infinity and its call will
@@ -252,19 +258,51 @@ private:
     std::atomic<bool> abandoned_{false};
 };
 
+// The blocks of an item (key blocks split, split + splits, ... of
+// block_keys keys each) that end before query row i's first visible key:
+// under a window with a left limit they add nothing to the row, so its turns
+// start after them.  None where hidden blocks are not skipped.
+struct UnseenBlocks {
+    KeyWindow window;
+    int64_t seq_kv = 0, block_keys = 1, split = 0, splits = 1;
+    bool skipped = false;
+
+    int32_t before(int64_t i) const {
+        if (!skipped || !window.limits_left()) return 0;
+        const int64_t whole = window.key_begin(i, seq_kv) / block_keys;  // blocks 0 .. whole - 1 end before it
+        return whole > split ? int32_t((whole - split + splits - 1) / splits) : 0;
+    }
+};
+
 // One key block's turn at its item's dQ rows: no turns for a whole item;
-// else the DqTurns counter of its split's first dQ row (counter_base) and
-// the block's ordinal in the item.  Rows are counted from counter_base.
+// else the DqTurns counter of its split's first dQ row (counter_base), the
+// block's ordinal in the item, and the item's blocks each row does not see.
+// Rows are counted from counter_base.
 struct DqTurn {
     DqTurns* turns = nullptr;
     int64_t counter_base = 0;
     int32_t ordinal = 0;
+    UnseenBlocks unseen;
 
-    // Waits for the turn at rows [row, row + count); false: skip the add.
-    bool begin(int64_t row, int64_t count) const { return !turns || turns->wait(counter_base + row, count, ordinal); }
-    void end(int64_t row, int64_t count) const {
-        if (turns) turns->done(counter_base + row, count, ordinal);
+    // Waits for the turn at dQ sum rows [row, row + count), whose query rows
+    // are query_row + (r - row) * query_step (0: one turn for a chunk of rows,
+    // each counted from the chunk's first row); false: skip the add.
+    bool begin(int64_t row, int64_t count, int64_t query_row, int64_t query_step) const {
+        return !turns || turns->wait(counter_base + row, count, TurnOf{this, counter_base + row, query_row, query_step});
     }
+    void end(int64_t row, int64_t count, int64_t query_row, int64_t query_step) const {
+        if (turns) turns->done(counter_base + row, count, TurnOf{this, counter_base + row, query_row, query_step});
+    }
+
+private:
+    // The block's turn at counter r: its ordinal less the blocks the counter's query row does not see.
+    struct TurnOf {
+        const DqTurn* turn;
+        int64_t first_counter, query_row, query_step;
+        int32_t operator()(int64_t r) const {
+            return turn->ordinal - turn->unseen.before(query_row + (r - first_counter) * query_step);
+        }
+    };
 };
 
 // The backwards' items: item w takes split w % splits of a K/V batch index,

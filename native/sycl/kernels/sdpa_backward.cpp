@@ -7,7 +7,7 @@
 //     group), so dK_j and dV_j are summed without atomics;
 //   graphattn_sdpa_backward_q: one query row i, walking its keys, for dQ_i.
 // dS = P (dP - D), with dP = dO V^T through the dropout multipliers; a Select
-// or causal fill takes no gradient; grad_mask (if asked) receives dS itself.
+// or window fill takes no gradient; grad_mask (if asked) receives dS itself.
 #include "sdpa_device.hpp"
 
 using namespace graphattn_sycl;
@@ -83,10 +83,11 @@ void graphattn_sdpa_backward_kv(BackwardParams b, int64_t outer_items, int32_t s
     load_row_chunks(p.value, v_off, Dv, lane, 1.0f, v);
     for (int t = 0; t < GA_QK_CHUNKS; ++t) dk[t] = 0.0f;
     for (int t = 0; t < GA_V_CHUNKS; ++t) dv[t] = 0.0f;
-    // Rows before first_row cannot see key j through a -inf causal fill (their
-    // dS is 0); they are visited anyway when the mask gradient is written.
-    const bool skip = b.grad_mask.data == nullptr && p.causal && sycl::isinf(p.causal_fill) && p.causal_fill < 0.0f;
-    const int64_t first_row = skip ? sycl::max<int64_t>(0, j - p.causal_offset) : 0;
+    // Rows outside [first_row, row_end) cannot see key j through a -inf window
+    // fill (their dS is 0); they are visited anyway when the mask gradient is written.
+    const bool skip = b.grad_mask.data == nullptr && p.window.skips_blocks();
+    const int64_t first_row = skip ? p.window.row_begin(j, p.seq_q) : 0;
+    const int64_t row_end = skip ? p.window.row_end(j, p.seq_q) : p.seq_q;
     for (int64_t g = 0; g < group; ++g) {
         const int64_t s2 = g % shared_sizes[2], s1 = (g / shared_sizes[2]) % shared_sizes[1],
                       s0 = g / (shared_sizes[2] * shared_sizes[1]);
@@ -94,7 +95,7 @@ void graphattn_sdpa_backward_kv(BackwardParams b, int64_t outer_items, int32_t s
         const int64_t q_base = batch_offset(p.query, p.batch, fb), g_base = batch_offset(b.grad_output, p.batch, fb);
         const int64_t m_base = p.mask_kind ? batch_offset(p.mask, p.batch, fb) : 0;
         const int64_t dm_base = b.grad_mask.data ? batch_offset(b.grad_mask, p.batch, fb) : 0;
-        for (int64_t i = first_row; i < p.seq_q; ++i) {
+        for (int64_t i = first_row; i < row_end; ++i) {
             const int64_t q_off = q_base + i * p.query.strides[3], g_off = g_base + i * b.grad_output.strides[3];
             float q[GA_QK_CHUNKS], go[GA_V_CHUNKS], s_part = 0.0f, dp_part = 0.0f;
             for (int t = 0; t < GA_QK_CHUNKS; ++t) {
@@ -148,7 +149,7 @@ void graphattn_sdpa_backward_q(BackwardParams b) {
     const float lse2 = lse_log2(p, fb, i), delta = b.row_delta[row];
     const uint64_t drop_base = uint64_t((fb * p.seq_q + i) * p.seq_kv);
     const int64_t end = key_end(p, i);
-    for (int64_t j = 0; j < end; ++j) {
+    for (int64_t j = key_begin(p, i); j < end; ++j) {
         const int64_t k_off = k_base + j * p.key.strides[3], v_off = v_base + j * p.value.strides[3];
         float k[GA_QK_CHUNKS], s_part = 0.0f, dp_part = 0.0f;
         for (int t = 0; t < GA_QK_CHUNKS; ++t) {

@@ -70,18 +70,21 @@ inline int64_t batch_offset(const KernelView& v, const int64_t batch[3], int64_t
     return b0 * v.strides[0] + b1 * v.strides[1] + b2 * v.strides[2];
 }
 
-// First key past the causal window of query row i (all keys without a causal
-// mask, or when a finite fill keeps masked keys in the softmax).
+// The keys query row i visits, [key_begin, key_end): those its window shows
+// where hidden keys weigh 0, else all of them (a finite fill keeps hidden
+// keys in the softmax).
+inline int64_t key_begin(const ForwardParams& p, int64_t i) {
+    return p.window.skips_blocks() ? p.window.key_begin(i, p.seq_kv) : 0;
+}
 inline int64_t key_end(const ForwardParams& p, int64_t i) {
-    if (!p.causal || !(sycl::isinf(p.causal_fill) && p.causal_fill < 0.0f)) return p.seq_kv;
-    return sycl::clamp(i + p.causal_offset + 1, int64_t(0), p.seq_kv);
+    return p.window.skips_blocks() ? p.window.key_end(i, p.seq_kv) : p.seq_kv;
 }
 
-// Did a Select or the causal mask replace score (i, j)?  mask_value is the
+// Did a Select or the key window replace score (i, j)?  mask_value is the
 // mask element already read for (i, j) (unused without a Select).
 inline bool score_replaced(const ForwardParams& p, float mask_value, int64_t i, int64_t j) {
     if (p.mask_kind == 2 && (mask_value != 0.0f) != (p.select_keep_value != 0)) return true;
-    return p.causal && j - i > p.causal_offset;
+    return !p.window.sees(i, j);
 }
 
 // x * log2(e), a finite x kept finite (clamped to +-FLT_MAX): a mask of
@@ -96,7 +99,7 @@ inline float to_log2_units(float x) {
 inline float masked_score_log2(const ForwardParams& p, float score_log2, float mask_value, int64_t i, int64_t j) {
     if (p.mask_kind == 1) score_log2 += to_log2_units(mask_value);
     if (p.mask_kind == 2 && (mask_value != 0.0f) != (p.select_keep_value != 0)) score_log2 = to_log2_units(p.select_fill);
-    if (p.causal && j - i > p.causal_offset) score_log2 = to_log2_units(p.causal_fill);
+    if (!p.window.sees(i, j)) score_log2 = to_log2_units(p.window.fill);
     return score_log2;
 }
 

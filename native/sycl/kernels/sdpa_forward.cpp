@@ -26,7 +26,7 @@ void graphattn_sdpa_forward(ForwardParams p) {
     float row_max = -kInf, row_sum = 0.0f;
 
     const int64_t end = key_end(p, i);
-    for (int64_t j0 = 0; j0 < end; j0 += kSubGroup) {
+    for (int64_t j0 = key_begin(p, i); j0 < end; j0 += kSubGroup) {
         const int count = int(sycl::min<int64_t>(kSubGroup, end - j0));
         float score = -kInf;  // lane c: key j0 + c
         for (int c = 0; c < count; ++c) {

@@ -85,7 +85,7 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
     const int64_t end = key_end(p, i0 + rows - 1);
     sycl::group_barrier(sg);
 
-    for (int64_t j0 = 0; j0 < end; j0 += kTileKeys) {
+    for (int64_t j0 = key_begin(p, i0); j0 < end; j0 += kTileKeys) {
         const int keys = int(sycl::min<int64_t>(kTileKeys, end - j0));
         for (int x = lane; x < kTileKeys * D; x += kSubGroup) {  // K^T: kv_tile[d][n] = K[j0 + n][d]
             const int d = x / kTileKeys, n = x % kTileKeys;

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "graphattn/key_window.hpp"
+
 namespace graphattn_sycl {
 
 constexpr int kViewDims = 5;  // 3 batch dims, row, column
@@ -26,10 +28,8 @@ struct ForwardParams {
     int32_t mask_kind;       // 0 none, 1 additive, 2 select
     int32_t select_keep_value;
     float select_fill;
-    int32_t causal;
     int32_t inf_as_zero;
-    int64_t causal_offset;   // keep (i, j) iff j - i <= causal_offset
-    float causal_fill;
+    graphattn::KeyWindow window;  // the keys each row sees; the others score window.fill
     uint32_t dropout_threshold;  // keep when the Philox word >= this
     uint64_t dropout_seed, dropout_offset;
     float dropout_scale;     // 1 / (1 - p)

@@ -53,10 +53,8 @@ graphattn_sycl::ForwardParams forward_params(const SdpaForwardArgs& a) {
     p.mask_kind = int32_t(a.mask_kind);
     p.select_keep_value = a.select_keep_value;
     p.select_fill = a.select_fill;
-    p.causal = a.causal;
     p.inf_as_zero = a.inf_as_zero;
-    p.causal_offset = a.causal_offset;
-    p.causal_fill = a.causal_fill;
+    p.window = a.window;
     p.dropout_active = a.dropout_p > 0.0f;
     p.dropout_threshold = dropout_threshold(a.dropout_p);
     p.dropout_seed = a.dropout_seed;

@@ -24,6 +24,12 @@ from ..views import overlaps_itself, reshape_strides, transpose_strides, untrans
 
 
 
+def plan_window(bounds) -> dict:
+    """The window a plan is made for, before its calls give the bounds' values: a causal one where a right
+    bound is matched, none otherwise (it steers only the plan's description; each call passes its own)."""
+    return {"window_right": 0} if any(b.side == "right" for b in bounds) else {}
+
+
 class NotUsable(Exception):
     """The fused kernel cannot take this partition; the message says why."""
 
@@ -133,6 +139,36 @@ def _u64(array) -> int:
     return bits64(_host(array).reshape(-1)[0])
 
 
+class WindowOperands:
+    """A match's key window bounds as the kernel takes them (see graphattn/key_window.hpp): the scalar
+    operands of each bound, read per call into (left, right, fill) about the row itself."""
+
+    def __init__(self, bounds, lts):
+        self.bounds = [(b.side, b.adjust, [(_scalar_chain(c, lts, "key window index offset"), sign)
+                                           for c, sign in b.terms],
+                        _scalar_chain(b.fill, lts, "key window fill value")) for b in bounds]
+
+    def __bool__(self) -> bool:
+        return bool(self.bounds)
+
+    def values(self, inputs: dict) -> tuple[int, int, float]:
+        """(left, right, fill): row i sees keys i - left <= j <= i + right, _cpu.NO_KEY_LIMIT for a side
+        without a bound; the other scores become the fill, one value for both bounds."""
+        left = right = _cpu.NO_KEY_LIMIT
+        fills = []
+        for side, adjust, terms, fill in self.bounds:
+            offset = adjust + sum(sign * int(_scalar(inputs[c.tensor_id])) for c, sign in terms)
+            if side == "right":  # j - i <= offset
+                right = offset
+            else:  # j - i >= offset
+                left = -offset
+            fills.append(float(_scalar(inputs[fill.tensor_id])))
+        if len(fills) == 2 and fills[0] != fills[1] and not (np.isnan(fills[0]) and np.isnan(fills[1])):
+            raise ValueError(f"the key window's two bounds fill hidden scores with {fills[0]} and {fills[1]}; "
+                             "the fused kernel takes one fill value for both")
+        return left, right, fills[0] if fills else _NEG_INF
+
+
 def usm_address(array, name: str) -> int:
     """The device address of a SYCL kernel operand, which must be a USM array."""
     if not sycl_runtime.is_usm_array(array):
@@ -197,9 +233,7 @@ class FusedSdpaForward:
                                 f"{tuple(batch)}")
         self.scale = _scalar_chain(m.scale, lts, "scale")
         self.select_fill = _scalar_chain(m.select_fill, lts, "Select fill value")
-        self.causal_fill = _scalar_chain(m.causal.fill, lts, "causal fill value") if m.causal else None
-        self.causal_terms = [(_scalar_chain(c, lts, "causal index offset"), s) for c, s in m.causal.terms] \
-            if m.causal else []
+        self.window = WindowOperands(m.bounds, lts)
         padded, views = fold_kernel_batch(batch, views)
         input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value)}
         self.on_sycl = engine is not None and engine.is_sycl
@@ -213,7 +247,7 @@ class FusedSdpaForward:
             views["output"], views.get("mask"), views.get("stats"),
             mask_kind=_cpu.MASK_KIND_CODES[m.mask_kind], select_keep_value=m.select_keep_value,
             has_scale=m.scale is not None, scale_is_divisor=m.scale_op is not None and m.scale_op.kind == OpKind.Divide,
-            causal=m.causal is not None, inf_as_zero=m.softmax.attrs["mode"] == "inf_as_zero",
+            **plan_window(m.bounds), inf_as_zero=m.softmax.attrs["mode"] == "inf_as_zero",
             dropout_p=m.dropout_op.attrs["p"] if m.dropout_op is not None else 0.0)
         self.dropout_seed = _scalar_chain(m.dropout_seed, lts, "Dropout seed")
         self.dropout_offset = _scalar_chain(m.dropout_offset, lts, "Dropout offset")
@@ -223,32 +257,26 @@ class FusedSdpaForward:
         else:
             self.isa = self.plan.isa()
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
-                           f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None}")
+                           f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},"
+                           f"window={'+'.join(b.side for b in m.bounds) or 'none'}")
 
     def dispatch_text(self) -> str:
         """isa=<build> and, on the CPU, why=<the rule that chose it> and the work layout (for the verbose log)."""
         return f"isa={self.isa}" if self.on_sycl else self.plan.dispatch_text()
 
-    def _causal_offset(self, inputs: dict) -> int:
-        m = self.match
-        if not m.causal:
-            return 0
-        return m.causal.adjust + sum(sign * int(_scalar(inputs[c.tensor_id])) for c, sign in self.causal_terms)
-
     def bound_runner(self, fixed_inputs: dict):
         """run(query, key, value, output, mask, stats, scale, dropout_seed, dropout_offset): execute's kernel
-        call for calls whose other operands (fill values, causal index offsets) are always those in
+        call for calls whose other operands (fill values, key window offsets) are always those in
         fixed_inputs, with their lookups done once here.  None on SYCL (execute also orders the queue there)."""
         if self.on_sycl:
             return None
-        causal_offset = self._causal_offset(fixed_inputs)
+        left, right, window_fill = self.window.values(fixed_inputs)
         select_fill = _scalar(fixed_inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF
-        causal_fill = _scalar(fixed_inputs[self.causal_fill.tensor_id]) if self.causal_fill is not None else _NEG_INF
-        return self.plan.bound(causal_offset, select_fill, causal_fill).run
+        return self.plan.bound(left, right, select_fill, window_fill).run
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match
-        causal_offset = self._causal_offset(inputs)
+        left, right, window_fill = self.window.values(inputs)
         if self.on_sycl:
             operands = {"query": inputs[m.query.tensor_id], "key": inputs[m.key.tensor_id],
                         "value": inputs[m.value.tensor_id], "output": outputs[m.output_id]}
@@ -268,8 +296,8 @@ class FusedSdpaForward:
         # Positional: the per-call cost of keyword parsing is visible on decode-sized calls.
         run(*data, mask, stats,
             _scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0,
-            causal_offset,
+            left, right,
             _scalar(inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF,
-            _scalar(inputs[self.causal_fill.tensor_id]) if self.causal_fill is not None else _NEG_INF,
+            window_fill,
             _u64(inputs[self.dropout_seed.tensor_id]) if self.dropout_seed is not None else 0,
             _u64(inputs[self.dropout_offset.tensor_id]) if self.dropout_offset is not None else 0)

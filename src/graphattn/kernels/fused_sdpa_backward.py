@@ -16,7 +16,7 @@ from .. import _cpu, sycl_runtime
 from ..dtypes import DTYPES, DataType, FLOAT_TYPES
 from ..ops import OpKind
 from ..patterns.sdpa_backward import GradientOutput, SdpaBackwardMatch
-from .fused_sdpa import (NotUsable, fold_kernel_batch, _apply_chain, _code, _kernel_strides, _scalar, _scalar_chain,
+from .fused_sdpa import (NotUsable, WindowOperands, plan_window, fold_kernel_batch, _apply_chain, _code, _kernel_strides, _scalar, _scalar_chain,
                          _u64, _View, check_sycl_usable, output_view, usm_address)
 
 
@@ -88,14 +88,13 @@ class FusedSdpaBackward:
         self.batch, self.specs = fold_kernel_batch(batch, self.specs)
         self.scale = _scalar_chain(m.scale, lts, "scale")
         self.select_fill = _scalar_chain(m.select_fill, lts, "Select fill value")
-        self.causal_fill = _scalar_chain(m.causal.fill, lts, "causal fill value") if m.causal else None
-        self.causal_terms = [(_scalar_chain(c, lts, "causal index offset"), s) for c, s in m.causal.terms] \
-            if m.causal else []
+        self.window = WindowOperands(m.bounds, lts)
+        self.plan_window = plan_window(m.bounds)
         self.dropout_seed = _scalar_chain(m.dropout_seed, lts, "Dropout seed")
         self.dropout_offset = _scalar_chain(m.dropout_offset, lts, "Dropout offset")
         self.options = dict(
             mask_kind=_cpu.MASK_KIND_CODES[m.mask_kind], select_keep_value=m.select_keep_value,
-            has_scale=m.scale is not None, causal=m.causal is not None, inf_as_zero=True,
+            has_scale=m.scale is not None, inf_as_zero=True,
             dropout_p=m.dropouts[0].attrs["p"] if m.dropouts else 0.0)
         self.scale_is_divisor = m.scale_op is not None and m.scale_op.kind == OpKind.Divide
         # The recomputed O: f32, contiguous over the kernel's (batch, Sq, Dv).
@@ -113,9 +112,11 @@ class FusedSdpaBackward:
             plan_type = functools.partial(sycl_runtime.plugin().ForwardPlan, self.queue)
         self.forward_plan = plan_type(
             self.batch, seq_q, seq_kv, head_dim, head_dim_v, views["query"], views["key"], views["value"],
-            self.o_spec, views.get("mask"), None, scale_is_divisor=self.scale_is_divisor, **self.options)
+            self.o_spec, views.get("mask"), None, scale_is_divisor=self.scale_is_divisor, **self.options,
+            **self.plan_window)
         self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
-                           f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},causal={m.causal is not None},"
+                           f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},"
+                           f"window={'+'.join(b.side for b in m.bounds) or 'none'},"
                            f"dropout={self.options['dropout_p']}")
         self.isa = "subgroup" if self.queue is not None else _cpu.backward_isa([dt.value for dt in input_dtypes],
                                                                                 seq_q, seq_kv)
@@ -128,16 +129,15 @@ class FusedSdpaBackward:
         roles = {name: (code, strides) for name, (code, strides) in self.specs.items()}
         roles["output"] = self.o_spec
         return _cpu.backward_dispatch_text(self.batch, self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v, roles,
-                                           **self.options)
+                                           **self.options, **self.plan_window)
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match
+        left, right, window_fill = self.window.values(inputs)
         runtime = dict(
             scale=_scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0,
-            causal_offset=(m.causal.adjust + sum(sign * int(_scalar(inputs[c.tensor_id]))
-                                                 for c, sign in self.causal_terms)) if m.causal else 0,
+            window_left=left, window_right=right, window_fill=window_fill,
             select_fill=_scalar(inputs[self.select_fill.tensor_id]) if self.select_fill is not None else float("-inf"),
-            causal_fill=_scalar(inputs[self.causal_fill.tensor_id]) if self.causal_fill is not None else float("-inf"),
             dropout_seed=_u64(inputs[self.dropout_seed.tensor_id]) if self.dropout_seed is not None else 0,
             dropout_offset=_u64(inputs[self.dropout_offset.tensor_id]) if self.dropout_offset is not None else 0)
         arrays = {"query": inputs[m.query.tensor_id], "key": inputs[m.key.tensor_id],

@@ -1,15 +1,22 @@
 """The SDPA forward pattern of the oneDNN Graph spec, matched around each SoftMax:
 
     MatMul(Q, K) -> [Multiply | Divide by scale]
-                 -> [Add float mask | Select bool mask | implicit causal Select]
-                 -> SoftMax[+stats] -> MatMul(P, V) -> [StaticTranspose] [StaticReshape]
+                 -> [Add float mask | Select bool mask]
+                 -> [key window bound Select]...
+                 -> SoftMax[+stats] -> [Dropout] -> MatMul(P, V) -> [StaticTranspose] [StaticReshape]
 
 Each external input may arrive through StaticReshape / StaticTranspose ops
 (the 4D GQA form reshapes Q to (N, Hkv, rep, S, D) and K/V to (N, Hkv, 1, S, D)).
-The implicit causal mask is GenIndex(row), GenIndex(col), optional Add/Subtract
-of scalar tensors on either index, GreaterEqual or GreaterThan, and Select
-with a fill value; it is fused when it keeps scores with j - i <= offset
-(top-left: offset 0; bottom-right: offset s_kv - s_q).
+A key window bound is GenIndex(row), GenIndex(col), optional Add/Subtract of
+scalar tensors on either index, GreaterEqual or GreaterThan, and Select with a
+fill value.  It keeps scores with j - i <= offset (a right bound: causal is
+offset 0 top-left, s_kv - s_q bottom-right) or j - i >= offset (a left bound:
+a sliding window of W keys is offset -(W - 1) on top of the causal bound).
+Bounds chain, one Select after another, after any mask; the kernel takes at
+most one of each side, with one fill value.
+
+    score --[Select(GreaterEqual(row', col), score, fill)]--> (right bound)
+          --[Select(GreaterEqual(col, row' - left), score, fill)]--> (left bound) --> SoftMax
 """
 from __future__ import annotations
 
@@ -29,12 +36,15 @@ class InputChain:
 
 
 @dataclass
-class CausalSpec:
-    """keep(i, j) iff j - i <= sum(sign * value(tensor)) + adjust."""
+class KeyBound:
+    """One bound of the key window: keep(i, j) iff j - i <= offset (side "right") or j - i >= offset (side
+    "left"), offset = sum(sign * value(tensor)) + adjust; other scores become the fill."""
+    side: str
     terms: list[tuple[InputChain, int]]
     adjust: int
     fill: InputChain
     ops: list[Op]
+    select: Op
 
 
 @dataclass
@@ -52,7 +62,7 @@ class SdpaMatch:
     mask: InputChain | None = None
     select_keep_value: bool = True   # Select keeps the score where the mask equals this
     select_fill: InputChain | None = None
-    causal: CausalSpec | None = None
+    bounds: list[KeyBound] = field(default_factory=list)  # at most one per side
     output_ops: list[Op] = field(default_factory=list)
     output_id: int = -1
     stats_id: int | None = None
@@ -65,15 +75,14 @@ class SdpaMatch:
         ops += [op for op in (self.scale_op, self.mask_op, self.dropout_op) if op is not None]
         for chain in self.input_chains():
             ops += chain.ops
-        if self.causal:
-            ops += self.causal.ops
-        return ops + self.output_ops
+        ops += [op for bound in self.bounds for op in [bound.select] + bound.ops]
+        return unique_ops(ops + self.output_ops)
 
     def input_chains(self) -> list[InputChain]:
         chains = [self.query, self.key, self.value, self.scale, self.mask, self.select_fill, self.dropout_seed,
                   self.dropout_offset]
-        if self.causal:
-            chains += [self.causal.fill] + [c for c, _ in self.causal.terms]
+        for bound in self.bounds:
+            chains += [bound.fill] + [c for c, _ in bound.terms]
         return [c for c in chains if c is not None]
 
 
@@ -143,13 +152,14 @@ def _score_side(graph, op: Op, indices) -> int | None:
     return None
 
 
-def _index_expr(graph, tensor_id: int, score_ids: set[int]):
-    """(axis 'row'|'col', [(chain, sign)], ops) for GenIndex [+/- scalar inputs]."""
+def _index_expr(graph, tensor_id: int, score_ids: set[int] | None):
+    """(axis 'row'|'col', [(chain, sign)], ops) for GenIndex [+/- scalar inputs]; GenIndex must index one of
+    score_ids (None: checked by the caller)."""
     producer = graph.producer(tensor_id)
     if producer is None:
-        raise NoMatch(f"causal mask index tensor {tensor_id} has no producer")
+        raise NoMatch(f"key window index tensor {tensor_id} has no producer")
     if producer.kind == OpKind.GenIndex:
-        if producer.inputs[0].id not in score_ids:
+        if score_ids is not None and producer.inputs[0].id not in score_ids:
             raise NoMatch(f"{producer.where} does not index the attention scores")
         rank = producer.inputs[0].ndim
         axis = producer.attrs["axis"] % rank
@@ -166,50 +176,66 @@ def _index_expr(graph, tensor_id: int, score_ids: set[int]):
             sign = -1 if producer.kind == OpKind.Subtract else 1
             term = _input_chain(graph, producer.inputs[1 - expr_side].id)
             return axis, terms + [(term, sign)], ops + term.ops + [producer]
-    raise NoMatch(f"{producer.where} is not part of an implicit causal mask")
+    raise NoMatch(f"{producer.where} is not part of a key window bound")
 
 
-def _causal(graph, select: Op, compare: Op, score_side: int, score_ids: set[int]) -> CausalSpec:
-    lhs_axis, lhs_terms, lhs_ops = _index_expr(graph, compare.inputs[0].id, score_ids)
-    rhs_axis, rhs_terms, rhs_ops = _index_expr(graph, compare.inputs[1].id, score_ids)
+def _key_bound(graph, select: Op, compare: Op, score_side: int) -> KeyBound:
+    lhs_axis, lhs_terms, lhs_ops = _index_expr(graph, compare.inputs[0].id, None)
+    rhs_axis, rhs_terms, rhs_ops = _index_expr(graph, compare.inputs[1].id, None)
     if {lhs_axis, rhs_axis} != {"row", "col"}:
         raise NoMatch(f"{compare.where} must compare a row index with a column index")
     row_terms, col_terms = (lhs_terms, rhs_terms) if lhs_axis == "row" else (rhs_terms, lhs_terms)
     terms = row_terms + [(chain, -sign) for chain, sign in col_terms]
     strict = compare.kind == OpKind.GreaterThan
-    # cond is (row + A) >= (col + B) i.e. j - i <= A - B, or the mirrored forms.
+    # cond is (row + A) >= (col + B), i.e. j - i <= A - B (a right bound), or the mirrored form
+    # (col + B) >= (row + A), i.e. j - i >= A - B (a left bound); GreaterThan moves the offset by one.
     if lhs_axis == "row":
-        keeps_below, adjust = True, (-1 if strict else 0)
+        side, adjust = "right", (-1 if strict else 0)
     else:
-        keeps_below, adjust = False, (1 if strict else 0)
+        side, adjust = "left", (1 if strict else 0)
     if score_side == 2:  # Select(cond, fill, score): the score survives where cond is false
-        keeps_below, adjust = (not keeps_below), (adjust + 1 if keeps_below else adjust - 1)
-    if not keeps_below:
-        raise NoMatch(f"{select.where} keeps scores above the diagonal (j - i >= offset): not a causal mask")
+        side, adjust = ("left", adjust + 1) if side == "right" else ("right", adjust - 1)
     fill = _input_chain(graph, select.inputs[3 - score_side].id)
     ops = [compare] + lhs_ops + rhs_ops + fill.ops
-    return CausalSpec(terms, adjust, fill, ops)
+    return KeyBound(side, terms, adjust, fill, ops, select)
+
+
+def unique_ops(ops: list[Op]) -> list[Op]:
+    """Each op once, in order: the window's two bounds may share their GenIndex, row shift and fill."""
+    return list({op.id: op for op in ops}.values())
+
+
+def _is_index_compare(graph, op: Op | None) -> bool:
+    return op is not None and op.kind in (OpKind.GreaterEqual, OpKind.GreaterThan) \
+        and any(graph.producer(t.id) is not None for t in op.inputs)
 
 
 def match_masked_scores(graph, masked: int, parts: dict) -> None:
-    """From the masked-score tensor up to MatMul(Q, K): the optional mask (float Add, bool Select or the
-    implicit causal Select) and scale; fills `parts` with the SdpaMatch fields it found, and "qk"."""
+    """From the masked-score tensor up to MatMul(Q, K): the key window's bound Selects (any chain of them,
+    at most one per side), then the optional mask (float Add or bool Select) and scale; fills `parts` with
+    the SdpaMatch fields it found, and "qk"."""
+    bounds: list[KeyBound] = []
     mask_op = graph.producer(masked)
+    while mask_op is not None and mask_op.kind == OpKind.Select and _is_index_compare(
+            graph, graph.producer(mask_op.inputs[0].id)):
+        score_side = _score_side_of_bound(graph, mask_op)
+        bounds.append(_key_bound(graph, mask_op, graph.producer(mask_op.inputs[0].id), score_side))
+        masked = mask_op.inputs[score_side].id
+        mask_op = graph.producer(masked)
+    if bounds:
+        sides = [b.side for b in bounds]
+        if len(set(sides)) != len(sides):
+            raise NoMatch(f"{len(bounds)} key window bounds with sides {sides}; the kernel takes one per side")
+        parts["bounds"] = bounds
     if mask_op is not None and mask_op.kind == OpKind.Select:
         score_side = _score_side(graph, mask_op, (1, 2))
         if score_side is None:
             raise NoMatch(f"{mask_op.where} selects between no attention scores")
         _trace_scores(graph, mask_op.inputs[score_side].id, parts)
-        score_ids = {parts["qk"].outputs[0].id, mask_op.inputs[score_side].id}
-        compare = graph.producer(mask_op.inputs[0].id)
-        if compare is not None and compare.kind in (OpKind.GreaterEqual, OpKind.GreaterThan) \
-                and any(graph.producer(t.id) is not None for t in compare.inputs):
-            parts["causal"] = _causal(graph, mask_op, compare, score_side, score_ids)
-        else:
-            parts["mask_kind"] = "select"
-            parts["mask"] = _input_chain(graph, mask_op.inputs[0].id)
-            parts["select_keep_value"] = score_side == 1
-            parts["select_fill"] = _input_chain(graph, mask_op.inputs[3 - score_side].id)
+        parts["mask_kind"] = "select"
+        parts["mask"] = _input_chain(graph, mask_op.inputs[0].id)
+        parts["select_keep_value"] = score_side == 1
+        parts["select_fill"] = _input_chain(graph, mask_op.inputs[3 - score_side].id)
         parts["mask_op"] = mask_op
     elif mask_op is not None and mask_op.kind == OpKind.Add:
         score_side = _score_side(graph, mask_op, (0, 1))
@@ -220,6 +246,27 @@ def match_masked_scores(graph, masked: int, parts: dict) -> None:
                      mask=_input_chain(graph, mask_op.inputs[1 - score_side].id))
     else:
         _trace_scores(graph, masked, parts)
+    # GenIndex must index scores of the pattern: the MatMul's, or those of a later op before SoftMax.
+    score_ids = {op.outputs[0].id for op in (parts["qk"], parts.get("scale_op"), parts.get("mask_op"))
+                 if op is not None} | {b.select.outputs[0].id for b in bounds}
+    for bound in bounds:
+        for op in bound.ops:
+            if op.kind == OpKind.GenIndex and op.inputs[0].id not in score_ids:
+                raise NoMatch(f"{op.where} does not index the attention scores")
+
+
+def _score_side_of_bound(graph, select: Op) -> int:
+    """The input of a bound's Select that carries the scores (1 or 2): the one that is not the fill, a
+    scalar, or else the one produced by an op."""
+    for side in (1, 2):
+        lt = select.inputs[side]
+        other = select.inputs[3 - side]
+        if lt.ndim >= 2 and (other.ndim < 2 or all(d == 1 for d in other.shape)):
+            return side
+    for side in (1, 2):
+        if graph.producer(select.inputs[side].id) is not None:
+            return side
+    raise NoMatch(f"{select.where} selects between no attention scores")
 
 
 def match_sdpa(graph, softmax: Op) -> SdpaMatch:

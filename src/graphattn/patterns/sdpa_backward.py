@@ -1,6 +1,6 @@
 """The SDPA training-backward pattern of the oneDNN Graph spec, matched around each SoftMaxBackward:
 
-    S  = MatMul(Q, K^T) -> [Multiply | Divide by scale] -> [mask: Add | Select | implicit causal Select]
+    S  = MatMul(Q, K^T) -> [Multiply | Divide by scale] -> [mask: Add | Select] -> [key window bound Selects]
     P  = Exp(Subtract(S, stats))
     dV = MatMul(P^T, dO)  (P through [Dropout] [TypeCast]; then [ReduceSum] for 5D GQA)
     dP = MatMul(dO, V^T) -> [Dropout]
@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ops import Op, OpKind
-from .sdpa import SCALE_KINDS, InputChain, NoMatch, _input_chain, _output_chain, check_closed, match_masked_scores
+from .sdpa import (SCALE_KINDS, InputChain, NoMatch, _input_chain, _output_chain, check_closed, unique_ops,
+                   match_masked_scores)
 
 
 @dataclass
@@ -55,7 +56,7 @@ class SdpaBackwardMatch:
     mask: InputChain | None = None
     select_keep_value: bool = True
     select_fill: InputChain | None = None
-    causal: object | None = None                  # CausalSpec
+    bounds: list = field(default_factory=list)    # KeyBound, at most one per side
     casts: list[Op] = field(default_factory=list)  # TypeCasts of P and dS
     dropouts: list[Op] = field(default_factory=list)  # on P and on dP
     dropout_seed: InputChain | None = None
@@ -68,15 +69,14 @@ class SdpaBackwardMatch:
         ops += self.casts + self.dropouts + self.dv.ops() + self.dq.ops() + self.dk.ops()
         for chain in self.input_chains():
             ops += chain.ops
-        if self.causal:
-            ops += self.causal.ops
-        return ops
+        ops += [op for bound in self.bounds for op in [bound.select] + bound.ops]
+        return unique_ops(ops)
 
     def input_chains(self) -> list[InputChain]:
         chains = [self.query, self.key, self.value, self.grad_output, self.stats, self.scale, self.mask,
                   self.select_fill, self.dropout_seed, self.dropout_offset]
-        if self.causal:
-            chains += [self.causal.fill] + [c for c, _ in self.causal.terms]
+        for bound in self.bounds:
+            chains += [bound.fill] + [c for c, _ in bound.terms]
         return [c for c in chains if c is not None]
 
     def output_ids(self) -> list[int]:

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "graphattn/key_window.hpp"
+
 namespace graphattn {
 
 enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2, boolean = 3 };
@@ -76,11 +78,9 @@ struct SdpaForwardArgs {
     bool select_keep_value = true;   // keep where mask == this value
     float select_fill = -__builtin_inff();
 
-    // Implicit causal mask: keep score(i, j) iff j - i <= causal_offset.
-    // Top-left alignment has offset 0, bottom-right has offset Skv - Sq.
-    bool causal = false;
-    int64_t causal_offset = 0;
-    float causal_fill = -__builtin_inff();
+    // The keys each query row sees (graphattn/key_window.hpp); the others
+    // score window.fill.  All keys by default; causal is right = 0.
+    KeyWindow window;
 
     // SoftMax mode: false = "none" (a fully masked row gives NaN),
     // true = "inf_as_zero" (a fully masked row gives 0).
@@ -164,8 +164,8 @@ DType sdpa_dtype_class(const DType* dtypes, int count);
 
 // Name of the kernel build sdpa_forward uses on this machine for inputs of
 // this dtype, query length, key length, batch size (all batch dimensions
-// together: N * Hq) and head size, with or without the implicit causal mask
-// and with no other mask or dropout (for example "amx_bf16", "avx512" or
+// together: N * Hq) and head size, with or without a top-left causal window
+// and with no mask or dropout (for example "amx_bf16", "avx512" or
 // "portable").
 const char* sdpa_forward_isa(DType input_dtype = DType::f32, int64_t seq_q = 1 << 20, int64_t seq_kv = 1 << 20,
                              int64_t batch = 1, bool causal = false, int64_t head_dim = 64);
