@@ -638,8 +638,7 @@ struct LaneBackward {
     }
 
     // Key blocks per piece of the last wave, at most: kKeyBlocksAtOnce, or one where later rows see more
-    // keys (a causal window), since pieces of several blocks then hold unequal work (16-core Xeon, causal pieces of four
-    // against one: 0.98-1.00x).
+    // keys (a causal window), since pieces of several blocks then hold unequal work.
     static int64_t max_piece_blocks(const SdpaForwardArgs& a) {
         return later_rows_see_more(a) ? 1 : kKeyBlocksAtOnce;
     }
