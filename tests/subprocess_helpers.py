@@ -1,18 +1,21 @@
-"""Helper for tests whose setting is fixed at import or thread start (GRAPHATTN_ISA, OMP_NUM_THREADS, ...)."""
+"""Helper for tests whose setting is fixed at thread start (OMP_NUM_THREADS) or that read a fresh process's log."""
 import os
 import subprocess
 import sys
 
 
-def run_python_logged(script: str, **env: str) -> tuple[str, str]:
-    """Runs `script` in a fresh Python with these environment variables added; asserts it exits 0 and returns
-    its standard output and standard error (where the verbose log goes)."""
+def run_python_logged(script: str, kernel: str | None = None, **env: str) -> tuple[str, str]:
+    """Runs `script` in a fresh Python with these environment variables added, the kernel candidate `kernel`
+    forced on both passes where given (graphattn.force_kernel); asserts it exits 0 and returns its standard
+    output and standard error (where the verbose log goes)."""
+    if kernel is not None:
+        script = f"import graphattn\ngraphattn.force_kernel({kernel!r})\n" + script
     result = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, **env), capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr
     return result.stdout, result.stderr
 
 
-def run_python(script: str, **env: str) -> str:
+def run_python(script: str, kernel: str | None = None, **env: str) -> str:
     """run_python_logged's standard output alone."""
-    return run_python_logged(script, **env)[0]
+    return run_python_logged(script, kernel, **env)[0]

@@ -294,7 +294,7 @@ for name, (q_shape, k_shape, args) in CASES.items():
 def lane_backward_plans(cases: dict) -> dict:
     """Runs each f32 case's backward on the vector build with two threads, checking its gradients against the
     reference, and returns each case's key pass layout from the verbose log as a dict of its fields."""
-    _, log = run_python_logged(f"CASES = {cases!r}\n" + LANE_PLAN_SCRIPT, GRAPHATTN_ISA="avx512",
+    _, log = run_python_logged(f"CASES = {cases!r}\n" + LANE_PLAN_SCRIPT, "avx512",
                                OMP_NUM_THREADS="2")
     plans = {}
     name_of = iter(cases)
@@ -370,7 +370,7 @@ def test_bf16_pair_products_on_the_vector_build():
         "        if w is not None:\n"
         "            assert_grad_close(g, w, 'bf16', name + ' ' + what)\n"
         "    print(name, file=sys.stderr)\n")
-    _, log = run_python_logged(script, GRAPHATTN_ISA="avx512", OMP_NUM_THREADS="2")
+    _, log = run_python_logged(script, "avx512", OMP_NUM_THREADS="2")
     layouts = {}
     name_of = iter(cases)
     for line in log.splitlines():  # each case's backward compile line comes before its name

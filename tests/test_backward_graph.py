@@ -73,8 +73,8 @@ def test_verbose_names_the_backward_kernel(dtype, capsys, rng):
     assert f"isa={isa},why=" in err and ",kv_items=" in err
     if isa.startswith("amx"):
         assert f"why={dtype} with both sequences from" in err
-    elif dtype == "f32" and ga.backward_isa("bf16", 70, 90).startswith("amx"):
-        assert "why=f32: FMAs beat five products on split tiles" in err
+    else:  # no AMX candidate takes f32; one that could run the call but declines says why
+        assert f"isa={isa},why=a vector build runs every call," in err or " declines: " in err
 
 
 def test_dk_per_query_head_falls_back_to_the_reference(rng):

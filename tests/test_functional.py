@@ -219,12 +219,12 @@ def test_f32_on_split_tiles_is_as_accurate_as_f32_arithmetic():
     if ga.forward_isa("f32") != "amx_bf16x6":
         pytest.skip("f32 runs on the vector build here")
     runs = {}
-    for isa in ("amx", "avx512"):
-        out = run_python(F32_ERROR_SCRIPT, GRAPHATTN_ISA=isa, OMP_NUM_THREADS="2")  # 8 heads fill 2 threads' items
-        runs[isa] = [line.split() for line in out.splitlines()]
-    assert {name for name, _ in runs["amx"]} == {"amx_bf16x6"}
+    for kernel in ("amx_bf16x6", "avx512"):
+        out = run_python(F32_ERROR_SCRIPT, kernel, OMP_NUM_THREADS="2")  # 8 heads fill 2 threads' items
+        runs[kernel] = [line.split() for line in out.splitlines()]
+    assert {name for name, _ in runs["amx_bf16x6"]} == {"amx_bf16x6"}
     assert {name for name, _ in runs["avx512"]} == {"avx512"}
-    for (_, split_error), (_, vector_error) in zip(runs["amx"], runs["avx512"]):
+    for (_, split_error), (_, vector_error) in zip(runs["amx_bf16x6"], runs["avx512"]):
         assert float(split_error) <= 2 * float(vector_error) + 1e-7
 
 
@@ -254,7 +254,7 @@ def test_scores_climbing_past_the_running_max():
     builds = (("portable", set()), ("avx2", {"avx2", "fma", "f16c"}), ("avx512", {"avx512f", "avx512bw"}))
     for isa, needs in builds:
         if needs <= features:
-            assert run_python(CLIMBING_SCORES_SCRIPT, GRAPHATTN_ISA=isa).strip() == isa
+            assert run_python(CLIMBING_SCORES_SCRIPT, isa).strip() == isa
 
 
 BF16_ROW_LAYOUT_CASES = ("gqa", "mqa", "row_layout_packed_keys", "row_layout_16_rows", "tiles_short_query_gqa")
@@ -275,7 +275,7 @@ def test_bf16_row_layout_on_the_vector_build():
         "    got = ga.scaled_dot_product_attention(*arrays, **args)\n"
         "    assert_close(got, sdpa_reference(*arrays, **args), 'bf16', name)\n"
         "print(ga.forward_isa('bf16', 12), ga.forward_isa('bf16', 1))\n")
-    twelve_rows, one_row = run_python(script, GRAPHATTN_ISA="avx512").split()
+    twelve_rows, one_row = run_python(script, "avx512").split()
     assert twelve_rows == one_row and not twelve_rows.startswith("amx")  # the vector build, as decode
 
 
@@ -309,7 +309,7 @@ for name, (qs, ks, vs, kwargs, layout, pairs) in cases.items():
 def run_pair_products(seed: int, cases: str) -> tuple[list[bool], list[str]]:
     """Runs pair_products_script on the vector build, two threads (on more, the row layout takes the shorter
     calls, as its items fill the threads); returns the cases' flags and the layouts the log names."""
-    out, log = run_python_logged(pair_products_script(seed, cases), GRAPHATTN_ISA="avx512", OMP_NUM_THREADS="2")
+    out, log = run_python_logged(pair_products_script(seed, cases), "avx512", OMP_NUM_THREADS="2")
     flags = [json.loads(line)[1] for line in out.splitlines() if line.startswith("[")]
     layouts = [line.split(",layout=")[1].split(",")[0] for line in log.splitlines() if ",compile," in line]
     return flags, layouts

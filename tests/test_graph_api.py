@@ -208,7 +208,7 @@ def test_verbose_names_the_kernel_of_each_call(dtype, dropout, seq, heads, capsy
     expected = chosen if dropout == 0.0 else vector_build
     assert f"sdpa_forward_cpu,isa={expected},why=" in err
     if dropout and chosen == amx:
-        assert "why=dropout: the tile kernel does not fuse it" in err
+        assert f"why={amx} declines: dropout: the tile kernel does not fuse it;" in err
     assert f"layout={'tiles' if expected == amx else ''}" in err
 
 

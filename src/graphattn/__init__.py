@@ -23,6 +23,7 @@ from .ops import Op, OpKind
 from .partition import CompiledPartition, Partition
 from .tensor import Tensor
 from .verbose import set_verbose
+from .kernel_choice import force_kernel, kernel_candidates
 from . import run, testing  # noqa: F401  (ga.run.run_graph, ga.testing)
 from .run import run_graph
 from .functional import scaled_dot_product_attention
@@ -32,5 +33,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CompiledPartition", "DataType", "Engine", "Graph", "Layout", "LogicalTensor", "Op", "OpKind", "Partition",
-    "Property", "Stream", "Tensor", "backward_isa", "cpu_features", "forward_isa", "run_graph", "scaled_dot_product_attention", "scaled_dot_product_attention_backward", "set_verbose", "thread_count",
+    "Property", "Stream", "Tensor", "backward_isa", "cpu_features", "force_kernel", "forward_isa", "kernel_candidates", "run_graph", "scaled_dot_product_attention", "scaled_dot_product_attention_backward", "set_verbose", "thread_count",
 ]

@@ -7,17 +7,25 @@ import sys
 import graphattn as ga
 
 
+def _table_line(pass_name: str) -> str:
+    """The pass's kernel candidates in the order they are tried, each with whether this CPU runs it."""
+    entries = [f"{name} (not here: {missing})" if missing else f"{name} (runs here)"
+               for name, missing in ga.kernel_candidates(pass_name)]
+    forced = ga.kernel_choice.forced_kernels()[pass_name]
+    return f"{pass_name} kernels, tried in order: {', '.join(entries)}" + (
+        f"; forced: {forced}" if forced != ga.kernel_choice.AUTOMATIC else "")
+
+
 def info() -> str:
     lines = [
         f"graphattn {ga.__version__}",
         f"python {sys.version.split()[0]}",
         f"cpu features: {' '.join(ga.cpu_features()) or '(none beyond the baseline)'}",
         f"openmp threads: {ga.thread_count()}",
-        f"kernels: sdpa_forward_cpu (f32: {ga.forward_isa('f32')}, bf16: {ga.forward_isa('bf16')}, "
-        f"f16: {ga.forward_isa('f16')}), "
-        f"sdpa_backward_cpu (f32: {ga.backward_isa('f32')}, bf16: {ga.backward_isa('bf16')}, "
-        f"f16: {ga.backward_isa('f16')}), "
-        "reference (NumPy, every op)",
+        *(_table_line(pass_name) for pass_name in ("forward", "backward")),
+        f"long calls run: forward (f32: {ga.forward_isa('f32')}, bf16: {ga.forward_isa('bf16')}, "
+        f"f16: {ga.forward_isa('f16')}), backward (f32: {ga.backward_isa('f32')}, bf16: {ga.backward_isa('bf16')}, "
+        f"f16: {ga.backward_isa('f16')}); other ops: reference (NumPy)",
         "sycl devices: none (the SYCL plugin is not part of this build)",
     ]
     return "\n".join(lines)

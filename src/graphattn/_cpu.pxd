@@ -83,6 +83,18 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
     DType sdpa_dtype_class(const DType* dtypes, int count)
 
 
+cdef extern from "graphattn/kernel_table.hpp" namespace "graphattn":
+    cpdef enum class Pass(int32_t):
+        forward
+        backward
+
+    int kernel_candidate_count(Pass p)
+    const char* kernel_candidate_name(Pass p, int index)
+    string kernel_candidate_unavailable(Pass p, int index)
+    Status force_kernel(Pass p, const string& name)
+    string forced_kernel(Pass p)
+
+
 cdef extern from "graphattn/cpu_features.hpp" namespace "graphattn":
     string cpu_features_string()
     int max_threads()

@@ -11,8 +11,9 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from graphattn._cpu cimport (BufferExtent, DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
-                             cpu_features_string, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_plan,
+from graphattn._cpu cimport (BufferExtent, DType, MaskKind, Pass, SdpaBackwardArgs, SdpaForwardArgs, Status,
+                             TensorView, cpu_features_string, force_kernel, forced_kernel, kernel_candidate_count,
+                             kernel_candidate_name, kernel_candidate_unavailable, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_plan,
                              sdpa_dtype_class, sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan)
 
 
@@ -214,6 +215,34 @@ def backward_dispatch_text(batch, int64_t seq_q, int64_t seq_kv, int64_t head_di
                        has_scale, 1.0, window_left, window_right, float("-inf"), float("-inf"), inf_as_zero,
                        dropout_p, 0, 0)
     return sdpa_backward_plan(args).decode()
+
+
+cdef Pass _pass_of(str name) except *:
+    if name == "forward":
+        return Pass.forward
+    if name == "backward":
+        return Pass.backward
+    raise ValueError(f"pass must be 'forward' or 'backward', got {name!r}")
+
+
+def kernel_candidates(str pass_name):
+    """The pass's kernel candidates in the order they are tried: (name, why this CPU cannot run it or "")."""
+    cdef Pass p = _pass_of(pass_name)
+    return [(kernel_candidate_name(p, i).decode(), kernel_candidate_unavailable(p, i).decode())
+            for i in range(kernel_candidate_count(p))]
+
+
+def force(str pass_name, str name):
+    """Forces the named candidate on the pass's later calls in this process ("" for the automatic choice);
+    ValueError for an unknown name or one this CPU cannot run."""
+    cdef Status status = force_kernel(_pass_of(pass_name), name.encode())
+    if not status.ok:
+        raise ValueError(status.message.decode())
+
+
+def forced(str pass_name):
+    """The pass's forced candidate, or "" when the choice is automatic."""
+    return forced_kernel(_pass_of(pass_name)).decode()
 
 
 def cpu_features():

@@ -1,239 +1,43 @@
-// Entry point of the C++ API: validates the arguments, then runs the best
-// kernel build for this CPU.
+// Entry point of the C++ API: validates the arguments, then runs the first
+// kernel candidate of the pass's table that accepts the call.
+//
+// Forward:  amx_bf16 -> amx_bf16x3 -> amx_bf16x6 -> avx512 -> avx2 -> portable
+// Backward: amx_bf16 -> amx_bf16x3 -> avx512 -> avx2 -> portable
+//
+// AMX candidates take one dtype class each (bf16 inputs as they are, f16 and
+// f32 split into 2 or 3 bf16 parts, amx_split.hpp) and decline calls a
+// measured rule gives to the vector builds (docs/performance.md, "Kernel
+// choice"); each vector build runs every call its CPU runs, choosing its own
+// row or lane layout (sdpa_forward_select.hpp).  One table drives execution,
+// the verbose log (sdpa_forward_plan) and `python -m graphattn info`.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
+#include <atomic>
 #include <string>
 
 #include "graphattn/cpu_features.hpp"
+#include "graphattn/kernel_table.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
 namespace {
 
-using ForwardFn = Status (*)(const SdpaForwardArgs&);
-using BackwardFn = Status (*)(const SdpaBackwardArgs&);
-using PlanFn = std::string (*)(const SdpaForwardArgs&);
-using BackwardPlanFn = std::string (*)(const SdpaBackwardArgs&);
-
-struct ForwardKernel {
-    const char* isa;
-    ForwardFn run;
-    BackwardFn run_backward;
-    PlanFn plan;                    // the forward's work layout (isa_entry_points.hpp)
-    BackwardPlanFn plan_backward;   // the backward's
-};
-
-// GRAPHATTN_ISA=portable|avx2|avx512|amx caps the choice (for testing each build); read once, as the
-// vector build is chosen once (every forward call on a CPU without AMX asks for the reason).
-const std::string& isa_cap() {
-    static const std::string cap = [] {
-        const char* value = std::getenv("GRAPHATTN_ISA");
-        return std::string(value ? value : "");
-    }();
-    return cap;
-}
-
-// The best vector build for this CPU; it runs every dtype.
-ForwardKernel choose_vector_kernel() {
-    const std::string& limit = isa_cap();
-#if defined(GRAPHATTN_HAVE_X86_ISAS)
-    const CpuFeatures& f = cpu_features();
-    const bool allow_avx512 = limit.empty() || limit == "amx" || limit == "avx512";
-    const bool allow_avx2 = allow_avx512 || limit == "avx2";
-    if (allow_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.f16c)
-        return {"avx512", sdpa_forward_avx512, sdpa_backward_avx512, sdpa_forward_plan_avx512,
-                sdpa_backward_plan_avx512};
-    if (allow_avx2 && f.avx2 && f.fma && f.f16c)
-        return {"avx2", sdpa_forward_avx2, sdpa_backward_avx2, sdpa_forward_plan_avx2, sdpa_backward_plan_avx2};
-#endif
-    return {"portable", sdpa_forward_portable, sdpa_backward_portable, sdpa_forward_plan_portable,
-            sdpa_backward_plan_portable};
-}
-
-const ForwardKernel& vector_kernel() {
-    static const ForwardKernel chosen = choose_vector_kernel();
-    return chosen;
-}
-
-bool amx_allowed() {
-#if defined(GRAPHATTN_HAVE_X86_ISAS)
-    static const bool allowed = [] {
-        const std::string& limit = isa_cap();
-        return (limit.empty() || limit == "amx") && amx_bf16_usable();
-    }();
-    return allowed;
-#else
-    return false;
-#endif
-}
-
-#if defined(GRAPHATTN_HAVE_X86_ISAS)
-// The AMX forward on inputs split into `Parts` bf16 parts (1: bf16 inputs),
-// or the vector build where it declines (infinities in split inputs).
-template <int Parts>
-Status forward_amx_or_vector(const SdpaForwardArgs& args) {
-    return sdpa_forward_amx(args, Parts) ? Status::success() : vector_kernel().run(args);
-}
-
-template <int Parts>
-std::string forward_amx_plan(const SdpaForwardArgs& args) {
-    return sdpa_forward_plan_amx(args, Parts);
-}
-#endif
-
-// Why a forward call runs where it does, for the verbose log (no commas).
-const char* vector_build_reason() {
-    if (!isa_cap().empty()) return "GRAPHATTN_ISA caps the choice";
-#if defined(GRAPHATTN_HAVE_X86_ISAS)
-    return "no usable AMX-BF16 on this CPU";
-#else
-    return "no x86 builds in this library";
-#endif
-}
-
-// AMX tiles take bf16 Q, K and V, or f16 and f32 ones split into two or three
-// bf16 parts (three or six bf16 products in place of one; amx_split.hpp), in
-// blocks of query rows; short query sequences (decode) stay on the vector
-// build's row layout, each dtype from its own length on (below).
-//
-// bf16 tiles of 16 rows beat the row layout's AVX512-BF16 dot products from
-// 6 query rows on, though most of each tile is padding (16-core Xeon,
-// in-process A/B, (2,16,16,Sq,768,D): 6-8 rows 1.21-1.24x, 12-15 rows
-// 1.99-2.21x, 4 rows 0.90x; GQA (1,Hq,Hkv,8..12,2048,D) 1.19-2.08x, but for
-// (1,32,8,8,4096,128), whose 32 rows per K/V head fill the lanes, 0.93x).
+// The rules the AMX candidates decline calls by.  bf16 tiles hold 16 query
+// rows; under kAmxBf16MinQueryRows most of a tile is padding and the row
+// layout's dot products win.  f16 takes three tile products per product and
+// f32 six, so they need more rows (and f32 more scores and longer work items,
+// each item packing its K/V once for its rows) before tiles beat FMAs.
 constexpr int64_t kAmxBf16MinQueryRows = 6;
-
-// bf16 parts per value of a dtype class on AMX tiles.
-int amx_parts(DType dtype_class) { return dtype_class == DType::bf16 ? 1 : (dtype_class == DType::f16 ? 2 : 3); }
-
-// f32 on tiles takes six products per product, and each work item splits
-// the K/V blocks it reads into parts.  On short sequences the vector build's
-// FMAs are faster (2-core Xeon with AMX, f32 (8,16,128,128,64): 0.83x on
-// tiles; (16,16,64,64,64): 0.87x; (1,16,32,4096,128): 0.83x; from 64 query
-// rows and 192 x 192 scores on, tiles win: 1.05-1.7x), and so they are where
-// the items are small, each packing its K/V for few rows (16-core Xeon,
-// 64-row items (1,2,2048,64): 0.81x, (1,8,1000,80): 0.72x; 256-row items
-// (1,16,1024,64): 1.0x, causal (1,16,2048,128): 1.2x; 512-row items
-// (1,16,2048,128): 1.22x).  Short query sequences that make whole items
-// are no exception (16-core Xeon, in-process A/B, vector build against tiles:
-// (1,H,64,768,D) for H = 1..32, D = 80 or 256: 1.20-1.51x; causal
-// (4,16,80,512,64) 1.30x; only (1,1,64,4096,128), split keys, 0.89x).
-constexpr int64_t kAmxF32MinScores = 192 * 192;
-constexpr int64_t kAmxF32MinItemRows = 256;
-
-// f16 on tiles takes three products per product, in tiles of 16 query rows;
-// below 32 rows the vector build's row layout (no padding rows, f16 K and V
-// widened as read) is the faster (16-core Xeon, separate processes, medians
-// of three: (1,H,17,Skv,D) and GQA (1,32,8,17,768,80) 1.31-1.67x; 20 and 24
-// rows 0.96-1.2x; 32 rows 0.8-1.27x; from 48 rows on, tiles 1.16-2.1x).
 constexpr int64_t kAmxF16MinQueryRows = 32;
+constexpr int64_t kAmxF32MinScoreSide = 192;
+constexpr int64_t kAmxF32MinItemRows = 256;
+// The AMX backward computes 64-row chunks against 64-key blocks; below these
+// lengths most of them is padding.  f16 needs more, each product taking
+// three tile passes.
+constexpr int64_t kAmxBackwardBf16MinLength = 48;
+constexpr int64_t kAmxBackwardF16MinLength = 64;
 
-// Whether a forward call runs on AMX tiles; `args` gives its lengths, batch
-// and mask (data is not read).  `why` gets the rule that decided.
-bool forward_runs_on_amx(DType dtype_class, const SdpaForwardArgs& args, const char** why) {
-    if (!amx_allowed()) {
-        *why = vector_build_reason();
-        return false;
-    }
-    if (dtype_class == DType::bf16) {
-        const bool tiles = args.seq_q >= kAmxBf16MinQueryRows;
-        *why = tiles ? "bf16 from 6 query rows on tiles" : "bf16 under 6 query rows: the vector build's row layout";
-        return tiles;
-    }
-    if (dtype_class == DType::f16) {
-        const bool tiles = args.seq_q >= kAmxF16MinQueryRows;
-        *why = tiles ? "f16 from 32 query rows on tiles" : "f16 under 32 query rows: the vector build's row layout";
-        return tiles;
-    }
-    if (args.seq_q * args.seq_kv < kAmxF32MinScores) {
-        *why = "f32 under 192 x 192 scores: FMAs beat six tile products per product";
-        return false;
-    }
-    if (sdpa_forward_amx_item_rows(args) < kAmxF32MinItemRows) {
-        *why = "f32 work items under 256 query rows: FMAs beat six tile products per product";
-        return false;
-    }
-    *why = "f32 work items of 256 query rows or more on tiles";
-    return true;
-}
-
-// A call's shape for the kernel choice alone: `batch` batch indices, no mask
-// but a top-left causal window if asked.
-SdpaForwardArgs shape_only_args(int64_t batch, int64_t seq_q, int64_t seq_kv, bool causal, int64_t head_dim) {
-    SdpaForwardArgs args;
-    args.batch[0] = batch;
-    args.batch[1] = args.batch[2] = 1;
-    args.seq_q = seq_q;
-    args.seq_kv = seq_kv;
-    args.head_dim_qk = args.head_dim_v = head_dim;
-    if (causal) args.window.right = 0;
-    return args;
-}
-
-// The AMX backward computes whole 64-row chunks against 64-key blocks, from
-// bf16 or f16 inputs.  f32 stays on the vector build: split into three bf16
-// parts, all five products on tiles ran at 0.48-0.77x of it, and S and dP
-// alone on tiles (the gradient products on FMAs) at 0.72-0.90x (2-core Xeon
-// with AMX; the FMA products themselves slowed beside the tiles).  Below
-// these query rows or keys most of that work is padding and the vector build
-// is faster (2-core Xeon with AMX, bf16 (64,16,17,64): 3.7x; f16 needs more,
-// each of its products taking three tile passes).
-int64_t amx_backward_min_length(DType dtype_class) { return dtype_class == DType::f16 ? 64 : 48; }
-
-// Whether a backward call runs on AMX tiles; `why` gets the rule that decided.
-bool backward_runs_on_amx(DType dtype_class, int64_t seq_q, int64_t seq_kv, const char** why = nullptr) {
-    const char* reason;
-    bool tiles = false;
-    if (!amx_allowed()) reason = vector_build_reason();
-    else if (dtype_class == DType::f32) reason = "f32: FMAs beat five products on split tiles";
-    else if (std::min(seq_q, seq_kv) < amx_backward_min_length(dtype_class))
-        reason = dtype_class == DType::f16 ? "f16 with a sequence under 64: mostly padding on tiles"
-                                           : "bf16 with a sequence under 48: mostly padding on tiles";
-    else {
-        tiles = true;
-        reason = dtype_class == DType::f16 ? "f16 with both sequences from 64 on tiles"
-                                           : "bf16 with both sequences from 48 on tiles";
-    }
-    if (why) *why = reason;
-    return tiles;
-}
-
-// The AMX build's name for a dtype class: its bf16 products per product.
-const char* amx_build_name(DType dtype_class) {
-    const int parts = amx_parts(dtype_class);
-    return parts == 1 ? "amx_bf16" : (parts == 2 ? "amx_bf16x3" : "amx_bf16x6");
-}
-
-struct ForwardChoice {
-    ForwardKernel kernel;
-    const char* why;  // the rule that chose it (forward_runs_on_amx)
-};
-
-// The AMX forward has no fused dropout yet: calls with dropout run on the vector build.
-ForwardChoice choose_forward(DType input_dtype, const SdpaForwardArgs& args) {
-#if defined(GRAPHATTN_HAVE_X86_ISAS)
-    const char* why = nullptr;
-    const bool tiles = forward_runs_on_amx(input_dtype, args, &why);
-    if (tiles && args.dropout_p == 0.0f) {
-        static constexpr ForwardFn kByParts[] = {forward_amx_or_vector<1>, forward_amx_or_vector<2>,
-                                                 forward_amx_or_vector<3>};
-        static constexpr PlanFn kPlanByParts[] = {forward_amx_plan<1>, forward_amx_plan<2>, forward_amx_plan<3>};
-        const int parts = amx_parts(input_dtype);
-        return {{amx_build_name(input_dtype), kByParts[parts - 1], nullptr, kPlanByParts[parts - 1], nullptr}, why};
-    }
-    return {vector_kernel(), tiles ? "dropout: the tile kernel does not fuse it" : why};
-#else
-    (void)input_dtype;
-    (void)args;
-    return {vector_kernel(), vector_build_reason()};
-#endif
-}
-
-ForwardKernel forward_kernel_for(DType input_dtype, const SdpaForwardArgs& args) {
-    return choose_forward(input_dtype, args).kernel;
-}
+std::string str(int64_t value) { return std::to_string(value); }
 
 // Q, K and V's class.
 DType forward_dtype_class(const SdpaForwardArgs& args) {
@@ -241,11 +45,246 @@ DType forward_dtype_class(const SdpaForwardArgs& args) {
     return sdpa_dtype_class(dtypes, 3);
 }
 
-// Q, K, V and dO's class (the AMX backward fuses dropout).
+// Q, K, V and dO's class.
 DType backward_dtype_class(const SdpaBackwardArgs& args) {
     const SdpaForwardArgs& a = args.forward;
     const DType dtypes[] = {a.query.dtype, a.key.dtype, a.value.dtype, args.grad_output.dtype};
     return sdpa_dtype_class(dtypes, 4);
+}
+
+const char* dtype_class_name(DType dtype_class) {
+    return dtype_class == DType::bf16 ? "bf16" : (dtype_class == DType::f16 ? "f16" : "f32");
+}
+
+// bf16 parts per value of a dtype class on AMX tiles.
+int amx_parts(DType dtype_class) { return dtype_class == DType::bf16 ? 1 : (dtype_class == DType::f16 ? 2 : 3); }
+
+// ---- What each candidate needs of the CPU ------------------------------------------------------------------
+
+std::string amx_unavailable() {
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+    return amx_bf16_usable() ? "" : "no usable AMX-BF16 on this CPU";
+#else
+    return "no x86 builds in this library";
+#endif
+}
+
+std::string avx512_unavailable() {
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+    const CpuFeatures& f = cpu_features();
+    return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.f16c ? "" : "no AVX-512 F/BW/VL/DQ with F16C";
+#else
+    return "no x86 builds in this library";
+#endif
+}
+
+std::string avx2_unavailable() {
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+    const CpuFeatures& f = cpu_features();
+    return f.avx2 && f.fma && f.f16c ? "" : "no AVX2 with FMA and F16C";
+#else
+    return "no x86 builds in this library";
+#endif
+}
+
+std::string portable_unavailable() { return ""; }
+
+// ---- Candidates ---------------------------------------------------------------------------------------------
+
+// One row of a pass's table; Args is SdpaForwardArgs or SdpaBackwardArgs.
+template <class Args>
+struct Candidate {
+    const char* name;
+    std::string (*unavailable)();              // "" where this CPU runs it
+    Verdict (*verdict)(const Args& args);      // its answer to a call
+    bool (*run)(const Args& args);             // false: declined at run time; the next candidate runs
+    std::string (*plan)(const Args& args);     // its work layout, for the log
+};
+using ForwardCandidate = Candidate<SdpaForwardArgs>;
+using BackwardCandidate = Candidate<SdpaBackwardArgs>;
+
+// A vector build: every dtype, every feature, where its CPU runs it.
+template <class Args, std::string (*Unavailable)()>
+Verdict vector_verdict(const Args&) {
+    const std::string missing = Unavailable();
+    if (!missing.empty()) return {Fit::cannot, missing};
+    return {Fit::accepts, "a vector build runs every call"};
+}
+
+template <class Args, Status (*Run)(const Args&)>
+bool run_vector(const Args& args) {
+    return Run(args).ok;
+}
+
+template <class Args, std::string (*Unavailable)(), Status (*Run)(const Args&), std::string (*Plan)(const Args&)>
+constexpr Candidate<Args> vector_candidate(const char* name) {
+    return {name, Unavailable, vector_verdict<Args, Unavailable>, run_vector<Args, Run>, Plan};
+}
+
+using FA = SdpaForwardArgs;
+using BA = SdpaBackwardArgs;
+constexpr ForwardCandidate kPortableForward =
+    vector_candidate<FA, portable_unavailable, sdpa_forward_portable, sdpa_forward_plan_portable>("portable");
+constexpr BackwardCandidate kPortableBackward =
+    vector_candidate<BA, portable_unavailable, sdpa_backward_portable, sdpa_backward_plan_portable>("portable");
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+constexpr ForwardCandidate kAvx512Forward =
+    vector_candidate<FA, avx512_unavailable, sdpa_forward_avx512, sdpa_forward_plan_avx512>("avx512");
+constexpr BackwardCandidate kAvx512Backward =
+    vector_candidate<BA, avx512_unavailable, sdpa_backward_avx512, sdpa_backward_plan_avx512>("avx512");
+constexpr ForwardCandidate kAvx2Forward =
+    vector_candidate<FA, avx2_unavailable, sdpa_forward_avx2, sdpa_forward_plan_avx2>("avx2");
+constexpr BackwardCandidate kAvx2Backward =
+    vector_candidate<BA, avx2_unavailable, sdpa_backward_avx2, sdpa_backward_plan_avx2>("avx2");
+#endif
+
+// ---- Forward candidates ------------------------------------------------------------------------------------
+
+// The AMX forward on `Parts` bf16 parts per value.
+template <int Parts>
+Verdict amx_forward_verdict(const SdpaForwardArgs& args) {
+    const DType dtype = forward_dtype_class(args);
+    if (amx_parts(dtype) != Parts)
+        return {Fit::other_dtype, std::string("takes ") + (Parts == 1 ? "bf16" : (Parts == 2 ? "f16" : "f32")) +
+                                      " inputs and these are " + dtype_class_name(dtype)};
+    const std::string missing = amx_unavailable();
+    if (!missing.empty()) return {Fit::cannot, missing};
+    if (args.dropout_p != 0.0f) return {Fit::cannot, "dropout: the tile kernel does not fuse it"};
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+    if (Parts == 1) {
+        if (args.seq_q < kAmxBf16MinQueryRows)
+            return {Fit::slower, "bf16 under " + str(kAmxBf16MinQueryRows) + " query rows: mostly padding on tiles"};
+        return {Fit::accepts, "bf16 from " + str(kAmxBf16MinQueryRows) + " query rows on tiles"};
+    }
+    if (Parts == 2) {
+        if (args.seq_q < kAmxF16MinQueryRows)
+            return {Fit::slower, "f16 under " + str(kAmxF16MinQueryRows) + " query rows: three tile products each"};
+        return {Fit::accepts, "f16 from " + str(kAmxF16MinQueryRows) + " query rows on tiles"};
+    }
+    const std::string side = str(kAmxF32MinScoreSide);
+    if (args.seq_q * args.seq_kv < kAmxF32MinScoreSide * kAmxF32MinScoreSide)
+        return {Fit::slower, "f32 under " + side + " x " + side + " scores: FMAs beat six tile products per product"};
+    if (sdpa_forward_amx_item_rows(args) < kAmxF32MinItemRows)
+        return {Fit::slower, "f32 work items under " + str(kAmxF32MinItemRows) +
+                                 " query rows: FMAs beat six tile products per product"};
+    return {Fit::accepts, "f32 work items of " + str(kAmxF32MinItemRows) + " query rows or more on tiles"};
+#else
+    return {Fit::cannot, "no x86 builds in this library"};
+#endif
+}
+
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+template <int Parts>
+bool run_amx_forward(const SdpaForwardArgs& args) {
+    return sdpa_forward_amx(args, Parts);
+}
+
+template <int Parts>
+std::string plan_amx_forward(const SdpaForwardArgs& args) {
+    return sdpa_forward_plan_amx(args, Parts);
+}
+#endif
+
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+const ForwardCandidate kForwardCandidates[] = {
+    {"amx_bf16", amx_unavailable, amx_forward_verdict<1>, run_amx_forward<1>, plan_amx_forward<1>},
+    {"amx_bf16x3", amx_unavailable, amx_forward_verdict<2>, run_amx_forward<2>, plan_amx_forward<2>},
+    {"amx_bf16x6", amx_unavailable, amx_forward_verdict<3>, run_amx_forward<3>, plan_amx_forward<3>},
+    kAvx512Forward,
+    kAvx2Forward,
+    kPortableForward,
+};
+#else
+const ForwardCandidate kForwardCandidates[] = {kPortableForward};
+#endif
+
+// ---- Backward candidates -----------------------------------------------------------------------------------
+
+// The AMX backward on `Parts` bf16 parts per value; f32 has none (its five
+// products on split tiles ran slower than the FMAs).
+template <int Parts>
+Verdict amx_backward_verdict(const SdpaBackwardArgs& args) {
+    const DType dtype = backward_dtype_class(args);
+    if (amx_parts(dtype) != Parts)
+        return {Fit::other_dtype, std::string("takes ") + (Parts == 1 ? "bf16" : "f16") + " inputs and these are " +
+                                      dtype_class_name(dtype)};
+    const std::string missing = amx_unavailable();
+    if (!missing.empty()) return {Fit::cannot, missing};
+    const int64_t min_length = Parts == 1 ? kAmxBackwardBf16MinLength : kAmxBackwardF16MinLength;
+    const SdpaForwardArgs& a = args.forward;
+    const std::string name = dtype_class_name(dtype);
+    if (std::min(a.seq_q, a.seq_kv) < min_length)
+        return {Fit::slower, name + " with a sequence under " + str(min_length) + ": mostly padding on tiles"};
+    return {Fit::accepts, name + " with both sequences from " + str(min_length) + " on tiles"};
+}
+
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+template <int Parts>
+bool run_amx_backward(const SdpaBackwardArgs& args) {
+    return sdpa_backward_amx(args, Parts);
+}
+#endif
+
+#if defined(GRAPHATTN_HAVE_X86_ISAS)
+const BackwardCandidate kBackwardCandidates[] = {
+    {"amx_bf16", amx_unavailable, amx_backward_verdict<1>, run_amx_backward<1>, sdpa_backward_plan_amx},
+    {"amx_bf16x3", amx_unavailable, amx_backward_verdict<2>, run_amx_backward<2>, sdpa_backward_plan_amx},
+    kAvx512Backward,
+    kAvx2Backward,
+    kPortableBackward,
+};
+#else
+const BackwardCandidate kBackwardCandidates[] = {kPortableBackward};
+#endif
+
+template <class Table, size_t N>
+constexpr int table_size(const Table (&)[N]) {
+    return int(N);
+}
+
+constexpr int kForwardCount = table_size(kForwardCandidates);
+constexpr int kBackwardCount = table_size(kBackwardCandidates);
+
+int candidate_count(Pass pass) { return pass == Pass::forward ? kForwardCount : kBackwardCount; }
+
+// The forced candidate of each pass, or -1 (force_kernel).
+std::atomic<int> forced_index[2] = {{-1}, {-1}};
+
+// ---- The choice --------------------------------------------------------------------------------------------
+
+// The candidate that runs a call, with the rules that decided: every earlier
+// candidate's decline (but those built for another dtype class), then the
+// chosen one's own.  index < 0 where a forced candidate cannot run the call.
+struct Choice {
+    int index = -1;
+    std::string why;
+};
+
+template <class Candidate, class Args, int N>
+Choice choose(const Candidate (&table)[N], Pass pass, const Args& args, int first = 0) {
+    Choice choice;
+    const int forced = forced_index[int(pass)].load(std::memory_order_relaxed);
+    if (forced >= 0 && first == 0) {
+        const Verdict v = table[forced].verdict(args);
+        choice.why = std::string("forced (") + v.reason + ")";
+        if (v.runs()) choice.index = forced;
+        return choice;
+    }
+    for (int i = first; i < N; ++i) {
+        const Verdict v = table[i].verdict(args);
+        if (v.fit == Fit::accepts) {
+            choice.index = i;
+            choice.why += v.reason;
+            return choice;
+        }
+        if (v.fit != Fit::other_dtype) choice.why += std::string(table[i].name) + " declines: " + v.reason + "; ";
+    }
+    return choice;  // unreachable: portable accepts every call
+}
+
+Status forced_cannot_run(Pass pass, const char* name, const std::string& why) {
+    return Status::error(std::string(pass == Pass::forward ? "forward" : "backward") + " kernel " + name +
+                         " is forced but cannot run this call: " + why);
 }
 
 }  // namespace
@@ -260,11 +299,65 @@ DType sdpa_dtype_class(const DType* dtypes, int count) {
     return all_bf16 ? DType::bf16 : DType::f16;
 }
 
+int kernel_candidate_count(Pass pass) { return candidate_count(pass); }
+
+const char* kernel_candidate_name(Pass pass, int index) {
+    if (index < 0 || index >= candidate_count(pass)) return "";
+    return pass == Pass::forward ? kForwardCandidates[index].name : kBackwardCandidates[index].name;
+}
+
+std::string kernel_candidate_unavailable(Pass pass, int index) {
+    if (index < 0 || index >= candidate_count(pass)) return "no such candidate";
+    return pass == Pass::forward ? kForwardCandidates[index].unavailable() : kBackwardCandidates[index].unavailable();
+}
+
+Verdict forward_candidate_verdict(int index, const SdpaForwardArgs& args) {
+    if (index < 0 || index >= kForwardCount) return {Fit::cannot, "no such candidate"};
+    return kForwardCandidates[index].verdict(args);
+}
+
+Verdict backward_candidate_verdict(int index, const SdpaBackwardArgs& args) {
+    if (index < 0 || index >= kBackwardCount) return {Fit::cannot, "no such candidate"};
+    return kBackwardCandidates[index].verdict(args);
+}
+
+Status force_kernel(Pass pass, const std::string& name) {
+    if (name.empty()) {
+        forced_index[int(pass)].store(-1);
+        return Status::success();
+    }
+    std::string known;
+    for (int i = 0; i < candidate_count(pass); ++i) {
+        const char* candidate = kernel_candidate_name(pass, i);
+        if (name == candidate) {
+            const std::string missing = kernel_candidate_unavailable(pass, i);
+            if (!missing.empty())
+                return Status::error("kernel " + name + " cannot run on this CPU: " + missing);
+            forced_index[int(pass)].store(i);
+            return Status::success();
+        }
+        known += (i ? ", " : "") + std::string(candidate);
+    }
+    return Status::error("unknown " + std::string(pass == Pass::forward ? "forward" : "backward") + " kernel '" +
+                         name + "': the candidates are " + known);
+}
+
+std::string forced_kernel(Pass pass) {
+    const int index = forced_index[int(pass)].load();
+    return index < 0 ? "" : kernel_candidate_name(pass, index);
+}
+
 Status sdpa_forward(const SdpaForwardArgs& args) {
     Status status = check_forward_args(args);
     if (!status.ok) return status;
     if (args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0) return status;
-    return forward_kernel_for(forward_dtype_class(args), args).run(args);
+    Choice choice = choose(kForwardCandidates, Pass::forward, args);
+    if (choice.index < 0) return forced_cannot_run(Pass::forward, kernel_candidate_name(Pass::forward,
+                                                   forced_index[0].load()), choice.why);
+    // A candidate that declines at run time (split inputs holding an infinity) leaves the call to the next.
+    while (!kForwardCandidates[choice.index].run(args))
+        choice = choose(kForwardCandidates, Pass::forward, args, choice.index + 1);
+    return status;
 }
 
 Status sdpa_backward(const SdpaBackwardArgs& args) {
@@ -272,48 +365,68 @@ Status sdpa_backward(const SdpaBackwardArgs& args) {
     if (!status.ok) return status;
     const SdpaForwardArgs& a = args.forward;
     if (a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return status;
-    const DType dtype = backward_dtype_class(args);
-#if defined(GRAPHATTN_HAVE_X86_ISAS)
-    // The split build declines inputs holding an infinity; the vector build then runs.
-    if (backward_runs_on_amx(dtype, a.seq_q, a.seq_kv) && sdpa_backward_amx(args, amx_parts(dtype))) return status;
-#endif
-    (void)dtype;
-    return vector_kernel().run_backward(args);
+    Choice choice = choose(kBackwardCandidates, Pass::backward, args);
+    if (choice.index < 0) return forced_cannot_run(Pass::backward, kernel_candidate_name(Pass::backward,
+                                                   forced_index[1].load()), choice.why);
+    while (!kBackwardCandidates[choice.index].run(args))
+        choice = choose(kBackwardCandidates, Pass::backward, args, choice.index + 1);
+    return status;
 }
 
+namespace {
+
+// A call's shape for the kernel choice alone: `batch` batch indices, no mask
+// but a top-left causal window if asked.
+SdpaForwardArgs shape_only_args(DType dtype_class, int64_t batch, int64_t seq_q, int64_t seq_kv, bool causal,
+                                int64_t head_dim) {
+    SdpaForwardArgs args;
+    args.batch[0] = batch;
+    args.batch[1] = args.batch[2] = 1;
+    args.seq_q = seq_q;
+    args.seq_kv = seq_kv;
+    args.head_dim_qk = args.head_dim_v = head_dim;
+    args.query.dtype = args.key.dtype = args.value.dtype = dtype_class;
+    if (causal) args.window.right = 0;
+    return args;
+}
+
+const char* chosen_name(Pass pass, const Choice& choice) {
+    return choice.index < 0 ? "none" : kernel_candidate_name(pass, choice.index);
+}
+
+}  // namespace
+
 const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv) {
-    if (backward_runs_on_amx(input_dtype, seq_q, seq_kv)) return amx_build_name(input_dtype);
-    return vector_kernel().isa;
+    SdpaBackwardArgs args;
+    args.forward = shape_only_args(input_dtype, 1, seq_q, seq_kv, false, 64);
+    args.grad_output.dtype = input_dtype;
+    return chosen_name(Pass::backward, choose(kBackwardCandidates, Pass::backward, args));
 }
 
 std::string sdpa_backward_plan(const SdpaBackwardArgs& args) {
+    const Choice choice = choose(kBackwardCandidates, Pass::backward, args);
+    const std::string head = std::string("isa=") + chosen_name(Pass::backward, choice) + ",why=" + choice.why + ",";
     const SdpaForwardArgs& a = args.forward;
-    const DType dtype = backward_dtype_class(args);
-    const char* why = nullptr;
-    const bool tiles = backward_runs_on_amx(dtype, a.seq_q, a.seq_kv, &why);
-    const std::string head =
-        std::string("isa=") + (tiles ? amx_build_name(dtype) : vector_kernel().isa) + ",why=" + why + ",";
-    if (a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return head + "layout=none";  // no keys
-#if defined(GRAPHATTN_HAVE_X86_ISAS)
-    if (tiles) return head + sdpa_backward_plan_amx(args);
-#endif
-    return head + vector_kernel().plan_backward(args);
+    if (choice.index < 0 || a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return head + "layout=none";
+    return head + kBackwardCandidates[choice.index].plan(args);
 }
 
 const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, int64_t batch, bool causal,
                              int64_t head_dim) {
-    return forward_kernel_for(input_dtype, shape_only_args(batch, seq_q, seq_kv, causal, head_dim)).isa;
+    const SdpaForwardArgs args = shape_only_args(input_dtype, batch, seq_q, seq_kv, causal, head_dim);
+    return chosen_name(Pass::forward, choose(kForwardCandidates, Pass::forward, args));
 }
 
 const char* sdpa_forward_isa_for(const SdpaForwardArgs& args) {
-    return forward_kernel_for(forward_dtype_class(args), args).isa;
+    return chosen_name(Pass::forward, choose(kForwardCandidates, Pass::forward, args));
 }
 
 std::string sdpa_forward_plan(const SdpaForwardArgs& args) {
-    const ForwardChoice choice = choose_forward(forward_dtype_class(args), args);
-    const std::string head = std::string("isa=") + choice.kernel.isa + ",why=" + choice.why + ",";
-    if (args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0) return head + "layout=none";  // no rows
-    return head + choice.kernel.plan(args);
+    const Choice choice = choose(kForwardCandidates, Pass::forward, args);
+    const std::string head = std::string("isa=") + chosen_name(Pass::forward, choice) + ",why=" + choice.why + ",";
+    if (choice.index < 0 || args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0)
+        return head + "layout=none";
+    return head + kForwardCandidates[choice.index].plan(args);
 }
 
 }  // namespace graphattn

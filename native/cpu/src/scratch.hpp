@@ -72,11 +72,8 @@ private:
 
 // GRAPHATTN_POISON_SCRATCH set: buffers that are not cleared start as NaN,
 // so that a kernel reading what it never wrote shows in its results (the
-// test suite sets it).
-inline bool poison_scratch() {
-    static const bool on = std::getenv("GRAPHATTN_POISON_SCRATCH") != nullptr;
-    return on;
-}
+// test suite sets it).  Read at each allocation: a process may set it late.
+inline bool poison_scratch() { return std::getenv("GRAPHATTN_POISON_SCRATCH") != nullptr; }
 
 class AlignedFloats {
 public:

@@ -10,10 +10,19 @@
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
-using ForwardAvx512 = isa_avx512::ForwardBuild<4, 6, 12, 2, 10, 4>;
+struct ForwardAvx512Shape {
+    static constexpr int lane_vectors = 4, tile_width = 6, single_vector_tile_width = 12;
+    static constexpr int short_lane_vectors = 2, short_tile_width = 10;
+    static constexpr int row_layout_max_vectors = 4;
+};
+using ForwardAvx512 = isa_avx512::ForwardBuild<ForwardAvx512Shape>;
 Status sdpa_forward_avx512(const SdpaForwardArgs& args) { return ForwardAvx512::run(args); }
 std::string sdpa_forward_plan_avx512(const SdpaForwardArgs& args) { return ForwardAvx512::describe(args); }
-using BackwardAvx512 = isa_avx512::BackwardBuild<4, 6, 2, 10>;
+struct BackwardAvx512Shape {
+    static constexpr int lane_vectors = 4, tile_width = 6;
+    static constexpr int short_lane_vectors = 2, short_tile_width = 10;
+};
+using BackwardAvx512 = isa_avx512::BackwardBuild<BackwardAvx512Shape>;
 Status sdpa_backward_avx512(const SdpaBackwardArgs& args) { return BackwardAvx512::run(args); }
 std::string sdpa_backward_plan_avx512(const SdpaBackwardArgs& args) { return BackwardAvx512::describe(args); }
 }  // namespace graphattn

@@ -13,14 +13,18 @@
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
-// Calls whose query and key lengths both fit RVShort vectors take lane blocks
-// of RVShort vectors: 17 keys fill 17 of 32 lanes instead of 17 of 64.
-// 16-core Xeon, separate processes, medians of three, Sq = Skv = 17-32:
-// 1.05-1.42x ((1,8,8,32,32,128) 1.42x, (1,32,8,17,17,80) 1.17x).
-//
-// Calls visit(DriverTag<the chosen LaneBackward>{}) and returns what it returns.
-template <int RV, int NT, int RVShort = RV, int NTShort = NT, class Visit>
+// A vector build's backward block shapes: lane blocks of `lane_vectors`
+// vectors with register tiles `tile_width` wide, or of `short_lane_vectors`
+// where both sequences fit them (17 keys fill 17 of 32 lanes, not 17 of 64;
+// docs/performance.md, "Block shapes").
+// `Shape` names them (each build's .cpp defines all four): lane_vectors,
+// tile_width, short_lane_vectors (= lane_vectors: no short tier) and
+// short_tile_width.
+
+template <class Shape, class Visit>
 auto with_backward_driver(const SdpaBackwardArgs& args, Visit&& visit) {
+    constexpr int RV = Shape::lane_vectors, NT = Shape::tile_width;
+    constexpr int RVShort = Shape::short_lane_vectors, NTShort = Shape::short_tile_width;
     if constexpr (RVShort < RV) {
         const SdpaForwardArgs& a = args.forward;
         if (std::max(a.seq_q, a.seq_kv) <= RVShort * kLanes)
@@ -30,14 +34,14 @@ auto with_backward_driver(const SdpaBackwardArgs& args, Visit&& visit) {
 }
 
 // One ISA build's backward, its block shapes given once (see with_backward_driver).
-template <int... Shape>
+template <class Shape>
 struct BackwardBuild {
     static Status run(const SdpaBackwardArgs& args) {
-        return with_backward_driver<Shape...>(args, [&](auto tag) { return decltype(tag)::type::run(args); });
+        return with_backward_driver<Shape>(args, [&](auto tag) { return decltype(tag)::type::run(args); });
     }
     // The key pass's layout run() takes for these arguments (key_pass_text).
     static std::string describe(const SdpaBackwardArgs& args) {
-        return with_backward_driver<Shape...>(args, [&](auto tag) { return decltype(tag)::type::describe(args); });
+        return with_backward_driver<Shape>(args, [&](auto tag) { return decltype(tag)::type::describe(args); });
     }
 };
 

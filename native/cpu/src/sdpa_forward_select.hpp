@@ -15,45 +15,30 @@
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
-// RVShort < RV adds a middle tier: query blocks of RVShort vectors where they
-// leave fewer padding lanes in all than blocks of RV vectors (the rows of a
-// block being the query rows of all heads sharing K/V), so that short
-// sequences do not fill blocks mostly with padding lanes: 68 rows take three
-// blocks of 32 lanes, not two of 64.  16-core Xeon, in-process A/B, f32 GQA
-// (1,32,8,Sq,Skv,D) with 68 or 80 rows per K/V head: 1.18-1.26x; (1,4,1,40,
-// 4096,128) (160 rows) 1.53x.
-//
-// Blocks of RV vectors that would leave threads idle even with their keys
-// split (few heads, keys too few to split) go in blocks of RVShort too: twice
-// the work items for the same lanes or fewer.  16-core Xeon, separate
-// processes, two runs: f32 (1,1,1,48,300,80) 1.26-1.77x, (1,8,8,64,768,64)
-// 1.49-1.61x, (1,4,4,100,1000,64) 1.49-1.60x, (1,1,1,128,1024,64)
-// 1.45-1.50x, causal (1,2,2,250,2048,64) 1.17-1.42x, f16 (1,16,4,16,768,80)
-// 1.27-1.31x; where the keys split enough, shorter blocks only read K/V more
-// often: (1,8,8,40,1024,128) 0.94x, (1,8,8,64,4096,64) 0.96x.
-//
-// RowRVMax > 1 gives the row layout the calls of at most RowRVMax vectors of
-// rows where the lane layout would leave more than a quarter of its lanes as
-// padding (17 rows fill 17 of 32 lanes, 40 rows 40 of 64); it has no padding
-// rows.  At full lanes the row layout is the slower (2-core Xeon, one
-// thread, (1,4,Sq,768,D): 32 and 64 rows 1.21-1.33x faster in lanes), so it
-// takes only the poorly filled blocks: 17-20 rows 1.17-1.23x, 40 rows 1.24x;
-// 24 and 48 rows (three quarters) 1.03-1.04x.  Longer GQA groups in even
-// row-layout blocks (4 x 17 rows: two of 34 instead of lanes 68 of 96) were
-// no steady gain on the 16-core Xeon ((1,32,8,17,Skv,D) 0.97-1.45x, (1,8,2,
-// 17,2048,128) 0.80-0.98x).  AVX2's lane blocks won at 16-24 rows (0.62-0.83x
-// in rows), so it keeps the row layout to one vector.
-//
-// The row layout also takes 17-64 rows that fill the lanes well where the
-// lane blocks would leave threads idle: it spreads a K/V head's rows over
-// several items (LaneForward::plan).  16-core Xeon, separate processes, two
-// runs: f32 (1,8,2,8,900,128) 1.81-2.11x, (1,1,1,24,300,80) 1.24-1.66x,
-// (1,8,8,24,768,64) 1.21-1.42x, (1,2,2,32,1024,128) 1.25-1.38x,
-// (1,16,4,8,300,80) 1.06-1.16x, f16 1.17-1.21x.
-//
-// Calls visit(DriverTag<the chosen LaneForward>{}) and returns what it returns.
-template <int RV, int NT, int NTSingle, int RVShort = RV, int NTShort = NT, int RowRVMax = 1, class Visit>
+// A vector build's forward block shapes, in vectors of query rows (lanes)
+// and register-tile widths (keys per tile).  `short_*` adds a middle tier
+// of shorter lane blocks where they leave fewer padding lanes in all than
+// full ones (68 rows take three blocks of 32 lanes, not two of 64; the rows
+// of a block are the query rows of every head sharing K/V), or where full
+// blocks would leave threads idle even with their keys split.  Up to
+// `row_layout_max_vectors` vectors of rows go to the row layout (no padding
+// rows) where lane blocks would leave more than a quarter of their lanes as
+// padding, or threads idle.  docs/performance.md, "Block shapes", has the
+// measurements behind each tier.
+// `Shape` names them (each build's .cpp defines all six):
+//   lane_vectors, tile_width: the lane blocks' vectors of query rows and the
+//     keys per register tile;
+//   single_vector_tile_width: the tile width of blocks of one vector (decode);
+//   short_lane_vectors, short_tile_width: the middle tier (short_lane_vectors
+//     = lane_vectors: none);
+//   row_layout_max_vectors: the most vectors of rows the row layout takes
+//     (1: only calls of at most one vector).
+
+template <class Shape, class Visit>
 auto with_forward_driver(const SdpaForwardArgs& args, Visit&& visit) {
+    constexpr int RV = Shape::lane_vectors, NT = Shape::tile_width, NTSingle = Shape::single_vector_tile_width;
+    constexpr int RVShort = Shape::short_lane_vectors, NTShort = Shape::short_tile_width;
+    constexpr int RowRVMax = Shape::row_layout_max_vectors;
     int64_t group;
     find_shared_dim(args, group);
     const int64_t rows = group * args.seq_q;
@@ -80,14 +65,14 @@ auto with_forward_driver(const SdpaForwardArgs& args, Visit&& visit) {
 }
 
 // One ISA build's forward, its block shapes given once (see with_forward_driver).
-template <int... Shape>
+template <class Shape>
 struct ForwardBuild {
     static Status run(const SdpaForwardArgs& args) {
-        return with_forward_driver<Shape...>(args, [&](auto tag) { return decltype(tag)::type::run(args); });
+        return with_forward_driver<Shape>(args, [&](auto tag) { return decltype(tag)::type::run(args); });
     }
     // The work layout run() takes for these arguments (work_plan_text).
     static std::string describe(const SdpaForwardArgs& args) {
-        return with_forward_driver<Shape...>(args, [&](auto tag) { return decltype(tag)::type::describe(args); });
+        return with_forward_driver<Shape>(args, [&](auto tag) { return decltype(tag)::type::describe(args); });
     }
 };
 

@@ -8,10 +8,19 @@
 #include "isa_entry_points.hpp"
 
 namespace graphattn {
-using ForwardPortable = isa_portable::ForwardBuild<3, 4, 8>;
+struct ForwardPortableShape {
+    static constexpr int lane_vectors = 3, tile_width = 4, single_vector_tile_width = 8;
+    static constexpr int short_lane_vectors = 3, short_tile_width = 4;
+    static constexpr int row_layout_max_vectors = 1;
+};
+using ForwardPortable = isa_portable::ForwardBuild<ForwardPortableShape>;
 Status sdpa_forward_portable(const SdpaForwardArgs& args) { return ForwardPortable::run(args); }
 std::string sdpa_forward_plan_portable(const SdpaForwardArgs& args) { return ForwardPortable::describe(args); }
-using BackwardPortable = isa_portable::BackwardBuild<3, 4>;
+struct BackwardPortableShape {
+    static constexpr int lane_vectors = 3, tile_width = 4;
+    static constexpr int short_lane_vectors = 3, short_tile_width = 4;
+};
+using BackwardPortable = isa_portable::BackwardBuild<BackwardPortableShape>;
 Status sdpa_backward_portable(const SdpaBackwardArgs& args) { return BackwardPortable::run(args); }
 std::string sdpa_backward_plan_portable(const SdpaBackwardArgs& args) { return BackwardPortable::describe(args); }
 }  // namespace graphattn
