@@ -270,7 +270,7 @@ def test_verbose_logs_the_functional_backward(dtype, capsys, rng):
     pairs = isa == "avx512" and dtype == "bf16" and bf16_pairs_expected()
     layout = "tiles" if isa.startswith("amx") else ("lanes_bf16_pairs" if pairs else "lanes")
     assert f",layout={layout},key_block=" in err
-    assert err.count("graphattn_verbose,exec,functional_backward,sdpa_backward_cpu,batch=1x1x2,sq=70,skv=70") == 2
+    assert err.count("graphattn_verbose,exec,functional_backward,sdpa_backward_cpu,batch=1x2,sq=70,skv=70") == 2
 
 
 LANE_PLAN_SCRIPT = """

@@ -32,6 +32,8 @@ from .functional_backward import scaled_dot_product_attention_backward
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompiledPartition", "DataType", "Engine", "Graph", "Layout", "LogicalTensor", "Op", "OpKind", "Partition",
-    "Property", "Stream", "Tensor", "backward_isa", "cpu_features", "force_kernel", "forward_isa", "kernel_candidates", "run_graph", "scaled_dot_product_attention", "scaled_dot_product_attention_backward", "set_verbose", "thread_count",
+    "CompiledPartition", "DataType", "Engine", "Graph", "Layout", "LogicalTensor", "Op", "OpKind",
+    "Partition", "Property", "Stream", "Tensor", "backward_isa", "cpu_features", "force_kernel",
+    "forward_isa", "kernel_candidates", "run_graph", "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward", "set_verbose", "thread_count",
 ]

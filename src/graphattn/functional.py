@@ -1,8 +1,9 @@
 """The one-call API: scaled_dot_product_attention with PyTorch's arguments and OpenVINO SDPA-13 broadcasting.
 
-Each call builds (once per signature) the SDPA graph through the public graph
-API, compiles its single fused partition and caches it; later calls with the
-same shapes, strides, dtypes and flags only bind data and run the kernel.
+A new signature (shapes, strides, dtypes and flags) is checked, described as an
+AttentionSpec and lowered to its kernel call (attention_spec.py, the route the
+backward and the graph API's fused partitions take too), and the plan is
+cached; later calls with the same signature only bind data and run the kernel.
 """
 from __future__ import annotations
 
@@ -15,15 +16,18 @@ import numpy as np
 
 from . import arguments, key_window, sycl_runtime, verbose
 from .dtypes import DataType, from_numpy as dtype_of, numpy_dtype
-from .engine import Engine, Stream
-from .builder import GraphBuilder
+from .attention_spec import AttentionSpec, KernelCall, NotUsable, Operand, kernel_window, lower_as_given_or_copied
+from .kernels.fused_sdpa import check_sycl_usable
+from .logical_tensor import dense_strides
+from .views import reshape_strides
+from .ops.philox import bits64
 from .ops.broadcast import broadcast_shapes
 from .interop import (from_numpy, is_torch_tensor, plain_torch_tensors, to_numpy, torch_empty, torch_empty_like,
                       torch_layout, torch_random_seed)
-from .tensor import Tensor, element_strides
+from .tensor import element_strides
 
-_ENGINE = Engine("cpu")
-_STREAM = Stream(_ENGINE)
+_NEG_INF = float("-inf")
+_RUNS_ON_HOST = object()  # the cache's entry for USM calls the SYCL kernels cannot take
 _CACHE_SIZE = 256
 
 
@@ -65,17 +69,22 @@ _KERNEL_FLOATS = frozenset(numpy_dtype(dt) for dt in (DataType.f32, DataType.bf1
 
 
 @dataclass
-class _Compiled:
-    compiled: object          # CompiledPartition
-    roles: dict[str, int]     # role -> tensor id
+class _ForwardPlan:
+    """What one signature (layouts, dtypes and flags of the operands) fixes of a forward call: the checks
+    passed, the lowered kernel call, and the shapes of the outputs and of any copies."""
+    call: KernelCall
+    plan: object              # the kernel's plan (_cpu.ForwardPlan, or the SYCL plugin's)
+    runner: object            # the host kernel's direct call (BoundForward.run), or None on SYCL
+    grouped: tuple            # Q, K, V and mask shapes with the GQA heads split ((..., Hkv, rep, rows, cols))
+    copies: tuple | None      # the full shapes Q, K, V and the mask are copied to where the kernel cannot walk
+                              # the caller's strides
+    query_shape: tuple        # Q's grouped shape broadcast over V's batch dims (the scores')
     out_shape: tuple
-    stats_shape: tuple | None
-    fixed: dict               # tensor id -> the inputs every call of this signature passes the same
-    runner: object            # the kernel's direct call (CompiledPartition.bound_runner), or None
+    stats_shape: tuple
     out_dtype: np.dtype       # the output's NumPy dtype
     default_scale: float      # 1 / sqrt(E), the scale of calls without one
     out_like_query: bool      # the output has the query's shape and C-contiguous layout (its dtype always)
-    query_shape: tuple        # the shape the query was compiled for (V's batch dims may broadcast it)
+    window: tuple             # the kernel's (left, right), as the runner has it
 
 
 def new_dropout_seed() -> int:
@@ -92,20 +101,6 @@ def _layout(a) -> tuple:
     if type(a) is np.ndarray:  # byte strides pin the layout as well as element strides, and cost nothing
         return a.shape, a.strides if a.size else a.shape, a.dtype.str
     return tuple(a.shape), _strides(a) if a.size else tuple(a.shape), a.dtype.str
-
-
-_sycl_engines: dict = {}
-
-
-def _engine_for(queue) -> tuple[Engine, Stream]:
-    """The engine a call runs on: the CPU, or one SYCL engine per dpctl queue its USM inputs live on."""
-    if queue is None:
-        return _ENGINE, _STREAM
-    pair = _sycl_engines.get(queue)
-    if pair is None:
-        engine = Engine("sycl", queue=queue)
-        pair = _sycl_engines[queue] = (engine, Stream(engine))
-    return pair
 
 
 def _sycl_inputs(query, key, value, attn_mask):
@@ -201,16 +196,6 @@ def _check_inputs(q, k, v, mask, is_causal, enable_gqa, causal_alignment, kind="
     return gqa
 
 
-def _query_over_value_batch(q: np.ndarray, k: np.ndarray, v: np.ndarray, gqa: bool) -> np.ndarray:
-    """Q viewed (stride 0, no copy) over the batch dims that V's alone bring beyond Q's and K's, so that the
-    scores, and the stats, have one row per output row: each is then written once, by one thread."""
-    lead = 3 if gqa else 2
-    batch = broadcast_shapes([q.shape[:-lead], k.shape[:-lead], v.shape[:-lead]], "batch")
-    if batch == broadcast_shapes([q.shape[:-lead], k.shape[:-lead]], "batch"):
-        return q
-    return np.broadcast_to(q, batch + tuple(q.shape[-lead:]))
-
-
 def _normalize_mask(mask):
     """None, or an array of rank >= 2; a scalar zero float mask means no mask."""
     if mask is None:
@@ -222,95 +207,80 @@ def _normalize_mask(mask):
     return mask
 
 
-def _bound_selects(b: GraphBuilder, score, score_shape, left: int, right: int, alignment: str):
-    """The key window as the graph's bound Selects on the scores (patterns/sdpa.py): the right bound
-    GreaterEqual(row' + right, col), the left bound GreaterEqual(col, row' - left), row' the aligned row."""
-    tensor, op = b.tensor, b.op
-    s32, f32 = DataType.s32, DataType.f32
-    row = op("GenIndex", [score], [tensor(None, s32, score_shape)], axis=-2)
-    col = op("GenIndex", [score], [tensor(None, s32, score_shape)], axis=-1)
-    if alignment == "bottom_right":
-        row = op("Add", [row, tensor("seq_kv", s32, (1,))], [tensor(None, s32, score_shape)])
-        row = op("Subtract", [row, tensor("seq_q", s32, (1,))], [tensor(None, s32, score_shape)])
-    fill = tensor("window_fill", f32, (1,))
-    if right != _NO_LIMIT:
-        last = row if right == 0 else op("Add", [row, tensor("window_right", s32, (1,))],
-                                         [tensor(None, s32, score_shape)])
-        keep = op("GreaterEqual", [last, col], [tensor(None, DataType.boolean, score_shape)])
-        score = op("Select", [keep, score, fill], [tensor(None, f32, score_shape)])
-    if left != _NO_LIMIT:
-        first = op("Subtract", [row, tensor("window_left", s32, (1,))], [tensor(None, s32, score_shape)])
-        keep = op("GreaterEqual", [col, first], [tensor(None, DataType.boolean, score_shape)])
-        score = op("Select", [keep, score, fill], [tensor(None, f32, score_shape)])
-    return score
-
-
-def _build(q, k, v, mask, gqa, window, alignment, return_stats, dropout_p, engine) -> _Compiled:
-    dt = dtype_of(q.dtype)
-    f32 = DataType.f32
-    b = GraphBuilder()
-    tensor, op, reshape = b.tensor, b.op, b.reshape
-    lq = tensor("query", dt, tuple(q.shape), _strides(q))
-    lk = tensor("key", dt, tuple(k.shape), _strides(k))
-    lv = tensor("value", dt, tuple(v.shape), _strides(v))
+def grouped_shapes(q, k, v, mask, gqa: bool) -> tuple:
+    """Q, K, V and the mask's shapes with a GQA group's heads as two dims, (..., Hkv, rep, rows, cols) for Q
+    and (..., Hkv, 1, rows, cols) for K and V, so that K and V broadcast over the group (stride 0, no copy);
+    the shapes themselves without GQA."""
+    if not gqa:
+        return q.shape, k.shape, v.shape, None if mask is None else mask.shape
     hq, hkv = q.shape[-3], k.shape[-3]
-    if gqa:
-        rep = hq // hkv
-        lq = reshape(lq, q.shape[:-3] + (hkv, rep) + q.shape[-2:])
-        lk = reshape(lk, k.shape[:-3] + (hkv, 1) + k.shape[-2:])
-        lv = reshape(lv, v.shape[:-3] + (hkv, 1) + v.shape[-2:])
-    # The scores take the batch dims of Q and K; V's may broadcast them further, as in PyTorch (P V then does).
-    seq_q, seq_kv = q.shape[-2], k.shape[-2]
-    score_shape = broadcast_shapes([lq.shape[:-2], lk.shape[:-2]], "batch") + (seq_q, seq_kv)
-    score = op("MatMul", [lq, lk], [tensor(None, f32, score_shape)], transpose_b=True)
-    score = op("Multiply", [score, tensor("scale", f32, (1,))], [tensor(None, f32, score_shape)])
-    if mask is not None:
-        lm = tensor("mask", dtype_of(mask.dtype), tuple(mask.shape), _strides(mask))
-        if gqa:
-            full = (1,) * (q.ndim - mask.ndim) + mask.shape
-            heads = (hkv, hq // hkv) if full[-3] == hq else (1, 1)
-            lm = reshape(lm, full[:-3] + heads + full[-2:])
-        masked_shape = broadcast_shapes([score_shape, lm.shape], "mask")
-        if mask.dtype == np.bool_:
-            score = op("Select", [lm, score, tensor("fill", f32, (1,))], [tensor(None, f32, masked_shape)])
+    shapes = (q.shape[:-3] + (hkv, hq // hkv) + q.shape[-2:], k.shape[:-3] + (hkv, 1) + k.shape[-2:],
+              v.shape[:-3] + (hkv, 1) + v.shape[-2:])
+    if mask is None:
+        return shapes + (None,)
+    full = (1,) * (q.ndim - mask.ndim) + tuple(mask.shape)
+    heads = (hkv, hq // hkv) if full[-3] == hq else (1, 1)
+    return shapes + (full[:-3] + heads + full[-2:],)
+
+
+def broadcast_view_strides(shape: tuple, strides: tuple, target: tuple) -> tuple:
+    """Strides of a view of (shape, strides) broadcast to target (stride 0 along the dims it brings)."""
+    lead = len(target) - len(shape)
+    return (0,) * lead + tuple(0 if n == 1 and t != 1 else st for n, st, t in zip(shape, strides, target[lead:]))
+
+
+def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue) -> _ForwardPlan:
+    """Describes a checked call as an AttentionSpec and lowers it (attention_spec.py); where the kernel cannot
+    walk the caller's strides, the plan copies Q, K, V and the mask contiguous on each call."""
+    grouped = grouped_shapes(q, k, v, mask, gqa)
+    # (shape, element strides) of each operand viewed in its grouped shape: splitting a dim is always a view
+    q2, k2, v2, m2 = (None if a is None else (shape, reshape_strides(a.shape, _strides(a), shape)
+                                              if a.size else dense_strides(shape))
+                      for a, shape in zip((q, k, v, mask), grouped))
+    seq_q, seq_kv, head_dim, head_dim_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    dt = dtype_of(q.dtype)
+    if queue is not None:
+        check_sycl_usable({dt}, head_dim, head_dim_v)
+    # V's batch dims may broadcast the output beyond the scores, as in PyTorch: Q is viewed over them too
+    # (stride 0), so that each row's stats are written once.
+    batch = broadcast_shapes([q2[0][:-2], k2[0][:-2], v2[0][:-2]], "batch")
+    query_shape = batch + (seq_q, head_dim)
+    out_grouped, stats_grouped = batch + (seq_q, head_dim_v), batch + (seq_q, 1)
+    out_shape = out_grouped[:-4] + (q.shape[-3], seq_q, head_dim_v) if gqa else out_grouped
+    stats_shape = out_shape[:-1] + (1,)
+    mask_kind = "none" if m2 is None else ("select" if mask.dtype == np.bool_ else "additive")
+    window = kernel_window(bounds, alignment, seq_q, seq_kv)
+
+    def describe(copied: bool):
+        if copied:
+            copies = (query_shape, batch + k2[0][-2:], batch + v2[0][-2:],
+                      None if m2 is None else batch + (seq_q, seq_kv))
+            layouts = [None if shape is None else (shape, dense_strides(shape)) for shape in copies]
         else:
-            score = op("Add", [score, lm], [tensor(None, f32, masked_shape)])
-    left, right = window
-    if key_window.is_limited(left, right):
-        score = _bound_selects(b, score, b.ops[-1].outputs[0].shape, left, right, alignment)
-    masked_shape = b.ops[-1].outputs[0].shape
-    softmax_out = [tensor(None, dt, masked_shape)]
-    if return_stats:
-        softmax_out.append(tensor("stats", f32, masked_shape[:-1] + (1,)))
-    op("SoftMax", [score], softmax_out, axis=-1, mode="inf_as_zero")
-    probabilities = softmax_out[0]
-    if dropout_p > 0.0:
-        s64 = DataType.s64
-        probabilities = op("Dropout", [probabilities, tensor("seed", s64, (1,)), tensor("offset", s64, (1,))],
-                           [tensor(None, dt, masked_shape)], p=dropout_p)
-    out_batch = broadcast_shapes([masked_shape[:-2], lv.shape[:-2]], "batch")
-    out = op("MatMul", [probabilities, lv], [tensor(None, dt, out_batch + (seq_q, v.shape[-1]))])
-    if gqa:
-        out = reshape(out, out.shape[:-4] + (hq,) + out.shape[-2:])
-    roles = b.roles
-    roles["output"] = out.id
-    graph = b.graph()
-    (partition,) = graph.get_partitions()
-    compiled = partition.compile(partition.get_input_ports(), partition.get_output_ports(), engine)
-    stats_shape = compiled.query_logical_tensor(roles["stats"]).shape if return_stats else None
-    fixed = {}
-    for name in ("fill", "window_fill"):
-        if name in roles:
-            fixed[roles[name]] = np.array([-np.inf], np.float32)
-    if "seq_kv" in roles:
-        fixed[roles["seq_kv"]] = np.array([seq_kv], np.int32)
-        fixed[roles["seq_q"]] = np.array([seq_q], np.int32)
-    for name, value in (("window_left", left), ("window_right", right)):
-        if name in roles:
-            fixed[roles[name]] = np.array([value], np.int32)
-    return _Compiled(compiled, roles, compiled.query_logical_tensor(out.id).shape, stats_shape, fixed,
-                     compiled.bound_runner(fixed), numpy_dtype(dt), 1.0 / math.sqrt(q.shape[-1]),
-                     q.flags.c_contiguous and tuple(q.shape) == tuple(out.shape), tuple(q.shape))
+            # on the host Q is viewed over the whole batch; a USM Q is copied where that matters
+            copies = None
+            layouts = [(query_shape, broadcast_view_strides(*q2, query_shape)) if queue is None else q2, k2, v2, m2]
+        operands = {role: Operand(dtype_of(a.dtype), tuple(layout[0]), tuple(layout[1]))
+                    for role, a, layout in zip(("query", "key", "value", "mask"), (q, k, v, mask), layouts)
+                    if layout is not None}
+        operands["output"] = Operand(dt, out_grouped, dense_strides(out_grouped))
+        if return_stats:
+            operands["stats"] = Operand(DataType.f32, stats_grouped, dense_strides(stats_grouped))
+        return AttentionSpec("forward", batch, seq_q, seq_kv, head_dim, head_dim_v, operands, mask_kind=mask_kind,
+                             window=window, dropout_p=dropout_p), copies
+
+    call, copies = lower_as_given_or_copied(describe)
+    plan = call.forward_plan(queue)
+    left, right = call.options["window_left"], call.options["window_right"]
+    runner = None if queue is not None else plan.bound(left, right, _NEG_INF, _NEG_INF).run
+    result = _ForwardPlan(call, plan, runner, grouped, copies, query_shape, out_shape, stats_shape, numpy_dtype(dt),
+                          1.0 / math.sqrt(head_dim), queue is None and q.flags.c_contiguous and
+                          tuple(q.shape) == out_shape, (left, right))
+    if verbose.enabled():
+        text = f"isa={plan.kernel_name()}" if queue is not None else plan.dispatch_text()
+        verbose.log("compile", "functional", "sdpa_forward_sycl" if queue is not None else "sdpa_forward_cpu",
+                    text, call.shape_text)
+    return result
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
@@ -378,14 +348,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         qc, kc, vc = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value"))) \
             if torch_direct else (q, k, v)
         gqa = _check_inputs(qc, kc, vc, mask, is_causal, enable_gqa, causal_alignment, kind)
-        if queue is None:
-            qc = _query_over_value_batch(qc, kc, vc, gqa)
-        entry = _build(qc, kc, vc, mask, gqa, bounds, causal_alignment, return_stats, dropout_p,
-                       _engine_for(queue)[0])
+        try:
+            entry = _build(qc, kc, vc, mask, gqa, bounds, causal_alignment, return_stats, dropout_p, queue)
+        except NotUsable as why:  # only the SYCL kernels' limits: on the host, copies always fold
+            verbose.log("fallback", "functional", f"the SYCL kernels cannot take this call ({why}): it runs on "
+                        "the host")
+            entry = _RUNS_ON_HOST
         _cache.put(signature, entry)
-    if torch_direct and entry.runner is None:  # the reference executor (or the verbose log) takes NumPy arrays
-        q, k, v = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value")))
-        torch_direct = False
+    if entry is _RUNS_ON_HOST:
+        host = [None if a is None else sycl_runtime.to_host(a) for a in (q, k, v, mask)]
+        result = scaled_dot_product_attention(*host, dropout_p, is_causal, scale, enable_gqa,
+                                              causal_alignment=causal_alignment, return_stats=return_stats,
+                                              dropout_seed=dropout_seed, dropout_offset=dropout_offset, window=window)
+        results = result if return_stats else (result,)
+        results = tuple(sycl_runtime.to_device(r, queue) for r in results)
+        return results if return_stats else results[0]
 
     scale_value = entry.default_scale if scale is None else arguments.scale_value(scale)
     seed = offset = 0
@@ -395,6 +372,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         else:
             seed = _s64(dropout_seed, "dropout_seed")
         offset = _s64(dropout_offset, "dropout_offset")
+    if entry.copies is not None:  # strides the kernel cannot walk: contiguous copies (see _build)
+        if torch_direct:
+            q, k, v = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value")))
+            torch_direct = False
+        if queue is None:
+            xp = np
+        else:
+            import dpnp as xp
+        q, k, v, mask = (None if a is None else xp.ascontiguousarray(xp.broadcast_to(xp.reshape(a, grouped), full))
+                         for a, grouped, full in zip((q, k, v, mask), entry.grouped, entry.copies))
     if torch_direct:
         # empty_like: 0.9 us a call on the AMD machine, against 1.4 us from the shape and dtype (2.1 for bf16)
         out = torch_empty_like(q) if entry.out_like_query else torch_empty(entry.out_shape, entry.out_dtype)
@@ -402,33 +389,39 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     else:
         out = _empty_like_kind(q, entry.out_shape, entry.out_dtype, queue)
         stats = _empty_like_kind(q, entry.stats_shape, np.float32, queue) if return_stats else None
-    if entry.runner is not None and not verbose.enabled():
-        # The signature pins every layout this partition was compiled for; the kernel is called directly
-        # (a tiny call spends more in building the execute's dicts than in the kernel).
+    if verbose.enabled():
+        _run_logged(entry, q, k, v, out, mask, stats, scale_value, seed, offset, queue)
+    elif entry.runner is not None:
+        # The signature pins every layout this plan was made for: the kernel is called directly.
         entry.runner(q, k, v, out, mask, stats, scale_value, seed, offset)
-        return _results(out, stats, torch_direct, kind)
-    roles = entry.roles
-    if queue is None and tuple(q.shape) != entry.query_shape:
-        q = np.broadcast_to(q, entry.query_shape)  # as _query_over_value_batch viewed it at build time
-    data = {roles["query"]: q, roles["key"]: k, roles["value"]: v,
-            roles["scale"]: np.array([scale_value], np.float32), **entry.fixed}
-    if "mask" in roles:
-        data[roles["mask"]] = mask
-    if "seed" in roles:
-        data[roles["seed"]] = np.array([seed], np.int64)
-        data[roles["offset"]] = np.array([offset], np.int64)
-    outputs = {roles["output"]: out}
-    if return_stats:
-        outputs[roles["stats"]] = stats
-    compiled = entry.compiled
-    engine, stream = _engine_for(queue)
-    if queue is None:  # the signature pins every layout this partition was compiled for
-        compiled.execute_unchecked(data, outputs)
     else:
-        compiled.execute(stream, [Tensor(lt, engine, data[lt.id]) for lt in compiled.inputs],
-                         [Tensor(lt, engine, outputs[lt.id]) for lt in compiled.outputs])
-        stream.wait()  # dpnp does not know the kernel's event: its results are ready on return
+        _run_sycl(entry, q, k, v, out, mask, stats, scale_value, seed, offset, queue)
     return _results(out, stats, torch_direct, kind)
+
+
+def _run_sycl(entry: _ForwardPlan, q, k, v, out, mask, stats, scale, seed, offset, queue) -> None:
+    """The SYCL kernel on USM arrays; their results are ready on return (dpnp does not know the kernel's
+    event)."""
+    arrays = [q, k, v, out, mask, stats]
+    sycl_runtime.wait_for_producers([a for a in arrays if a is not None])
+    address = [0 if a is None else sycl_runtime.usm_address(a) for a in arrays]
+    extents = [None if a is None else sycl_runtime.usm_layout(a) for a in arrays]
+    left, right = entry.window
+    entry.plan.run(*address, scale, left, right, _NEG_INF, _NEG_INF, bits64(seed), bits64(offset), extents=extents)
+    queue.wait()
+
+
+def _run_logged(entry: _ForwardPlan, q, k, v, out, mask, stats, scale, seed, offset, queue) -> None:
+    """A kernel call with its verbose exec line: the kernel, the call's shape and its time."""
+    import time
+
+    start = time.perf_counter()
+    if entry.runner is not None:
+        entry.runner(q, k, v, out, mask, stats, scale, seed, offset)
+    else:
+        _run_sycl(entry, q, k, v, out, mask, stats, scale, seed, offset, queue)
+    verbose.log("exec", "functional", "sdpa_forward_cpu" if queue is None else "sdpa_forward_sycl",
+                entry.call.shape_text, f"{(time.perf_counter() - start) * 1e3:.4f}ms")
 
 
 _torch_ops = None  # graphattn.torch_autograd, once a torch call has been seen (it imports torch)
@@ -455,13 +448,4 @@ def _results(out, stats, torch_direct: bool, kind: str):
     """out, or (out, stats), as the caller's array kind."""
     if stats is None:
         return out if torch_direct else from_numpy(out, kind)
-    stats_shape = tuple(out.shape[:-1]) + (1,)
-    if (stats.numel() if torch_direct else stats.size) == math.prod(stats_shape):
-        stats = stats.reshape(stats_shape)  # GQA stats come as (..., Hkv, rep, L, 1): query's heads
-    else:  # USM only: V's batch dims broadcast the output beyond the scores (host calls view Q over them,
-        # _query_over_value_batch), and each row's stats repeat over those dims
-        import dpnp
-
-        stats = stats.reshape((1,) * (len(stats_shape) - stats.ndim) + tuple(stats.shape))
-        stats = dpnp.ascontiguousarray(dpnp.broadcast_to(stats, stats_shape))
     return (out, stats) if torch_direct else (from_numpy(out, kind), from_numpy(stats, kind))

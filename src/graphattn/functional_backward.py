@@ -16,19 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _cpu
-from .dtypes import DTYPES, from_numpy as dtype_of
+from .dtypes import from_numpy as dtype_of
 from . import arguments, key_window, sycl_runtime, verbose
-from .functional import SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs
-from .kernels.batch_fold import fold_batch_dims
+from .functional import (SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs,
+                         grouped_shapes)
+from .attention_spec import AttentionSpec, KernelCall, Operand, kernel_window, lower_as_given_or_copied
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
 from .logical_tensor import dense_strides
 from .ops.broadcast import broadcast_shapes
 from .ops.philox import bits64
-
-def _split_heads(x: np.ndarray, hkv: int, members: int) -> np.ndarray:
-    """(..., H, rows, cols) -> (..., Hkv, H // Hkv, rows, cols) for the query side, (..., Hkv, 1, ...) for K/V."""
-    return x.reshape(x.shape[:-3] + (hkv, members) + x.shape[-2:])
-
 
 def _reduce_to(full: np.ndarray, shape: tuple) -> np.ndarray:
     """Sums a gradient of broadcast shape back to the operand's own shape (f32 accumulation)."""
@@ -39,26 +35,11 @@ def _reduce_to(full: np.ndarray, shape: tuple) -> np.ndarray:
     return full.astype(np.float32).sum(axis=axes, keepdims=True).reshape(shape)
 
 
-def _broadcast_strides(shape: tuple, strides: tuple, batch: tuple) -> tuple:
-    """Element strides of an operand of this shape and strides broadcast to batch + its last two dims (0 along
-    broadcast dims; all 0 for an empty operand)."""
-    if 0 in shape:
-        return (0,) * (len(batch) + 2)
-    lead = len(batch) - (len(shape) - 2)
-    return (0,) * lead + tuple(0 if n == 1 and b != 1 else s
-                               for n, s, b in zip(shape[:-2], strides[:-2], batch[lead:])) + tuple(strides[-2:])
-
-
 @dataclass
 class _BackwardPlan:
     """What one signature (layouts, dtypes and flags of the operands) fixes of a backward call: the checks
-    passed, the kernel's batch, lengths and per-role strides, and the shapes of the gradient buffers."""
-    kernel_batch: tuple
-    seq_q: int
-    seq_kv: int
-    head_dim: int
-    head_dim_v: int
-    roles: tuple              # (role, dtype code, 5 kernel strides) per kernel operand
+    passed, the lowered kernel call, and the shapes of the copies and gradient buffers."""
+    call: KernelCall          # the kernel's batch, lengths, per-role strides, flags and window
     query_copy: tuple | None  # full shape Q is copied to when broadcast in a way the kernel does not reduce
     kv_copy: tuple | None     # full shapes of K and V when they are broadcast differently
     mask_copy: tuple | None   # full shape of the mask where the batch dims do not fold into the kernel's 3
@@ -66,8 +47,6 @@ class _BackwardPlan:
     grouped: tuple            # Q, K, V and mask shapes with the GQA heads split ((..., Hkv, rep, rows, cols))
     grad_shapes: tuple        # dQ, dK, dV buffers the kernel writes
     grad_mask_shape: tuple | None
-    mask_kind: int
-    window: tuple             # (left, right) about the row itself, as the kernel takes them
     default_scale: float
     operand_shapes: tuple     # shapes of Q, K, V (and of their gradients)
     grad_dtypes: tuple        # NumPy dtypes of dQ, dK, dV
@@ -82,16 +61,10 @@ class _BackwardPlan:
     def has_scores(self) -> bool:
         """Whether any score exists (no empty batch dim or sequence): else every gradient is zero and the kernel,
         which takes no empty views, is not called."""
-        return self.seq_q > 0 and self.seq_kv > 0 and 0 not in self.kernel_batch
+        return self.call.seq_q > 0 and self.call.seq_kv > 0 and 0 not in self.call.batch
 
 
 _plans = SignatureCache()
-
-
-def _kernel_window(bounds: tuple, causal_alignment: str, seq_q: int, seq_kv: int) -> tuple[int, int]:
-    """A call's (left, right) window as the kernel takes it: about the row itself, NO_KEY_LIMIT for no limit."""
-    lowest, highest = key_window.diagonal_bounds(*bounds, key_window.row_shift(causal_alignment, seq_q, seq_kv))
-    return (_cpu.NO_KEY_LIMIT if lowest is None else -lowest), (_cpu.NO_KEY_LIMIT if highest is None else highest)
 
 
 def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad,
@@ -113,19 +86,10 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
         raise ValueError(f"stats must be float32 of shape {out_shape[:-1] + (1,)} (the forward's return_stats), "
                          f"got {st.dtype} {st.shape}")
 
-    if gqa:
-        members = hq // hkv
-        q2, o2, do2, st2 = (_split_heads(a, hkv, members) for a in (q, o, do, st))
-        k2, v2 = _split_heads(k, hkv, 1), _split_heads(v, hkv, 1)
-    else:
-        q2, k2, v2, o2, do2, st2 = q, k, v, o, do, st
-    m2 = None
-    if mask is not None:
-        m2 = mask
-        if gqa:
-            full = (1,) * (q.ndim - mask.ndim) + mask.shape
-            heads = (hkv, hq // hkv) if full[-3] == hq else (1, 1)
-            m2 = mask.reshape(full[:-3] + heads + full[-2:])
+    grouped = grouped_shapes(q, k, v, mask, gqa)
+    q2, k2, v2 = (a.reshape(shape) for a, shape in zip((q, k, v), grouped))
+    o2, do2, st2 = (a.reshape(a.shape[:-3] + grouped[0][-4:-2] + a.shape[-2:]) if gqa else a for a in (o, do, st))
+    m2 = None if mask is None else mask.reshape(grouped[3])
     shapes = [a.shape[:-2] for a in (q2, k2, v2, o2, do2, st2) + ((m2,) if m2 is not None else ())]
     batch = broadcast_shapes(shapes, "batch")
 
@@ -150,7 +114,7 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
     # A caller's stride-0 view of Q, K or V has a gradient element per index, as any other tensor of its shape
     # does (torch's gradient of an expand()ed tensor): it is copied, like a broadcast operand, so the kernel
     # does not sum over its stride-0 dims.
-    for dense in (False, True):
+    def describe(dense: bool):
         query_copy = batch + tuple(q2.shape[-2:]) if dense or any(is_broadcast(q2)) or stride_0(q2) else None
         kv_alike = is_broadcast(k2) == is_broadcast(v2) and not stride_0(k2) and not stride_0(v2)
         kv_copy = None if kv_alike and not dense else (batch + tuple(k2.shape[-2:]), batch + tuple(v2.shape[-2:]))
@@ -172,70 +136,49 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
                    "grad_value": fresh(grad_shapes[2], v.dtype)}
         if m2 is not None:
             layouts["mask"] = fresh(mask_copy, m2.dtype) if mask_copy else (m2.shape, _strides(m2), m2.dtype)
+        mask_kind = "none" if m2 is None else ("select" if m2.dtype == np.bool_ else "additive")
         if grad_mask_shape is not None:
             layouts["grad_mask"] = fresh(grad_mask_shape, np.dtype(np.float32))
-        broadcast = {name: _broadcast_strides(tuple(shape), tuple(strides), batch)
-                     for name, (shape, strides, _) in layouts.items()}
-        folded = fold_batch_dims(batch, [list(st[:-2]) for st in broadcast.values()])
-        if folded is not None:
-            break
-    kernel_batch, kernel_strides = folded
-    kernel_roles = {name: tuple(bst) + st[-2:] for (name, st), bst in zip(broadcast.items(), kernel_strides)}
-    codes = {name: DTYPES[dtype_of(dtype)].kernel_code for name, (_, _, dtype) in layouts.items()}
-    if m2 is not None:  # a mask broadcast along its rows or columns
-        m_rows, m_cols = layouts["mask"][0][-2:]
-        bst = kernel_roles["mask"]
-        kernel_roles["mask"] = bst[:3] + (bst[3] if m_rows != 1 else 0, bst[4] if m_cols != 1 else 0)
-    seq_q, seq_kv = q.shape[-2], k.shape[-2]
-    mask_kind = _cpu.MASK_KIND_CODES["none" if m2 is None else ("select" if m2.dtype == np.bool_ else "additive")]
+        operands = {name: Operand(dtype_of(dtype), tuple(shape), tuple(strides))
+                    for name, (shape, strides, dtype) in layouts.items()}
+        return AttentionSpec("backward", batch, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], operands,
+                             mask_kind=mask_kind, window=kernel_window(bounds, causal_alignment, q.shape[-2],
+                                                                       k.shape[-2]),
+                             dropout_p=dropout_p), (query_copy, kv_copy, mask_copy, dense, grad_shapes,
+                                                    grad_mask_shape)
+
+    call, choice = lower_as_given_or_copied(describe)
+    query_copy, kv_copy, mask_copy, dense, grad_shapes, grad_mask_shape = choice
     return _BackwardPlan(
-        kernel_batch, seq_q, seq_kv, q.shape[-1], v.shape[-1],
-        tuple((name, codes[name], st) for name, st in kernel_roles.items()), query_copy, kv_copy, mask_copy, dense,
-        (q2.shape, k2.shape, v2.shape, None if m2 is None else m2.shape), grad_shapes, grad_mask_shape, mask_kind,
-        _kernel_window(bounds, causal_alignment, seq_q, seq_kv), 1.0 / math.sqrt(q.shape[-1]),
-        (q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype))
+        call, query_copy, kv_copy, mask_copy, dense,
+        (q2.shape, k2.shape, v2.shape, None if m2 is None else m2.shape), grad_shapes, grad_mask_shape,
+        1.0 / math.sqrt(q.shape[-1]), (q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype))
 
 
-def _shape_text(plan: _BackwardPlan) -> str:
-    return (f"batch={'x'.join(map(str, plan.kernel_batch))},sq={plan.seq_q},skv={plan.seq_kv},d={plan.head_dim},"
-            f"dv={plan.head_dim_v}")
-
-
-def _log_plan(plan: _BackwardPlan, dropout_p: float, queue) -> None:
+def _log_plan(plan: _BackwardPlan, queue) -> None:
     """The verbose compile line of a new backward signature: the kernel, the rule that chose its build and its
     work layout, the shape."""
     if queue is not None:
-        verbose.log("compile", "functional_backward", "sdpa_backward_sycl", "isa=subgroup", _shape_text(plan))
+        verbose.log("compile", "functional_backward", "sdpa_backward_sycl", "isa=subgroup", plan.call.shape_text)
         return
-    roles = {name: (code, strides) for name, code, strides in plan.roles}
-    text = _cpu.backward_dispatch_text(plan.kernel_batch, plan.seq_q, plan.seq_kv, plan.head_dim, plan.head_dim_v,
-                                       roles, mask_kind=plan.mask_kind, has_scale=True, window_left=plan.window[0],
-                                       window_right=plan.window[1], dropout_p=dropout_p)
-    verbose.log("compile", "functional_backward", "sdpa_backward_cpu", text, _shape_text(plan))
+    verbose.log("compile", "functional_backward", "sdpa_backward_cpu", plan.call.backward_dispatch_text(),
+                plan.call.shape_text)
 
 
-def _run_kernel(run_backward, plan: _BackwardPlan, arrays: dict, scale, dropout_p, dropout_seed,
-                dropout_offset) -> None:
+def _run_kernel(run_backward, plan: _BackwardPlan, arrays: dict, scale, dropout_seed, dropout_offset) -> None:
     """One kernel call on the plan's views of `arrays` (NumPy arrays, torch CPU tensors or USM addresses)."""
     scale_value = plan.default_scale if scale is None else arguments.scale_value(scale)
-    specs = {name: (code, strides, arrays[name]) for name, code, strides in plan.roles}
+    specs = {name: (code, strides, arrays[name]) for name, (code, strides) in plan.call.roles.items()}
+    runtime = dict(scale=scale_value, dropout_seed=bits64(_s64(dropout_seed or 0, "dropout_seed")),
+                   dropout_offset=bits64(_s64(dropout_offset, "dropout_offset")))
     if verbose.enabled():
         import time
         start = time.perf_counter()
-        _call_kernel(run_backward, plan, specs, scale_value, dropout_p, dropout_seed, dropout_offset)
+        plan.call.run_backward(run_backward, specs, **runtime)
         verbose.log("exec", "functional_backward", "sdpa_backward_cpu" if run_backward is _cpu.backward
-                    else "sdpa_backward_sycl", _shape_text(plan), f"{(time.perf_counter() - start) * 1e3:.4f}ms")
+                    else "sdpa_backward_sycl", plan.call.shape_text, f"{(time.perf_counter() - start) * 1e3:.4f}ms")
     else:
-        _call_kernel(run_backward, plan, specs, scale_value, dropout_p, dropout_seed, dropout_offset)
-
-
-def _call_kernel(run_backward, plan: _BackwardPlan, specs: dict, scale_value: float, dropout_p, dropout_seed,
-                 dropout_offset) -> None:
-    run_backward(plan.kernel_batch, plan.seq_q, plan.seq_kv, plan.head_dim, plan.head_dim_v, specs,
-                 mask_kind=plan.mask_kind, has_scale=True, scale=scale_value, window_left=plan.window[0],
-                 window_right=plan.window[1], inf_as_zero=True, dropout_p=dropout_p,
-                 dropout_seed=bits64(_s64(dropout_seed or 0, "dropout_seed")),
-                 dropout_offset=bits64(_s64(dropout_offset, "dropout_offset")))
+        plan.call.run_backward(run_backward, specs, **runtime)
 
 
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stats, attn_mask=None,
@@ -271,7 +214,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
             grads = tuple(torch_empty(shape, dtype) for shape, dtype in zip(plan.operand_shapes, plan.grad_dtypes))
             arrays = {"query": query, "key": key, "value": value, "output": out, "stats": stats,
                       "grad_output": grad_out, "grad_query": grads[0], "grad_key": grads[1], "grad_value": grads[2]}
-            _run_kernel(_cpu.backward, plan, arrays, scale, dropout_p, dropout_seed, dropout_offset)
+            _run_kernel(_cpu.backward, plan, arrays, scale, dropout_seed, dropout_offset)
             return grads + (None,) if return_mask_grad else grads
 
     on_sycl = _sycl_inputs(query, key, value, attn_mask)
@@ -305,7 +248,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         if torch_signature is not None and plan.direct:
             _plans.put(torch_signature, plan)
         if verbose.enabled():
-            _log_plan(plan, dropout_p, queue)
+            _log_plan(plan, queue)
 
     def empty(shape, dtype):
         return np.empty(shape, dtype) if queue is None else xp.empty(shape, dtype=dtype, sycl_queue=queue)
@@ -336,7 +279,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
             run_backward = functools.partial(sycl_runtime.plugin().backward, queue, extents=extents)
         else:
             run_backward = _cpu.backward
-        _run_kernel(run_backward, plan, arrays, scale, dropout_p, dropout_seed, dropout_offset)
+        _run_kernel(run_backward, plan, arrays, scale, dropout_seed, dropout_offset)
         if queue is not None:
             queue.wait()  # the gradients are ready on return, as on the CPU
 

@@ -15,23 +15,23 @@ import functools
 import numpy as np
 
 from .. import _cpu, sycl_runtime
-from ..dtypes import DTYPES, DataType, FLOAT_TYPES
+from ..attention_spec import AttentionSpec, NotUsable, Operand, lower
+from ..dtypes import DataType
 from ..ops import OpKind
 from ..ops.philox import bits64
 from ..patterns.sdpa import InputChain, SdpaMatch
-from .batch_fold import KERNEL_BATCH_DIMS, fold_batch_dims
-from ..views import overlaps_itself, reshape_strides, transpose_strides, untranspose_strides
+from ..views import reshape_strides, transpose_strides, untranspose_strides
 
 
 
-def plan_window(bounds) -> dict:
+def plan_window(bounds) -> tuple:
     """The window a plan is made for, before its calls give the bounds' values: a causal one where a right
     bound is matched, none otherwise (it steers only the plan's description; each call passes its own)."""
-    return {"window_right": 0} if any(b.side == "right" for b in bounds) else {}
+    return None, (0 if any(b.side == "right" for b in bounds) else None)
 
 
-class NotUsable(Exception):
-    """The fused kernel cannot take this partition; the message says why."""
+def operand(dtype: DataType, view: _View) -> Operand:
+    return Operand(dtype, tuple(view.shape), tuple(view.strides))
 
 
 @dataclass
@@ -60,38 +60,6 @@ def _swap_last(view: _View) -> _View:
     return _View(view.shape[:-2] + view.shape[-2:][::-1], view.strides[:-2] + view.strides[-2:][::-1])
 
 
-def _kernel_strides(view: _View, batch: tuple[int, ...], rows: int, cols: int, name: str) -> tuple[int, ...]:
-    """The strides of `view` broadcast to batch + (rows, cols), one per dim; size-1 dims get stride 0.
-    fold_kernel_batch then brings the batch dims to the kernel's three."""
-    rank = len(view.shape)
-    if rank < 2 or rank - 2 > len(batch):
-        raise NotUsable(f"{name} has rank {rank}; the kernel takes 2 to {len(batch) + 2}")
-    strides = []
-    for axis, size in enumerate(batch):
-        view_axis = axis - (len(batch) + 2 - rank)
-        dim = view.shape[view_axis] if view_axis >= 0 else 1
-        if dim not in (1, size):
-            raise NotUsable(f"{name} batch shape {view.shape[:-2]} does not broadcast to {tuple(batch)}")
-        strides.append(view.strides[view_axis] if dim != 1 else 0)
-    for dim, stride, want in ((view.shape[-2], view.strides[-2], rows), (view.shape[-1], view.strides[-1], cols)):
-        if dim not in (1, want):
-            raise NotUsable(f"{name} matrix shape {view.shape[-2:]} does not broadcast to ({rows}, {cols})")
-        strides.append(stride if dim != 1 else 0)
-    return tuple(strides)
-
-
-def fold_kernel_batch(batch: tuple, views: dict) -> tuple[tuple, dict]:
-    """(the kernel's three batch dims, views with five strides each) for views of (dtype code, strides over
-    batch + 2 dims); NotUsable where the batch dims do not fold into three."""
-    names = list(views)
-    folded = fold_batch_dims(tuple(batch), [list(views[n][1][:-2]) for n in names])
-    if folded is None:
-        raise NotUsable(f"batch dims {tuple(batch)} do not fold into {KERNEL_BATCH_DIMS}: the operands' strides "
-                        "walk them differently")
-    kernel_batch, strides = folded
-    return kernel_batch, {n: (views[n][0], tuple(st) + tuple(views[n][1][-2:])) for n, st in zip(names, strides)}
-
-
 def output_view(out, output_ops, shapes) -> _View:
     """The view of a partition output as the op before `output_ops` (view ops) produced it: reorders and
     reshapes after a kernel's result are folded into its output strides."""
@@ -114,12 +82,6 @@ def _scalar_chain(chain: InputChain | None, lts, what: str) -> InputChain | None
         raise NotUsable(f"{what} (tensor {chain.tensor_id}) has shape {lts[chain.tensor_id].shape}; "
                         "the kernel takes a single value")
     return chain
-
-
-def _code(dtype: DataType, allowed, what: str) -> int:
-    if dtype not in allowed:
-        raise NotUsable(f"{what} dtype {dtype.value} is not supported by the kernel")
-    return DTYPES[dtype].kernel_code
 
 
 def _host(array) -> np.ndarray:
@@ -208,47 +170,29 @@ class FusedSdpaForward:
         if masked_shape[-2:] != (seq_q, seq_kv):
             raise NotUsable(f"the mask broadcasts the scores from {(seq_q, seq_kv)} to {masked_shape[-2:]}")
         batch = shapes[m.pv.outputs[0].id][:-2]
-        views = {
-            "query": (_code(lts[m.query.tensor_id].dtype, FLOAT_TYPES, "query"),
-                      _kernel_strides(q, batch, seq_q, head_dim, "query")),
-            "key": (_code(lts[m.key.tensor_id].dtype, FLOAT_TYPES, "key"),
-                    _kernel_strides(k, batch, seq_kv, head_dim, "key")),
-            "value": (_code(lts[m.value.tensor_id].dtype, FLOAT_TYPES, "value"),
-                      _kernel_strides(v, batch, seq_kv, head_dim_v, "value")),
-            "output": (_code(lts[m.output_id].dtype, FLOAT_TYPES, "output"),
-                       _kernel_strides(output_view(lts[m.output_id], m.output_ops, shapes), batch, seq_q, head_dim_v, "output")),
-        }
+        operands = {"query": operand(lts[m.query.tensor_id].dtype, q), "key": operand(lts[m.key.tensor_id].dtype, k),
+                    "value": operand(lts[m.value.tensor_id].dtype, v),
+                    "output": operand(lts[m.output_id].dtype, output_view(lts[m.output_id], m.output_ops, shapes))}
         if m.mask is not None:
-            allowed = FLOAT_TYPES if m.mask_kind == "additive" else {DataType.boolean}
-            views["mask"] = (_code(lts[m.mask.tensor_id].dtype, allowed, "mask"),
-                             _kernel_strides(_apply_chain(m.mask, lts, shapes), batch, seq_q, seq_kv, "mask"))
+            operands["mask"] = operand(lts[m.mask.tensor_id].dtype, _apply_chain(m.mask, lts, shapes))
         if m.stats_id is not None:
             stats = lts[m.stats_id]
-            views["stats"] = (_code(stats.dtype, {DataType.f32}, "stats"),
-                              _kernel_strides(_View(stats.shape, stats.strides), batch, seq_q, 1, "stats"))
-            if overlaps_itself(tuple(batch) + (seq_q, 1), views["stats"][1]):
-                # V's batch dims broadcast the output beyond the scores: the kernel would write each row's
-                # stats once per output batch index, from several threads.
-                raise NotUsable(f"stats {stats.shape} would be written once per index of the output's batch "
-                                f"{tuple(batch)}")
+            operands["stats"] = operand(stats.dtype, _View(stats.shape, stats.strides))
         self.scale = _scalar_chain(m.scale, lts, "scale")
         self.select_fill = _scalar_chain(m.select_fill, lts, "Select fill value")
         self.window = WindowOperands(m.bounds, lts)
-        padded, views = fold_kernel_batch(batch, views)
+        spec = AttentionSpec(
+            "forward", tuple(batch), seq_q, seq_kv, head_dim, head_dim_v, operands, mask_kind=m.mask_kind,
+            select_keep_value=m.select_keep_value, has_scale=m.scale is not None,
+            scale_is_divisor=m.scale_op is not None and m.scale_op.kind == OpKind.Divide, window=plan_window(m.bounds),
+            inf_as_zero=m.softmax.attrs["mode"] == "inf_as_zero",
+            dropout_p=m.dropout_op.attrs["p"] if m.dropout_op is not None else 0.0)
+        call = lower(spec)
         input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value)}
         self.on_sycl = engine is not None and engine.is_sycl
-        plan_type = _cpu.ForwardPlan
         if self.on_sycl:
             check_sycl_usable(input_dtypes, head_dim, head_dim_v)
-            queue = engine.queue
-            plan_type = functools.partial(sycl_runtime.plugin().ForwardPlan, queue)
-        self.plan = plan_type(
-            padded, seq_q, seq_kv, head_dim, head_dim_v, views["query"], views["key"], views["value"],
-            views["output"], views.get("mask"), views.get("stats"),
-            mask_kind=_cpu.MASK_KIND_CODES[m.mask_kind], select_keep_value=m.select_keep_value,
-            has_scale=m.scale is not None, scale_is_divisor=m.scale_op is not None and m.scale_op.kind == OpKind.Divide,
-            **plan_window(m.bounds), inf_as_zero=m.softmax.attrs["mode"] == "inf_as_zero",
-            dropout_p=m.dropout_op.attrs["p"] if m.dropout_op is not None else 0.0)
+        self.plan = call.forward_plan(engine.queue if self.on_sycl else None)
         self.dropout_seed = _scalar_chain(m.dropout_seed, lts, "Dropout seed")
         self.dropout_offset = _scalar_chain(m.dropout_offset, lts, "Dropout offset")
         if self.on_sycl:
@@ -256,9 +200,7 @@ class FusedSdpaForward:
             self.isa = self.plan.kernel_name()
         else:
             self.isa = self.plan.isa()
-        self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
-                           f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},"
-                           f"window={'+'.join(b.side for b in m.bounds) or 'none'}")
+        self.shape_text = call.shape_text
 
     def dispatch_text(self) -> str:
         """isa=<build> and, on the CPU, why=<the rule that chose it> and the work layout (for the verbose log)."""

@@ -8,16 +8,19 @@ in K's and V's broadcast layout, so the GQA ReduceSum happens inside the kernel.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
 
 from .. import _cpu, sycl_runtime
-from ..dtypes import DTYPES, DataType, FLOAT_TYPES
+from ..dtypes import DataType
 from ..ops import OpKind
 from ..patterns.sdpa_backward import GradientOutput, SdpaBackwardMatch
-from .fused_sdpa import (NotUsable, WindowOperands, plan_window, fold_kernel_batch, _apply_chain, _code, _kernel_strides, _scalar, _scalar_chain,
-                         _u64, _View, check_sycl_usable, output_view, usm_address)
+from ..attention_spec import AttentionSpec, NotUsable, Operand, lower
+from ..logical_tensor import dense_strides
+from .fused_sdpa import (WindowOperands, _apply_chain, _scalar, _scalar_chain, _u64, _View, check_sycl_usable, operand,
+                         output_view, plan_window, usm_address)
 
 
 def _gradient_view(grad: GradientOutput, lts, shapes) -> _View:
@@ -58,78 +61,58 @@ class FusedSdpaBackward:
         batch = score_shape[:-2]
         self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v = seq_q, seq_kv, head_dim, head_dim_v
 
-        def spec(name, view, rows, cols, tensor_id, allowed=FLOAT_TYPES):
-            return (_code(lts[tensor_id].dtype, allowed, name), _kernel_strides(view, batch, rows, cols, name))
-
         dq = _gradient_view(m.dq, lts, shapes)
         for axis, size in enumerate(q.shape[:-2]):
             if size == 1 and batch[len(batch) - len(q.shape) + 2 + axis] > 1:
                 raise NotUsable("query is broadcast over a batch dim; its gradient would need a reduction")
         dk = _check_reduction(m.dk, k, batch, "K", lts, shapes)
         dv = _check_reduction(m.dv, v, batch, "V", lts, shapes)
-        self.specs = {
-            "query": spec("query", q, seq_q, head_dim, m.query.tensor_id),
-            "key": spec("key", k, seq_kv, head_dim, m.key.tensor_id),
-            "value": spec("value", v, seq_kv, head_dim_v, m.value.tensor_id),
-            "grad_output": spec("grad_output", grad_out, seq_q, head_dim_v, m.grad_output.tensor_id),
-            "stats": spec("stats", stats, seq_q, 1, m.stats.tensor_id, {DataType.f32}),
-            "grad_query": spec("grad_query", dq, seq_q, head_dim, m.dq.tensor_id),
-            "grad_key": spec("grad_key", dk, seq_kv, head_dim, m.dk.tensor_id),
-            "grad_value": spec("grad_value", dv, seq_kv, head_dim_v, m.dv.tensor_id),
-        }
+
+        def dtype(tensor_id):
+            return lts[tensor_id].dtype
+        operands = {
+            "query": operand(dtype(m.query.tensor_id), q), "key": operand(dtype(m.key.tensor_id), k),
+            "value": operand(dtype(m.value.tensor_id), v),
+            "grad_output": operand(dtype(m.grad_output.tensor_id), grad_out),
+            "stats": operand(dtype(m.stats.tensor_id), stats), "grad_query": operand(dtype(m.dq.tensor_id), dq),
+            "grad_key": operand(dtype(m.dk.tensor_id), dk), "grad_value": operand(dtype(m.dv.tensor_id), dv),
+            # The recomputed O: f32, contiguous over (batch, Sq, Dv).
+            "output": Operand(DataType.f32, tuple(batch) + (seq_q, head_dim_v),
+                              dense_strides(tuple(batch) + (seq_q, head_dim_v)))}
         if m.mask is not None:
-            allowed = FLOAT_TYPES if m.mask_kind == "additive" else {DataType.boolean}
-            self.specs["mask"] = spec("mask", _apply_chain(m.mask, lts, shapes), seq_q, seq_kv, m.mask.tensor_id,
-                                      allowed)
+            operands["mask"] = operand(dtype(m.mask.tensor_id), _apply_chain(m.mask, lts, shapes))
         if m.grad_mask_id is not None:
             grad_mask = lts[m.grad_mask_id]
-            self.specs["grad_mask"] = spec("grad_mask", _View(grad_mask.shape, grad_mask.strides), seq_q, seq_kv,
-                                           m.grad_mask_id, {DataType.f32})
-        self.batch, self.specs = fold_kernel_batch(batch, self.specs)
+            operands["grad_mask"] = operand(grad_mask.dtype, _View(grad_mask.shape, grad_mask.strides))
         self.scale = _scalar_chain(m.scale, lts, "scale")
         self.select_fill = _scalar_chain(m.select_fill, lts, "Select fill value")
         self.window = WindowOperands(m.bounds, lts)
-        self.plan_window = plan_window(m.bounds)
         self.dropout_seed = _scalar_chain(m.dropout_seed, lts, "Dropout seed")
         self.dropout_offset = _scalar_chain(m.dropout_offset, lts, "Dropout offset")
-        self.options = dict(
-            mask_kind=_cpu.MASK_KIND_CODES[m.mask_kind], select_keep_value=m.select_keep_value,
-            has_scale=m.scale is not None, inf_as_zero=True,
-            dropout_p=m.dropouts[0].attrs["p"] if m.dropouts else 0.0)
         self.scale_is_divisor = m.scale_op is not None and m.scale_op.kind == OpKind.Divide
-        # The recomputed O: f32, contiguous over the kernel's (batch, Sq, Dv).
-        self.o_shape = self.batch + (seq_q, head_dim_v)
-        o_strides = (0 if self.batch[0] == 1 else self.batch[1] * self.batch[2] * seq_q * head_dim_v,
-                     self.batch[2] * seq_q * head_dim_v, seq_q * head_dim_v, head_dim_v, 1)
-        self.o_spec = (DTYPES[DataType.f32].kernel_code, o_strides)
-        views = {name: (code, strides) for name, (code, strides) in self.specs.items()}
+        spec = AttentionSpec(
+            "backward", tuple(batch), seq_q, seq_kv, head_dim, head_dim_v, operands, mask_kind=m.mask_kind,
+            select_keep_value=m.select_keep_value, has_scale=m.scale is not None,
+            scale_is_divisor=self.scale_is_divisor, window=plan_window(m.bounds), inf_as_zero=True,
+            dropout_p=m.dropouts[0].attrs["p"] if m.dropouts else 0.0)
+        self.call = call = lower(spec)
+        self.o_shape = call.batch + (seq_q, head_dim_v)
         input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value, m.grad_output)}
         self.queue = engine.queue if engine is not None and engine.is_sycl else None
-        plan_type = _cpu.ForwardPlan
         if self.queue is not None:
             check_sycl_usable(input_dtypes, head_dim, head_dim_v)
             self.name = "sdpa_backward_sycl"
-            plan_type = functools.partial(sycl_runtime.plugin().ForwardPlan, self.queue)
-        self.forward_plan = plan_type(
-            self.batch, seq_q, seq_kv, head_dim, head_dim_v, views["query"], views["key"], views["value"],
-            self.o_spec, views.get("mask"), None, scale_is_divisor=self.scale_is_divisor, **self.options,
-            **self.plan_window)
-        self.shape_text = (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={head_dim},dv={head_dim_v},"
-                           f"dtype={lts[m.query.tensor_id].dtype.value},mask={m.mask_kind},"
-                           f"window={'+'.join(b.side for b in m.bounds) or 'none'},"
-                           f"dropout={self.options['dropout_p']}")
+        # The forward recomputing O writes it where the backward reads it, and no stats.
+        forward_roles = {r: call.roles[r] for r in ("query", "key", "value", "output", "mask") if r in call.roles}
+        self.forward_plan = dataclasses.replace(call, roles=forward_roles).forward_plan(self.queue)
+        self.shape_text = call.shape_text
         self.isa = "subgroup" if self.queue is not None else _cpu.backward_isa([dt.value for dt in input_dtypes],
                                                                                 seq_q, seq_kv)
 
     def dispatch_text(self) -> str:
         """isa=<build> and, on the CPU, why=<the rule that chose it> and the key pass's layout (for the verbose
         log)."""
-        if self.queue is not None:
-            return f"isa={self.isa}"
-        roles = {name: (code, strides) for name, (code, strides) in self.specs.items()}
-        roles["output"] = self.o_spec
-        return _cpu.backward_dispatch_text(self.batch, self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v, roles,
-                                           **self.options, **self.plan_window)
+        return f"isa={self.isa}" if self.queue is not None else self.call.backward_dispatch_text()
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match
@@ -156,20 +139,19 @@ class FusedSdpaBackward:
             address = {name: usm_address(a, name) for name, a in arrays.items()}
             self.forward_plan.run(address["query"], address["key"], address["value"], usm_address(o, "output"),
                                   mask=address.get("mask", 0), **runtime)
-            specs = {name: spec + (address[name],) for name, spec in self.specs.items()}
-            specs["output"] = self.o_spec + (usm_address(o, "output"),)
+            address["output"] = usm_address(o, "output")
+            specs = {name: spec + (address[name],) for name, spec in self.call.roles.items()}
             run_backward = functools.partial(sycl_runtime.plugin().backward, self.queue)
         else:
             o = np.empty(self.o_shape, np.float32)
             self.forward_plan.run_arrays(arrays["query"], arrays["key"], arrays["value"], o, mask=arrays.get("mask"),
                                          **runtime)
-            specs = {name: spec + (arrays[name],) for name, spec in self.specs.items()}
-            specs["output"] = self.o_spec + (o,)
+            arrays["output"] = o
+            specs = {name: spec + (arrays[name],) for name, spec in self.call.roles.items()}
             run_backward = _cpu.backward
         scale = runtime.pop("scale")
         if self.scale_is_divisor:
             scale = 1.0 / scale
-        run_backward(self.batch, self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v, specs,
-                     scale=scale, **runtime, **self.options)
+        self.call.run_backward(run_backward, specs, scale=scale, **runtime)
         if self.queue is not None:
             self.queue.wait()  # o is freed when this returns
