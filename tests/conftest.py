@@ -4,9 +4,11 @@ import random
 import numpy as np
 import pytest
 
+from graphattn import _cpu
+
 # Scratch the kernels do not clear starts as NaN in every test (native/cpu/src/scratch.hpp), so that a
-# kernel reading scratch it never wrote shows in its results.  Set before any kernel runs.
-os.environ.setdefault("GRAPHATTN_POISON_SCRATCH", "1")
+# kernel reading scratch it never wrote shows in its results; subprocess_helpers does the same in children.
+_cpu.poison_scratch(True)
 
 
 def pytest_addoption(parser):

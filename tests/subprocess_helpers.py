@@ -5,11 +5,13 @@ import sys
 
 
 def run_python_logged(script: str, kernel: str | None = None, **env: str) -> tuple[str, str]:
-    """Runs `script` in a fresh Python with these environment variables added, the kernel candidate `kernel`
-    forced on both passes where given (graphattn.force_kernel); asserts it exits 0 and returns its standard
+    """Runs `script` in a fresh Python with these environment variables added, scratch poisoned as in this
+    process, the kernel candidate `kernel` forced on both passes where given (graphattn.force_kernel); asserts it exits 0 and returns its standard
     output and standard error (where the verbose log goes)."""
+    prelude = "import graphattn._cpu\ngraphattn._cpu.poison_scratch(True)\n"  # as conftest.py does here
     if kernel is not None:
-        script = f"import graphattn\ngraphattn.force_kernel({kernel!r})\n" + script
+        prelude += f"import graphattn\ngraphattn.force_kernel({kernel!r})\n"
+    script = prelude + script
     result = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, **env), capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr

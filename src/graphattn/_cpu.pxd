@@ -81,6 +81,7 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
     const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv)
     string sdpa_backward_plan(const SdpaBackwardArgs& args)
     DType sdpa_dtype_class(const DType* dtypes, int count)
+    void set_scratch_poisoning(bool on)
 
 
 cdef extern from "graphattn/kernel_table.hpp" namespace "graphattn":

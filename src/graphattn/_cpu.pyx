@@ -13,7 +13,7 @@ cnp.import_array()
 
 from graphattn._cpu cimport (BufferExtent, DType, MaskKind, Pass, SdpaBackwardArgs, SdpaForwardArgs, Status,
                              TensorView, cpu_features_string, force_kernel, forced_kernel, kernel_candidate_count,
-                             kernel_candidate_name, kernel_candidate_unavailable, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_plan,
+                             kernel_candidate_name, kernel_candidate_unavailable, set_scratch_poisoning, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_plan,
                              sdpa_dtype_class, sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan)
 
 
@@ -243,6 +243,11 @@ def force(str pass_name, str name):
 def forced(str pass_name):
     """The pass's forced candidate, or "" when the choice is automatic."""
     return forced_kernel(_pass_of(pass_name)).decode()
+
+
+def poison_scratch(bint on=True):
+    """Testing aid: kernel scratch that is not cleared starts as NaN in every later call (see sdpa.hpp)."""
+    set_scratch_poisoning(on)
 
 
 def cpu_features():

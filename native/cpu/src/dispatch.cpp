@@ -61,7 +61,7 @@ int amx_parts(DType dtype_class) { return dtype_class == DType::bf16 ? 1 : (dtyp
 
 // ---- What each candidate needs of the CPU ------------------------------------------------------------------
 
-std::string amx_unavailable() {
+const char* amx_unavailable() {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
     return amx_bf16_usable() ? "" : "no usable AMX-BF16 on this CPU";
 #else
@@ -69,7 +69,7 @@ std::string amx_unavailable() {
 #endif
 }
 
-std::string avx512_unavailable() {
+const char* avx512_unavailable() {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
     const CpuFeatures& f = cpu_features();
     return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.f16c ? "" : "no AVX-512 F/BW/VL/DQ with F16C";
@@ -78,7 +78,7 @@ std::string avx512_unavailable() {
 #endif
 }
 
-std::string avx2_unavailable() {
+const char* avx2_unavailable() {
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
     const CpuFeatures& f = cpu_features();
     return f.avx2 && f.fma && f.f16c ? "" : "no AVX2 with FMA and F16C";
@@ -87,7 +87,41 @@ std::string avx2_unavailable() {
 #endif
 }
 
-std::string portable_unavailable() { return ""; }
+const char* portable_unavailable() { return ""; }
+
+// The rules' texts, built once from the constants they describe.
+struct RuleTexts {
+    std::string bf16_slower, bf16_accepts, f16_slower, f16_accepts, f32_scores_slower, f32_items_slower,
+        f32_accepts, backward_bf16_slower, backward_bf16_accepts, backward_f16_slower, backward_f16_accepts;
+};
+
+const RuleTexts& rule_texts() {
+    static const RuleTexts texts = [] {
+        const std::string side = str(kAmxF32MinScoreSide), bf16 = str(kAmxBackwardBf16MinLength),
+                          f16 = str(kAmxBackwardF16MinLength);
+        RuleTexts t;
+        t.bf16_slower = "bf16 under " + str(kAmxBf16MinQueryRows) + " query rows: mostly padding on tiles";
+        t.bf16_accepts = "bf16 from " + str(kAmxBf16MinQueryRows) + " query rows on tiles";
+        t.f16_slower = "f16 under " + str(kAmxF16MinQueryRows) + " query rows: three tile products each";
+        t.f16_accepts = "f16 from " + str(kAmxF16MinQueryRows) + " query rows on tiles";
+        t.f32_scores_slower = "f32 under " + side + " x " + side + " scores: FMAs beat six tile products per product";
+        t.f32_items_slower =
+            "f32 work items under " + str(kAmxF32MinItemRows) + " query rows: FMAs beat six tile products per product";
+        t.f32_accepts = "f32 work items of " + str(kAmxF32MinItemRows) + " query rows or more on tiles";
+        t.backward_bf16_slower = "bf16 with a sequence under " + bf16 + ": mostly padding on tiles";
+        t.backward_bf16_accepts = "bf16 with both sequences from " + bf16 + " on tiles";
+        t.backward_f16_slower = "f16 with a sequence under " + f16 + ": mostly padding on tiles";
+        t.backward_f16_accepts = "f16 with both sequences from " + f16 + " on tiles";
+        return t;
+    }();
+    return texts;
+}
+
+// What an AMX candidate built for `parts` bf16 parts takes.
+const char* amx_dtype_text(int parts) {
+    return parts == 1 ? "takes bf16 inputs" : (parts == 2 ? "takes 16-bit inputs with f16 among them"
+                                                          : "takes inputs with f32 among them");
+}
 
 // ---- Candidates ---------------------------------------------------------------------------------------------
 
@@ -95,7 +129,7 @@ std::string portable_unavailable() { return ""; }
 template <class Args>
 struct Candidate {
     const char* name;
-    std::string (*unavailable)();              // "" where this CPU runs it
+    const char* (*unavailable)();              // "" where this CPU runs it
     Verdict (*verdict)(const Args& args);      // its answer to a call
     bool (*run)(const Args& args);             // false: declined at run time; the next candidate runs
     std::string (*plan)(const Args& args);     // its work layout, for the log
@@ -104,10 +138,10 @@ using ForwardCandidate = Candidate<SdpaForwardArgs>;
 using BackwardCandidate = Candidate<SdpaBackwardArgs>;
 
 // A vector build: every dtype, every feature, where its CPU runs it.
-template <class Args, std::string (*Unavailable)()>
+template <class Args, const char* (*Unavailable)()>
 Verdict vector_verdict(const Args&) {
-    const std::string missing = Unavailable();
-    if (!missing.empty()) return {Fit::cannot, missing};
+    const char* missing = Unavailable();
+    if (*missing) return {Fit::cannot, missing};
     return {Fit::accepts, "a vector build runs every call"};
 }
 
@@ -116,7 +150,7 @@ bool run_vector(const Args& args) {
     return Run(args).ok;
 }
 
-template <class Args, std::string (*Unavailable)(), Status (*Run)(const Args&), std::string (*Plan)(const Args&)>
+template <class Args, const char* (*Unavailable)(), Status (*Run)(const Args&), std::string (*Plan)(const Args&)>
 constexpr Candidate<Args> vector_candidate(const char* name) {
     return {name, Unavailable, vector_verdict<Args, Unavailable>, run_vector<Args, Run>, Plan};
 }
@@ -143,31 +177,24 @@ constexpr BackwardCandidate kAvx2Backward =
 // The AMX forward on `Parts` bf16 parts per value.
 template <int Parts>
 Verdict amx_forward_verdict(const SdpaForwardArgs& args) {
-    const DType dtype = forward_dtype_class(args);
-    if (amx_parts(dtype) != Parts)
-        return {Fit::other_dtype, std::string("takes ") + (Parts == 1 ? "bf16" : (Parts == 2 ? "f16" : "f32")) +
-                                      " inputs and these are " + dtype_class_name(dtype)};
-    const std::string missing = amx_unavailable();
-    if (!missing.empty()) return {Fit::cannot, missing};
+    if (amx_parts(forward_dtype_class(args)) != Parts) return {Fit::other_dtype, amx_dtype_text(Parts)};
+    const char* missing = amx_unavailable();
+    if (*missing) return {Fit::cannot, missing};
     if (args.dropout_p != 0.0f) return {Fit::cannot, "dropout: the tile kernel does not fuse it"};
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
+    const RuleTexts& t = rule_texts();
     if (Parts == 1) {
-        if (args.seq_q < kAmxBf16MinQueryRows)
-            return {Fit::slower, "bf16 under " + str(kAmxBf16MinQueryRows) + " query rows: mostly padding on tiles"};
-        return {Fit::accepts, "bf16 from " + str(kAmxBf16MinQueryRows) + " query rows on tiles"};
+        if (args.seq_q < kAmxBf16MinQueryRows) return {Fit::slower, t.bf16_slower.c_str()};
+        return {Fit::accepts, t.bf16_accepts.c_str()};
     }
     if (Parts == 2) {
-        if (args.seq_q < kAmxF16MinQueryRows)
-            return {Fit::slower, "f16 under " + str(kAmxF16MinQueryRows) + " query rows: three tile products each"};
-        return {Fit::accepts, "f16 from " + str(kAmxF16MinQueryRows) + " query rows on tiles"};
+        if (args.seq_q < kAmxF16MinQueryRows) return {Fit::slower, t.f16_slower.c_str()};
+        return {Fit::accepts, t.f16_accepts.c_str()};
     }
-    const std::string side = str(kAmxF32MinScoreSide);
     if (args.seq_q * args.seq_kv < kAmxF32MinScoreSide * kAmxF32MinScoreSide)
-        return {Fit::slower, "f32 under " + side + " x " + side + " scores: FMAs beat six tile products per product"};
-    if (sdpa_forward_amx_item_rows(args) < kAmxF32MinItemRows)
-        return {Fit::slower, "f32 work items under " + str(kAmxF32MinItemRows) +
-                                 " query rows: FMAs beat six tile products per product"};
-    return {Fit::accepts, "f32 work items of " + str(kAmxF32MinItemRows) + " query rows or more on tiles"};
+        return {Fit::slower, t.f32_scores_slower.c_str()};
+    if (sdpa_forward_amx_item_rows(args) < kAmxF32MinItemRows) return {Fit::slower, t.f32_items_slower.c_str()};
+    return {Fit::accepts, t.f32_accepts.c_str()};
 #else
     return {Fit::cannot, "no x86 builds in this library"};
 #endif
@@ -204,18 +231,14 @@ const ForwardCandidate kForwardCandidates[] = {kPortableForward};
 // products on split tiles ran slower than the FMAs).
 template <int Parts>
 Verdict amx_backward_verdict(const SdpaBackwardArgs& args) {
-    const DType dtype = backward_dtype_class(args);
-    if (amx_parts(dtype) != Parts)
-        return {Fit::other_dtype, std::string("takes ") + (Parts == 1 ? "bf16" : "f16") + " inputs and these are " +
-                                      dtype_class_name(dtype)};
-    const std::string missing = amx_unavailable();
-    if (!missing.empty()) return {Fit::cannot, missing};
-    const int64_t min_length = Parts == 1 ? kAmxBackwardBf16MinLength : kAmxBackwardF16MinLength;
+    if (amx_parts(backward_dtype_class(args)) != Parts) return {Fit::other_dtype, amx_dtype_text(Parts)};
+    const char* missing = amx_unavailable();
+    if (*missing) return {Fit::cannot, missing};
+    const RuleTexts& t = rule_texts();
     const SdpaForwardArgs& a = args.forward;
-    const std::string name = dtype_class_name(dtype);
-    if (std::min(a.seq_q, a.seq_kv) < min_length)
-        return {Fit::slower, name + " with a sequence under " + str(min_length) + ": mostly padding on tiles"};
-    return {Fit::accepts, name + " with both sequences from " + str(min_length) + " on tiles"};
+    if (std::min(a.seq_q, a.seq_kv) < (Parts == 1 ? kAmxBackwardBf16MinLength : kAmxBackwardF16MinLength))
+        return {Fit::slower, (Parts == 1 ? t.backward_bf16_slower : t.backward_f16_slower).c_str()};
+    return {Fit::accepts, (Parts == 1 ? t.backward_bf16_accepts : t.backward_f16_accepts).c_str()};
 }
 
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
@@ -252,42 +275,45 @@ std::atomic<int> forced_index[2] = {{-1}, {-1}};
 
 // ---- The choice --------------------------------------------------------------------------------------------
 
-// The candidate that runs a call, with the rules that decided: every earlier
-// candidate's decline (but those built for another dtype class), then the
-// chosen one's own.  index < 0 where a forced candidate cannot run the call.
-struct Choice {
-    int index = -1;
-    std::string why;
-};
-
+// The candidate that runs a call: the forced one (index < 0 where it cannot
+// run the call), else the first from `first` on that accepts it.  `why`,
+// where given, gets the rules that decided: every earlier candidate's
+// decline (but those built for another dtype class), then the chosen one's
+// own; the calls themselves pass none, so choosing builds no text.
 template <class Candidate, class Args, int N>
-Choice choose(const Candidate (&table)[N], Pass pass, const Args& args, int first = 0) {
-    Choice choice;
+int choose(const Candidate (&table)[N], Pass pass, const Args& args, int first = 0, std::string* why = nullptr) {
     const int forced = forced_index[int(pass)].load(std::memory_order_relaxed);
     if (forced >= 0 && first == 0) {
         const Verdict v = table[forced].verdict(args);
-        choice.why = std::string("forced (") + v.reason + ")";
-        if (v.runs()) choice.index = forced;
-        return choice;
+        if (why) *why = std::string("forced (") + v.reason + ")";
+        return v.runs() ? forced : -1;
     }
     for (int i = first; i < N; ++i) {
         const Verdict v = table[i].verdict(args);
         if (v.fit == Fit::accepts) {
-            choice.index = i;
-            choice.why += v.reason;
-            return choice;
+            if (why) *why += v.reason;
+            return i;
         }
-        if (v.fit != Fit::other_dtype) choice.why += std::string(table[i].name) + " declines: " + v.reason + "; ";
+        if (why && v.fit != Fit::other_dtype) *why += std::string(table[i].name) + " declines: " + v.reason + "; ";
     }
-    return choice;  // unreachable: portable accepts every call
+    return -1;  // unreachable: portable accepts every call
 }
 
-Status forced_cannot_run(Pass pass, const char* name, const std::string& why) {
-    return Status::error(std::string(pass == Pass::forward ? "forward" : "backward") + " kernel " + name +
-                         " is forced but cannot run this call: " + why);
+// The error of a call the forced candidate cannot run, with its rule.
+template <class Candidate, class Args, int N>
+Status forced_cannot_run(const Candidate (&table)[N], Pass pass, const Args& args) {
+    std::string why;
+    const int forced = forced_index[int(pass)].load();
+    choose(table, pass, args, 0, &why);
+    return Status::error(std::string(pass == Pass::forward ? "forward" : "backward") + " kernel " +
+                         (forced >= 0 ? table[forced].name : "(none)") + " is forced but cannot run this call: " + why);
 }
 
 }  // namespace
+
+std::atomic<bool> g_poison_scratch{false};
+
+void set_scratch_poisoning(bool on) { g_poison_scratch.store(on); }
 
 DType sdpa_dtype_class(const DType* dtypes, int count) {
     bool all_bf16 = true, all_half = true;
@@ -351,12 +377,10 @@ Status sdpa_forward(const SdpaForwardArgs& args) {
     Status status = check_forward_args(args);
     if (!status.ok) return status;
     if (args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0) return status;
-    Choice choice = choose(kForwardCandidates, Pass::forward, args);
-    if (choice.index < 0) return forced_cannot_run(Pass::forward, kernel_candidate_name(Pass::forward,
-                                                   forced_index[0].load()), choice.why);
+    int index = choose(kForwardCandidates, Pass::forward, args);
+    if (index < 0) return forced_cannot_run(kForwardCandidates, Pass::forward, args);
     // A candidate that declines at run time (split inputs holding an infinity) leaves the call to the next.
-    while (!kForwardCandidates[choice.index].run(args))
-        choice = choose(kForwardCandidates, Pass::forward, args, choice.index + 1);
+    while (!kForwardCandidates[index].run(args)) index = choose(kForwardCandidates, Pass::forward, args, index + 1);
     return status;
 }
 
@@ -365,11 +389,9 @@ Status sdpa_backward(const SdpaBackwardArgs& args) {
     if (!status.ok) return status;
     const SdpaForwardArgs& a = args.forward;
     if (a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return status;
-    Choice choice = choose(kBackwardCandidates, Pass::backward, args);
-    if (choice.index < 0) return forced_cannot_run(Pass::backward, kernel_candidate_name(Pass::backward,
-                                                   forced_index[1].load()), choice.why);
-    while (!kBackwardCandidates[choice.index].run(args))
-        choice = choose(kBackwardCandidates, Pass::backward, args, choice.index + 1);
+    int index = choose(kBackwardCandidates, Pass::backward, args);
+    if (index < 0) return forced_cannot_run(kBackwardCandidates, Pass::backward, args);
+    while (!kBackwardCandidates[index].run(args)) index = choose(kBackwardCandidates, Pass::backward, args, index + 1);
     return status;
 }
 
@@ -390,8 +412,8 @@ SdpaForwardArgs shape_only_args(DType dtype_class, int64_t batch, int64_t seq_q,
     return args;
 }
 
-const char* chosen_name(Pass pass, const Choice& choice) {
-    return choice.index < 0 ? "none" : kernel_candidate_name(pass, choice.index);
+const char* chosen_name(Pass pass, int index) {
+    return index < 0 ? "none" : kernel_candidate_name(pass, index);
 }
 
 }  // namespace
@@ -404,11 +426,12 @@ const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv) 
 }
 
 std::string sdpa_backward_plan(const SdpaBackwardArgs& args) {
-    const Choice choice = choose(kBackwardCandidates, Pass::backward, args);
-    const std::string head = std::string("isa=") + chosen_name(Pass::backward, choice) + ",why=" + choice.why + ",";
+    std::string why;
+    const int index = choose(kBackwardCandidates, Pass::backward, args, 0, &why);
+    const std::string head = std::string("isa=") + chosen_name(Pass::backward, index) + ",why=" + why + ",";
     const SdpaForwardArgs& a = args.forward;
-    if (choice.index < 0 || a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return head + "layout=none";
-    return head + kBackwardCandidates[choice.index].plan(args);
+    if (index < 0 || a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return head + "layout=none";
+    return head + kBackwardCandidates[index].plan(args);
 }
 
 const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, int64_t batch, bool causal,
@@ -422,11 +445,12 @@ const char* sdpa_forward_isa_for(const SdpaForwardArgs& args) {
 }
 
 std::string sdpa_forward_plan(const SdpaForwardArgs& args) {
-    const Choice choice = choose(kForwardCandidates, Pass::forward, args);
-    const std::string head = std::string("isa=") + chosen_name(Pass::forward, choice) + ",why=" + choice.why + ",";
-    if (choice.index < 0 || args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0)
+    std::string why;
+    const int index = choose(kForwardCandidates, Pass::forward, args, 0, &why);
+    const std::string head = std::string("isa=") + chosen_name(Pass::forward, index) + ",why=" + why + ",";
+    if (index < 0 || args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0)
         return head + "layout=none";
-    return head + kForwardCandidates[choice.index].plan(args);
+    return head + kForwardCandidates[index].plan(args);
 }
 
 }  // namespace graphattn

@@ -7,6 +7,8 @@
 // (perf, (1,2,1,1,64) f32: malloc_consolidate, _int_malloc, _int_free).
 #pragma once
 
+#include <atomic>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -16,6 +18,7 @@
 #include "isa_namespace.hpp"
 
 namespace graphattn {
+extern std::atomic<bool> g_poison_scratch;  // set_scratch_poisoning (dispatch.cpp)
 namespace GRAPHATTN_ISA_NS {
 
 // Blocks freed by one thread, kept for its later requests of the same size.
@@ -70,10 +73,10 @@ private:
     size_t held_ = 0;
 };
 
-// GRAPHATTN_POISON_SCRATCH set: buffers that are not cleared start as NaN,
-// so that a kernel reading what it never wrote shows in its results (the
-// test suite sets it).  Read at each allocation: a process may set it late.
-inline bool poison_scratch() { return std::getenv("GRAPHATTN_POISON_SCRATCH") != nullptr; }
+// With scratch poisoning on (set_scratch_poisoning, sdpa.hpp), buffers that
+// are not cleared start as NaN, so that a kernel reading what it never wrote
+// shows in its results (the test suite turns it on).
+inline bool poison_scratch() { return graphattn::g_poison_scratch.load(std::memory_order_relaxed); }
 
 class AlignedFloats {
 public:

@@ -21,10 +21,11 @@ enum class Fit : int32_t {
 };
 
 // A candidate's answer to one call, with the rule that gave it (no commas:
-// the verbose log is comma-separated).
+// the verbose log is comma-separated).  The text lives as long as the
+// library: reasons are built once, so that choosing costs no allocation.
 struct Verdict {
     Fit fit = Fit::cannot;
-    std::string reason;
+    const char* reason = "";
     bool runs() const { return fit == Fit::slower || fit == Fit::accepts; }
 };
 

@@ -157,6 +157,10 @@ const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv);
 // threads and order.  Data addresses are not read.
 std::string sdpa_backward_plan(const SdpaBackwardArgs& args);
 
+// Testing aid: with poisoning on, kernel scratch that is not cleared starts
+// as NaN in every later call, so that reading what was never written shows.
+void set_scratch_poisoning(bool on);
+
 // The dtype class the kernel choice goes by for inputs of these dtypes: bf16
 // when every one is bf16, f16 when all are 16-bit floats with an f16 among
 // them, else f32.
