@@ -116,9 +116,8 @@ struct SplitRows {
 };
 
 // body(checked) with checked a compile-time bool, true where the block has
-// padding: blocks without it skip the masks and bounds checks, which kept the
-// lone long items that packing dominates as fast as before padding moved
-// here (16-core Xeon, f16 (1,1,1,17,768,256): 0.93x with checks everywhere).
+// padding: blocks without it skip the masks and bounds checks, which would
+// slow the lone long items that packing dominates.
 template <typename Body>
 inline void with_padding_checks(bool padded, Body body) {
     if (padded)

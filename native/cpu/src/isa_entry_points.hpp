@@ -30,7 +30,7 @@ std::string sdpa_backward_plan_avx512(const SdpaBackwardArgs& args);
 bool sdpa_forward_amx(const SdpaForwardArgs& args, int parts);
 std::string sdpa_forward_plan_amx(const SdpaForwardArgs& args, int parts);
 // The same for Q/K/V/dO, with 1 or 2 parts (f32 stays on the vector build:
-// its five products at six tile products each came out 0.4-0.8x the FMAs).
+// its five products at six tile products each are slower than the FMAs).
 bool sdpa_backward_amx(const SdpaBackwardArgs& args, int parts);
 std::string sdpa_backward_plan_amx(const SdpaBackwardArgs& args);
 // Query rows per work item of sdpa_forward_amx for f32 inputs with these

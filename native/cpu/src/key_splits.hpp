@@ -53,11 +53,8 @@ inline int64_t key_split_count(int64_t pieces, int64_t items, int64_t keys, int6
 // else about `per_thread` pieces of work per thread, in whole key blocks.
 // A single item whose keys come to 1.5 minimum splits but under two
 // (768-1023 keys of kMinKeysPerSplit) takes two splits rather than one, since
-// alone it leaves every other thread idle.  16-core Xeon, in-process A/B, one item of 17-64
-// rows and 768-1000 keys: the vector build's query blocks, f32, 1.19-1.65x;
-// the AMX plan, bf16 1.05-1.86x, f16 1.36-1.94x (once its split packing
-// stopped going through a zero-filled copy: 0.94-1.54x before); the row
-// layout (1 to 16 rows, after its K^T packing), f32 1.09-1.57x.
+// alone it leaves every other thread idle (docs/performance.md, "Kernel
+// internals").
 inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t block,
                                  int64_t min_keys = kMinKeysPerSplit) {
     int64_t count = items < threads ? key_split_count(per_thread * threads, items, keys, min_keys) : 1;
@@ -68,9 +65,6 @@ inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thr
 // How many of each work item's key splits have written their partial
 // results: the split that writes an item's last one merges the item, so no
 // thread waits at a barrier for every split of every item before merging.
-// 16-core Xeon, in-process A/B against the barrier, 854 calls with split
-// keys: median 1.06-1.11x per build (vector rows and lanes, AMX); decode
-// (1,32,8,1,4096,128) 1.07-1.11x, (1,8,8,4,768,D) 1.17-1.26x.
 class SplitsDone {
 public:
     SplitsDone(int64_t items, int64_t splits)

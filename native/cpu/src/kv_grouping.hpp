@@ -51,11 +51,8 @@ struct KvGrouping {
     // (under a causal mask a key block's work falls with its index, and
     // interleaving gives the splits equal shares) and sums its dQ into a buffer
     // of its own, of dq_plane floats: splits beyond kMinDqSplits only while all
-    // the buffers fit kDqBufferFloats (16 MiB).  16-core Xeon, separate
-    // processes: against at most four splits, the AMX backward bf16
-    // (1,1,1,2048,2048,64) 1.55x, (1,4,1,512,2048,64) 1.61x, (1,2,2,2048,2048,64)
-    // 1.20x; splits up to one per key block without the budget ran the lane
-    // backward's f32 (1,2,2,2048,2048,64) and (1,4,4,1024,1024,128) at 0.56x.
+    // the buffers fit kDqBufferFloats (16 MiB): more splits keep few heads'
+    // threads busy, but unbounded ones spend more on dQ buffers than they save.
     static constexpr int64_t kMinDqSplits = 4;
     static constexpr int64_t kDqBufferFloats = int64_t(4) << 20;
     int64_t key_splits(int64_t threads, int64_t per_thread, int64_t key_blocks, int64_t dq_plane) const {
@@ -67,10 +64,8 @@ struct KvGrouping {
 
 // A backward key pass's work: each K/V batch index's key blocks of `block`
 // keys, split among `splits` items (KvGrouping::key_splits), on a team as
-// large as the key blocks allow: the last wave's pieces run on it.  Sized by
-// splits instead, few heads ran on four threads per head (16-core Xeon,
-// separate processes, AMX backward bf16: (1,2,2,128,8192,128) 1.51x,
-// (1,1,1,64,4096,128) 1.42x, causal (1,2,2,2048,2048,64) 1.37x).
+// large as the key blocks allow: the last wave's pieces run on it (sized by
+// splits instead, few heads ran on four threads per head).
 struct KeyPassWork {
     int64_t key_blocks, splits;
     int team;

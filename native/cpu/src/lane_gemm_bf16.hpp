@@ -45,12 +45,8 @@ namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
 // Whether bf16 products on pairs beat widening bf16 to f32 for the FMAs on
-// this CPU.  On AMD's Zen 4 a VDPBF16PS costs what an FMA does for twice
-// the products (benchmarks/instruction_peak.cpp, 2 cores, several runs as the
-// clock moved: 373-462 against 188-230 GFLOP/s), and bf16 calls ran 1.66-1.96x faster forward, 1.64-1.91x backward (the
-// standard and training shapes).  On the 16-core Xeon (Emerald Rapids, its
-// AMX capped off, and its bf16 dropout forward, which the tiles do not take)
-// the same calls ran at 0.60-0.82x, so Intel CPUs keep the FMAs.
+// this CPU: on AMD's Zen 4 a VDPBF16PS costs what an FMA does for twice the
+// products; on Intel's it does not pay, so Intel CPUs keep the FMAs.
 inline bool bf16_pairs_pay_off() {
     const CpuFeatures& f = cpu_features();
     return f.avx512_bf16 && f.amd;

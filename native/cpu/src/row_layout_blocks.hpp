@@ -22,8 +22,7 @@ namespace GRAPHATTN_ISA_NS {
 
 constexpr int kPartialsRowBlock = 4;  // rows per register block of the row-key partials
 // Rows per register block of the K^T product and of P V after it: 6 rows of
-// four key or column vectors keep 24 of AVX-512's 32 registers as sums
-// (1.04-1.06x over 4 rows, 2-core Xeon).
+// four key or column vectors keep 24 of AVX-512's 32 registers as sums.
 constexpr int kKeyTransposeRowBlock = 6;
 constexpr int kRowLayoutKeyVectors = 4;                        // score vectors per softmax step
 constexpr int kRowLayoutKeys = kRowLayoutKeyVectors * kLanes;  // keys per block

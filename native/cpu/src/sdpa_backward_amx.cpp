@@ -110,7 +110,7 @@ struct Backward {
     }
 
     // Key splits for one item per thread (four per thread, as the lane
-    // backward wants, measured 0.77-1.12x against one).
+    // backward wants, was no steady gain here).
     static KeyPassWork key_work(const SdpaForwardArgs& a, const KvGrouping& kv) {
         return key_pass_work(kv, a.seq_kv, kKeys, 1, dq_plane_of(a));
     }
@@ -376,8 +376,7 @@ struct Backward {
     bool run() {
         prepare();
         if (saw_infinity.load()) return false;
-        // 16-core Xeon, in-process A/B of KeyBlockWave's pieces against whole items: bf16 1.02-1.39x,
-        // f16 1.03-1.72x (the most at (1,2,2048,64)); this machine 1.00-1.16x.
+        // The last wave in KeyBlockWave's pieces (work_order.hpp).
         const KeyBlockWave work(kv.outer_items * splits, splits, key_blocks, omp_get_max_threads(),
                                 splits * batch_total * Sqp);
         run_on_team(team, [&] {

@@ -20,10 +20,8 @@
 // whose skipped blocks halve the work for the same buffers), as far as the
 // buffers' memory budget allows.  A third pass that recomputed S and dP with
 // query rows as lanes for dQ, taken where K/V batch indices were fewer than
-// threads, was 1.08-4.98x slower (16-core Xeon, separate processes:
-// (1,1,1,64,4096,128) 4.98x, (1,1,1,17,768,128) 4.1x, (1,2,2,128,8192,128)
-// 2.8x, (1,8,8,1000,1000,128) 1.4x, (1,2,2,2048,2048,64) 1.35x), most of all
-// at few query rows, whose lanes it padded.  Causal blocks that the mask
+// threads, was slower everywhere, most of all at few query rows, whose lanes
+// it padded.  Causal blocks that the mask
 // removes entirely are skipped.
 // The last item per thread is handed out in pieces of one key block, or of
 // kKeyBlocksAtOnce where there are enough of them (KeyBlockWave, work_order.hpp).
@@ -59,10 +57,7 @@ struct LaneBackward {
     static constexpr int kRowChunk = 64;           // query rows per step
     static constexpr int64_t kItemsPerThread = 4;   // items wanted per thread
     // Key blocks an item takes at once, reading each chunk of query rows once for them all
-    // (key_items).  2-core AMD EPYC, in-process A/B against one block at a time: GQA
-    // (1,32,8,1024,1024,128) f32 1.07-1.10x, bf16 1.08x, (1,16,4,1024,1024,256) f32 1.08x,
-    // causal (1,32,8,2048,2048,128) f32 1.10x; calls without GQA 0.97-1.03x.  16-core
-    // Xeon f32: 0.98-1.02x (its items there hold four key blocks or fewer).
+    // (key_items): GQA calls, whose rows are read for several heads, gain the most.
     static constexpr int kKeyBlocksAtOnce = 4;
 
     SdpaBackwardArgs args;  // the caller's, with Q and dO possibly redirected to f32 copies
@@ -106,9 +101,8 @@ struct LaneBackward {
         if (!dq_direct) dq_sum = AlignedFloats::uninitialized(size_t(dq_splits * dq_plane));  // cleared by row_deltas
         // Every row of Q and dO is read once per key block: convert them to f32
         // once, up front.  K and V blocks are converted as they are loaded: copies
-        // of all K and V, fresh memory on every call, cost a bf16 call of
-        // (2,16,16,12,2048,80) more than its arithmetic (this machine: page
-        // faults and conversions, 26.7 ms against 10.2 ms in f32).
+        // of all K and V, fresh memory on every call, cost a small bf16 call
+        // more than its arithmetic (page faults and conversions).
         if (pair_dots) return;  // read as they are
         const TensorView query = args.forward.query, grad_output = args.grad_output;
         const bool copy_q = redirect_to_f32(args.forward.query, a.seq_q, D, f32_copies[0]);
@@ -299,10 +293,7 @@ struct LaneBackward {
     // (pack_row_chunk), i0 - chunk_row0 even.
     // rows_cold: the first key block of the chunk, which brings its rows of Q, dO and dQ from L3 (an
     // item's rows outgrow L2); its f32 products then hint each next tile's rows (lane_gemm.hpp): S's and
-    // dP's where they run in register tiles (unmasked_f32_block), and dQ's.  2-core AMD
-    // EPYC, f32, in-process A/B against no hints, ten or twelve rounds: GQA (1,32,8,1024,1024,128)
-    // 1.019x and 1.029x, (1,16,16,1024,64) 1.011x, (1,16,16,2048,128) 1.018x, (4,32,32,512,64) 1.022x,
-    // causal (1,32,8,1024,1024,128) 1.019x; small calls whose rows stay in L2 0.99x (noise).
+    // dP's where they run in register tiles (unmasked_f32_block), and dQ's.
     void key_item_rows(KeyScratch& sc, KeyBlock& kb, const int64_t b[kBatchDims], int64_t chunk_row0, int64_t i0,
                        int rows, float* dq_buffer, const DqTurn& turn, bool rows_cold) {
         const int64_t fb = flat_batch(b);
@@ -388,9 +379,7 @@ struct LaneBackward {
 
     // Whether key block kb needs none of the passes between the products for rows from i0 on (f32
     // products, no mask, dropout or mask gradient, every key of the block visible to every row): P and
-    // dS are then taken in the products' register tiles (ProbTiles, GradScoreTiles).  2-core AMD EPYC,
-    // one thread, f32 (1,2,2048,64) backward against the separate passes: 102.1 -> 103.6 GFLOP/s
-    // (means of five alternating process pairs, each pair in its favour).
+    // dS are then taken in the products' register tiles (ProbTiles, GradScoreTiles).
     bool unmasked_f32_block(const KeyBlock& kb, int64_t i0, int rows) const {
         if (pair_dots || a.mask_kind != MaskKind::none || dropout.active || args.grad_mask.data) return false;
         if (kb.kv_rows != kLaneBlock) return false;  // padding lanes take -inf in the mask pass
@@ -597,9 +586,7 @@ struct LaneBackward {
     void key_pass() {
         const int64_t key_blocks = (a.seq_kv + kLaneBlock - 1) / kLaneBlock;
         // (K/V batch index, split) items, split s taking key blocks s, s + dq_splits, ...,
-        // the last wave in KeyBlockWave's pieces.  16-core Xeon, in-process A/B against
-        // whole items: 1.06-1.12x at (1,16,1024,64), (1,16,2048,128) and (4,32,512,64),
-        // 0.99-1.02x elsewhere; this machine 1.00-1.08x.
+        // the last wave in KeyBlockWave's pieces.
         const KeyBlockWave wave(kv.outer_items * dq_splits, dq_splits, key_blocks, omp_get_max_threads(),
                                 dq_splits * batch_total * a.seq_q, max_piece_blocks(a));
         run_on_team(team, [&] {

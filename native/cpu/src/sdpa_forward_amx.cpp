@@ -53,15 +53,11 @@ constexpr int kBlockQ = 512;  // query rows per item at most
 // items (each item packs every K/V block it reads, so larger items pack less).
 // Packing each block once per call instead, shared by all items, was slower:
 // the items then load their tiles from blocks other cores packed, not from
-// their own L1/L2 (16-core Xeon, in-process A/B, (1,2,2048,64) f16 and bf16
-// 0.79-0.95x, (1,4,1024,128) f16 causal 0.67x, (1,16,2048,128) f16 causal 1.02x).
+// their own L1/L2.
 constexpr int kItemRows[] = {kBlockQ, 256, 128, 64};
 constexpr int kLargeItemRows = 256;  // see plan_items
 constexpr int kPairRows = 32;  // a pair of row tiles
-// Rows per piece of the last wave of items (work_order.hpp).  16-core Xeon,
-// in-process A/B against whole items: 1.02-1.10x for every dtype wherever
-// items hold 256 or 512 rows; 256-row pieces gained less (0.99-1.11x); on
-// this 2-core machine, whose cores run at one speed, 0.96-1.04x.
+// Rows per piece of the last wave of items (work_order.hpp).
 constexpr int kLastWavePieceRows = 128;
 // 512 keys per block: each O accumulator tile pair is loaded and stored once
 // per 16 reduction steps of P V (tile loads and stores cost about as much as
@@ -88,8 +84,7 @@ int64_t packed_v_block_words(int dvp, int parts) { return int64_t(parts) * kBloc
 // Per-thread buffers; bf16 data is kept as uint16_t and pairs as uint32_t.
 // Split operands keep `parts` planes (1 for bf16).  Q and O hold the call's
 // item rows, not kBlockQ: scratch past the ThreadBlockCache's bounds comes
-// from the OS afresh on every call, page faults included (f16, 32 heads of
-// 17 x 17 at D = 256: 1.5x faster sized to the call, 2-core Xeon).
+// from the OS afresh on every call, page faults included.
 struct Scratch {
     int dp, dvp;      // head sizes padded to whole tiles
     int parts;
@@ -440,11 +435,8 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
 
 // Whether large items split their keys before smaller items are tried (see
 // plan_items): f16, and f32 from head size 96 on, where f32's six products
-// per product make the tiles worth their per-item packing (16-core Xeon, f32
-// (1,H,Sq,Skv,D) for H = 2-4, Sq = Skv = 2048, D = 96-256, two runs each:
-// 0.99-1.44x in separate processes, 0.98-1.26x in one process beside torch;
-// at D = 64 and 80 the vector build runs near its FMA peak, and beside torch
-// the tiles read 0.94-1.10x).
+// per product make the tiles worth their per-item packing (at D = 64 and 80
+// the vector build runs near its FMA peak).
 bool splits_keys_first(const SdpaForwardArgs& a, int parts) {
     return parts == 2 || (parts == 3 && a.head_dim_qk >= 96);
 }
@@ -456,19 +448,12 @@ bool splits_keys_first(const SdpaForwardArgs& a, int parts) {
 // even the smallest items leave threads idle, their keys are split too
 // (about two pieces of work per thread) and merged by their log-sum-exp;
 // where threads stay idle even then (keys too few to split), items shrink to
-// one pair of row tiles (16-core Xeon, separate processes, medians of four:
-// (1,8,8,Sq,Skv,D) with 48-64 rows and 300-768 keys, bf16 1.38-1.54x, f16
-// 1.28-1.32x; (1,4,4,100,1000,64) bf16 1.21x; calls it leaves alone
-// 0.96-1.06x).
+// one pair of row tiles.
 // split_keys_first: where no item of kLargeItemRows rows or more gives the
 // threads enough work alone, such items with their keys split are taken
 // before smaller ones (f16, whose per-item packing splits each K/V value in
-// two: 16-core Xeon, (1,2,2048,64) 1.14-1.24x, (1,2,4096,64) 1.08-1.14x;
-// bf16 gained nothing there, 0.97-1.03x; f32 see splits_keys_first).  Not
-// under a causal mask: there 256-row items with split keys ran slower than
-// the smaller whole items (16-core Xeon, alternating processes, three runs:
-// f16 causal (1,2,2048,64) 0.63-0.68 ms against 0.53-0.68, (1,4,2048,64)
-// 1.21-1.36 against 0.89-1.20; f32 (1,2,2048,128) 1.83-2.09 against 1.23-1.86).
+// two; f32 see splits_keys_first).  Not under a causal mask: there 256-row
+// items with split keys ran slower than the smaller whole items.
 struct ItemPlan {
     int64_t rows;
     KeySplits splits;
@@ -524,14 +509,9 @@ constexpr int64_t kKeptKvMaxItemRows = 128;
 // Packed K/V blocks each thread keeps for the call: every key block some row
 // sees, for items of up to kKeptKvMaxItemRows rows with whole keys, where
 // the blocks fit kKeptKvBytes; else one, packed per item and block.  Small
-// items pack each block for few rows, so the packing weighed on them most
-// (16-core Xeon: skipping it made f16 causal (1,2,2048,64) 1.5x faster).
-// In-process A/B on that machine, nine interleaved rounds: causal f16
-// (1,2,2048,64) 1.16x, (1,2,2048,128) 1.18x, (1,4,1024,128) 1.14x,
-// (1,2,4096,64) 1.08x, (1,4,2048,64) 1.06x, bf16 (1,2,2048,64) 1.06x;
-// plain f16 (1,1,2048,64) 1.50x, (1,4,1024,128) 1.23x, bf16 (1,2,2048,64)
-// 1.16x.  Larger items lost (256 and 512 rows: 0.90-0.98x), as did items
-// with split keys (0.96-0.99x), which read each block once anyway.
+// items pack each block for few rows, so the packing weighed on them most.
+// Larger items lost, as did items with split keys, which read each block
+// once anyway.
 int kept_kv_blocks(const SdpaForwardArgs& a, int parts, const ItemPlan& plan) {
     const int64_t blocks = (visible_keys_of(a) + kBlockKV - 1) / kBlockKV;
     const int dp = int(round_up(a.head_dim_qk, kTileBf16Cols)), dvp = int(round_up(a.head_dim_v, kTileBf16Cols));
@@ -563,8 +543,7 @@ ForwardWork forward_work(const SdpaForwardArgs& a, int parts) {
     w.kv_slots = kept_kv_blocks(a, parts, w.plan);
     // Kept blocks pay off only where a thread's items share K/V.  Causal items go to groups of threads, a
     // batch index's items to each, longest first within the group: the blocks each thread packs serve its
-    // later items, and the shortest items still come last.  (Pairing each thread's long and short items
-    // home first instead: 0.80-1.06x.)
+    // later items, and the shortest items still come last.
     w.groups = w.kv_slots > 1 && w.uneven ? int(std::min<int64_t>(w.batch, w.team)) : 0;
     if (w.groups > 0) {
         w.by_rank = false;  // batch-major, so each group's units are one batch index's items

@@ -88,14 +88,8 @@ struct LaneForward {
     static constexpr int kBlockKV = 128;
     // Keys per block where the softmax runs in the score product's tiles (f32 products, no mask pass,
     // no dropout): O^T's loads and stores and each block's steps are then shared by twice the keys.
-    // 2-core AMD EPYC, in-process A/B against blocks of kBlockKV (env switch in a probe build), six to
-    // twelve rounds: f32 (1,16,16,2048,128) 1.012-1.023x, (1,16,16,1024,64) 1.008-1.017x,
-    // (4,32,32,512,64) 1.008x, (1,2,2,2048,64) 1.002x, causal (1,16,16,2048,128) 1.008-1.014x;
-    // f16 (converted to f32 blocks) 1.011-1.017x.
     static constexpr int kTileBlockKV = 2 * kBlockKV;
-    // Scratch::v_pairs keeps a K/V batch index's V pairs up to this size.  2-core AMD EPYC, bf16,
-    // in-process A/B against packing per item: 1.01-1.08x ((2,16,16,200,200,80) 1.05-1.08x,
-    // (1,16,16,2048,2048,128) 1.04-1.05x, (4,32,32,512,512,64) 1.02-1.03x).
+    // Scratch::v_pairs keeps a K/V batch index's V pairs up to this size, packed once, not per item.
     static constexpr int64_t kVPairCacheBytes = int64_t(2) << 20;
     static constexpr int64_t kMinRowItemRows = 4;  // rows per row-layout item at least (see plan)
 
@@ -222,19 +216,12 @@ struct LaneForward {
 
     // How the row layout reads K for items of this call's rows.  The row-key
     // partials run on AVX512-BF16 for bf16 Q and K read in place, rows of
-    // whole 32-value steps, on a CPU that has it (16-core Xeon,
-    // (1,32,8,1,Skv,128): 1.14-1.20x).  On AVX-512, from 5 rows per item on,
-    // the scores come from one product with K^T packed per key block instead
-    // (2-core Xeon, one thread, in-process A/B, (1,4,Sq,768,D): 8-16 rows
-    // 1.08-1.47x at D = 64 or 80, 1.02-1.21x at D = 128, 0.98-1.13x at
-    // D = 256; 4 rows 0.97x, 2-3 rows 0.84-0.88x; 16-core Xeon, in-process
-    // blocks of calls, items of 5-7 rows: (1,32,8,3,768,128) 1.24x,
-    // (1,16,16,6,768,64) 1.25x, (2,8,8,5,768,80) 1.19x, (1,8,8,7,2048,64)
-    // 1.13x; 4-row items 0.74-0.90x; 2-core Xeon, two threads, 5-7 rows
-    // 1.05-1.22x); against AVX512-BF16 partials from 16 rows on (16-core
-    // Xeon, bf16: 8 rows 0.85-0.91x, 16 rows 1.13x).  The AVX2 build gained
-    // only from 16 rows on, more than its row layout takes.  K^T is packed
-    // from f32 rows, so other dtypes are copied first.
+    // whole 32-value steps, on a CPU that has it.  On AVX-512, from 5 rows
+    // per item on (16 against AVX512-BF16 partials), the scores come from one
+    // product with K^T packed per key block instead: below that the packing
+    // costs more than the product saves.  The AVX2 build gained only from 16
+    // rows on, more than its row layout takes.  K^T is packed from f32 rows,
+    // so other dtypes are copied first.
     static constexpr int64_t kPackedKeyMinRows = 5, kPackedKeyMinRowsBf16Dots = 16;
     static KeyReads key_reads(const SdpaForwardArgs& a, int64_t item_rows) {
         const TensorView &q = a.query, &k = a.key;
@@ -252,9 +239,6 @@ struct LaneForward {
 #endif
         KeyReads reads;
         // Pairs pack K^T per key block as the f32 product does, so they take the same least row count.
-        // 2-core AMD EPYC, in-process A/B against the f32 row layout: 5-17 rows 1.19-1.53x
-        // ((2,16,16,8,300,80) 1.53x, (2,16,16,12,2048,80) 1.46x, (1,1,1,17,768,128) 1.29x); 4 rows 0.90x
-        // and decode's 1-4 rows 0.61-0.80x against the bf16 row-key partials.
         if (row_pairs_pay_off(a) && rows >= kPackedKeyMinRows) {
             reads.pairs = true;
             return reads;
@@ -277,8 +261,7 @@ struct LaneForward {
             p.outer_items = heads * p.row_blocks;
             // About four items per thread, so that dynamic scheduling can balance them.  Only the keys
             // some row sees are split: under a top-left causal mask with far more keys than query rows,
-            // splits of all keys were mostly empty, and each still cost a thread (16-core Xeon, f32
-            // (1,2,128,8192,128): 0.54 -> 0.12 ms).
+            // splits of all keys were mostly empty, and each still cost a thread.
             const KeySplits splits = plan_key_splits(p.outer_items, threads, 4, visible_keys_of(a), kBlockKV, min_keys);
             p.splits = splits.count;
             p.keys_per_split = splits.keys;
@@ -286,18 +269,14 @@ struct LaneForward {
         with_item_rows(kBlockQ, kMinKeysPerSplit);
         if constexpr (RowLayout) {
             // Where threads would idle even with the keys split, a K/V head's rows go in several items
-            // (each reads the K/V again, from cache).  16-core Xeon, separate processes, two runs:
-            // (1,16,4,4,768,128) f32 1.67-1.78x, bf16 1.68-1.96x, (1,1,1,20,300,80) 1.47-1.66x,
-            // (1,8,2,2,2048,128) 1.22-1.50x, (1,32,8,2,300,128) 1.22-1.25x, f16 (1,4,4,12,1000,64) 1.84x;
-            // (1,8,8,12,300,64) f16 0.88-1.07x, (1,8,8,17,768,64) 0.99-1.12x.
+            // (each reads the K/V again, from cache).
             if (p.outer_items * p.splits < threads && p.rows_total > kMinRowItemRows) {
                 const int64_t blocks = (threads + heads * p.splits - 1) / (heads * p.splits);  // per K/V head
                 with_item_rows(std::max<int64_t>(kMinRowItemRows, (p.rows_total + blocks - 1) / blocks),
                                kMinKeysPerSplit);
             }
-            // Still idle: shorter key splits (key_splits.hpp), f32 (1,8,8,4,768,128) 1.09-1.32x,
-            // (1,4,4,4,1500,128) 1.23x (16-core Xeon, separate processes).  Keys before rows lost where
-            // the rows alone fill the threads ((1,16,4,4,768,D) 0.75-0.89x).
+            // Still idle: shorter key splits (key_splits.hpp); rows are split first, as splitting keys
+            // first lost where the rows alone fill the threads.
             if (p.outer_items * p.splits < threads) with_item_rows(p.item_rows, kMinRowLayoutKeysPerSplit);
         }
         return p;
@@ -492,8 +471,6 @@ struct LaneForward {
 
     // score_block and online_softmax in one pass (tile_softmax.hpp), for f32 lanes and blocks with no
     // mask pass: P^T into sc.s_t, the statistics into row_max / row_sum, O^T rescaled where needed.
-    // 2-core AMD EPYC, one thread, against the separate passes: (1,16,1024,64) 92.5 -> 97.7 GFLOP/s,
-    // causal 81.3 -> 86.1, (1,16,2048,128) 98.0 -> 100.7 (three alternating process pairs).
     static void score_softmax_block(const SdpaForwardArgs& a, Scratch& sc, int64_t k_base, int64_t j0, int kv_rows,
                                     float* o_t, int Dv) {
         const int D = int(a.head_dim_qk);
@@ -581,8 +558,7 @@ struct LaneForward {
         const int64_t unmasked_end = a.mask_kind != MaskKind::none ? 0 : a.window.key_end(first_row, a.seq_kv);
         const int64_t k_base = view_batch_offset(a.key, outer_b), v_base = view_batch_offset(a.value, outer_b);
         // O^T is not cleared up front: the first key block sets it, unscaled, instead of clearing it,
-        // rescaling the zeros and adding to them (with the two changes to Scratch and Q^T's padding: f32
-        // (2,16,16,17,17,64) 49.9 -> 36.2 us on the 2-core Xeon).
+        // rescaling the zeros and adding to them.
         float* o_t = sc.o_t.get();
         const bool wide_blocks = !sc.pair_dots && !dropout.active;  // kTileBlockKV where no mask pass either
         for (int64_t j0 = key_begin; j0 < key_end;) {
@@ -591,8 +567,7 @@ struct LaneForward {
             if (kv_rows > kBlockKV && partly_hidden) kv_rows = kBlockKV;
             const bool first = j0 == key_begin;
             const bool masked = j0 < unmasked_begin || j0 + kv_rows > unmasked_end;
-            // Without dropout, the pair products' P^T goes to its pairs in the softmax pass (2-core AMD
-            // EPYC, in-process A/B against packing s_t after it: 1.01-1.07x, causal 0.99x).
+            // Without dropout, the pair products' P^T goes to its pairs in the softmax pass.
             uint32_t* p_pairs = sc.pair_dots && !dropout.active ? sc.p_pairs.words() : nullptr;
             if (!sc.pair_dots && !masked) {
                 score_softmax_block(a, sc, k_base, j0, kv_rows, first ? nullptr : o_t, Dv);

@@ -9,9 +9,7 @@
 // going batch index by batch index instead would end on some long items (16
 // batch indices of 8 query blocks on 16 threads: the last thread finishes
 // about 11% after the average).  With many items per thread that imbalance
-// is small, and batch-major order keeps neighbouring items on the same K/V
-// (Xeon, f32 causal (8,16,4096,128), 512 items per thread: 362-386 ms
-// batch-major, 406-459 ms longest-first).
+// is small, and batch-major order keeps neighbouring items on the same K/V.
 #pragma once
 
 #include <algorithm>
@@ -49,8 +47,8 @@ void run_on_team(int team, Body&& body) {
 // Threads for `items` work items: no more than there are items, since each
 // thread sets up its own scratch.  A call with several parallel regions
 // gives them all one team: libgomp puts the threads a smaller region leaves
-// out to sleep, and waking them again for the next region cost a backward
-// of (1,32,8,17,17,80) six times its time (16-core Xeon, 0.10 -> 0.59 ms).
+// out to sleep, and waking them again for the next region costs a small
+// call several times its own time.
 inline int team_for_items(int64_t items) { return int(std::clamp<int64_t>(items, 1, omp_get_max_threads())); }
 
 // Whether `items` work items of unequal work go longest first (see above).
@@ -67,13 +65,9 @@ inline bool longest_first(bool unequal_work, int64_t items, int64_t threads) {
 // and neighbouring units (the query blocks of one batch index) to one thread,
 // which finds their K/V in its own cache after the first.  Taking from the
 // others still evens out threads that run slower, at the end of their work,
-// not the start.  16-core Xeon, forward, in-process blocks of calls:
-// (2,16,16,1,300,80) 1.24x, (1,8,8,4,768,128) 1.16x, (16,16,16,200,200,80)
-// 1.13x, (2,16,16,12,768,128) bf16 1.11x, (1,32,8,17,768,80) 1.11x; none of
-// the 20 calls it changed below 0.99x (unchanged code read 0.96-1.02x in
-// the same run).  Items of unequal work (causal) and the AMX forward's
+// not the start.  Items of unequal work (causal) and the AMX forward's
 // last-wave pieces keep the shared counter: they rely on its order (longest
-// first, pieces last; pieces home first measured 0.92-0.95x).  Where such
+// first, pieces last).  Where such
 // items still want a home, the units go to groups of threads instead, each
 // group's threads taking its units in order from one counter of their own
 // (the AMX forward's causal items with kept K/V blocks).
@@ -147,11 +141,9 @@ inline WorkItem work_item(int64_t w, int64_t batches, int64_t blocks, bool by_ra
 }
 
 // The last wave of equal work items handed out in pieces.  The cores of a
-// shared machine do not run at one speed (16-core Xeon: with one
-// single-threaded process per core, half the cores ran an item 1.55-2.1x
-// slower than the rest; in a 16-thread call some threads' items took 1.7-2.8x
-// the others'), and dynamic scheduling evens out the threads' finishing times
-// only down to the size of the items handed out last.
+// shared machine do not run at one speed, and dynamic scheduling evens out
+// the threads' finishing times only down to the size of the items handed out
+// last.
 struct LastWave {
     int64_t items, item_rows;
     int64_t whole;        // items handed out whole, first
@@ -313,13 +305,8 @@ private:
 // dQ rows.  A piece is one key block, or up to
 // max_piece_blocks where the wave still gives every thread four pieces: a
 // backward that reads each chunk of query rows once for several key blocks
-// keeps that saving.  2-core AMD EPYC, f32 backward with four-block pieces
-// against one, in-process: (1,32,8,1024,1024,128) 1.010-1.031x (21 of 26
-// rounds), bf16 1.016x, other training shapes 0.99-1.015x.  16-core Xeon:
-// where the rule takes pieces of four, (4,32,32,1024,1024,64) 1.027x,
-// (8,16,16,1024,1024,128) 1.030x, (4,16,16,4096,4096,64) 1.018x,
-// (8,16,16,2048,2048,64) 0.982x; where the wave would give a thread one or
-// two pieces of four, 0.82-1.02x (7 of 8 shapes below 1).
+// keeps that saving; with fewer pieces per thread, large pieces leave the
+// threads' finishing times uneven again.
 class KeyBlockWave {
 public:
     // dq_rows: the dQ sum rows of all items, for the pieces' DqTurns.
