@@ -526,10 +526,8 @@ ForwardWork forward_work(const SdpaForwardArgs& a, int parts) {
     w.batch = a.batch[0] * a.batch[1] * a.batch[2];
     w.skip_hidden_blocks = skips_hidden_blocks(a);
     w.uneven = later_rows_see_more(a);
-    const KeyWindow& window = a.window;
-    const int64_t max_rows = w.skip_hidden_blocks && window.limits_left() && window.limits_right()
-                                 ? (window.left + window.right + 1) / kWindowKeysPerItemRow
-                                 : kBlockQ;
+    const int64_t band = a.window.band_keys();
+    const int64_t max_rows = w.skip_hidden_blocks && band < kNoKeyLimit ? band / kWindowKeysPerItemRow : kBlockQ;
     w.plan = plan_items(w.batch, a.seq_q, visible_keys_of(a), threads, w.uneven, splits_keys_first(a, parts),
                         max_rows);
     w.q_blocks = (a.seq_q + w.plan.rows - 1) / w.plan.rows;

@@ -33,6 +33,10 @@ struct KeyWindow {
     // Key blocks no row sees can be skipped.
     bool skips_blocks() const { return limited() && hidden_weigh_zero(); }
 
+    // The most keys one row sees: the band's width where both sides are
+    // limited, else kNoKeyLimit.
+    int64_t band_keys() const { return limits_left() && limits_right() ? left + right + 1 : kNoKeyLimit; }
+
     // The band of visible diagonals: j - i in [lowest_diagonal, highest_diagonal].
     int64_t lowest_diagonal() const { return limits_left() ? row_shift - left : -2 * kNoKeyLimit; }
     int64_t highest_diagonal() const { return limits_right() ? row_shift + right : 2 * kNoKeyLimit; }
