@@ -14,6 +14,7 @@ the producer then copies operands (functional) or runs the reference executor (g
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 from . import _cpu, key_window, sycl_runtime
@@ -106,6 +107,11 @@ class KernelCall:
         runtime.setdefault("window_left", self.options["window_left"])
         runtime.setdefault("window_right", self.options["window_right"])
         run(self.batch, self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v, specs, **options, **runtime)
+
+
+def default_scale(head_dim: int) -> float:
+    """The scale of a call that gives none: 1 / sqrt(E), E the query's head size (PyTorch's rule)."""
+    return 1.0 / math.sqrt(head_dim)
 
 
 def kernel_window(bounds: tuple, causal_alignment: str, seq_q: int, seq_kv: int) -> tuple:

@@ -7,7 +7,6 @@ cached; later calls with the same signature only bind data and run the kernel.
 """
 from __future__ import annotations
 
-import math
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -16,7 +15,8 @@ import numpy as np
 
 from . import arguments, key_window, sycl_runtime, verbose
 from .dtypes import DataType, from_numpy as dtype_of, numpy_dtype
-from .attention_spec import AttentionSpec, KernelCall, NotUsable, Operand, kernel_window, lower_as_given_or_copied
+from .attention_spec import (AttentionSpec, KernelCall, NotUsable, Operand, default_scale, kernel_window,
+                             lower_as_given_or_copied)
 from .kernels.fused_sdpa import check_sycl_usable
 from .logical_tensor import dense_strides
 from .views import reshape_strides
@@ -78,7 +78,6 @@ class _ForwardPlan:
     grouped: tuple            # Q, K, V and mask shapes with the GQA heads split ((..., Hkv, rep, rows, cols))
     copies: tuple | None      # the full shapes Q, K, V and the mask are copied to where the kernel cannot walk
                               # the caller's strides
-    query_shape: tuple        # Q's grouped shape broadcast over V's batch dims (the scores')
     out_shape: tuple
     stats_shape: tuple
     out_dtype: np.dtype       # the output's NumPy dtype
@@ -273,8 +272,8 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
     plan = call.forward_plan(queue)
     left, right = call.options["window_left"], call.options["window_right"]
     runner = None if queue is not None else plan.bound(left, right, _NEG_INF, _NEG_INF).run
-    result = _ForwardPlan(call, plan, runner, grouped, copies, query_shape, out_shape, stats_shape, numpy_dtype(dt),
-                          1.0 / math.sqrt(head_dim), queue is None and q.flags.c_contiguous and
+    result = _ForwardPlan(call, plan, runner, grouped, copies, out_shape, stats_shape, numpy_dtype(dt),
+                          default_scale(head_dim), queue is None and q.flags.c_contiguous and
                           tuple(q.shape) == out_shape, (left, right))
     if verbose.enabled():
         text = f"isa={plan.kernel_name()}" if queue is not None else plan.dispatch_text()

@@ -10,7 +10,6 @@ ways (5D batch broadcasting) are summed here after the kernel.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +19,7 @@ from .dtypes import from_numpy as dtype_of
 from . import arguments, key_window, sycl_runtime, verbose
 from .functional import (SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs,
                          grouped_shapes)
-from .attention_spec import AttentionSpec, KernelCall, Operand, kernel_window, lower_as_given_or_copied
+from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
 from .logical_tensor import dense_strides
 from .ops.broadcast import broadcast_shapes
@@ -152,7 +151,7 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
     return _BackwardPlan(
         call, query_copy, kv_copy, mask_copy, dense,
         (q2.shape, k2.shape, v2.shape, None if m2 is None else m2.shape), grad_shapes, grad_mask_shape,
-        1.0 / math.sqrt(q.shape[-1]), (q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype))
+        default_scale(q.shape[-1]), (q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype))
 
 
 def _log_plan(plan: _BackwardPlan, queue) -> None:

@@ -5,12 +5,12 @@ against the float64 reference executor is stated, per output dtype.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from . import key_window
+from .attention_spec import default_scale
 from .dtypes import DataType, as_data_type, numpy_dtype
 from .builder import GraphBuilder
 from .graph import Graph
@@ -355,7 +355,7 @@ class SdpaGraphSpec:
             else:
                 data[ids[role]] = random_array(shape, dt, rng)
         if "scale" in ids:
-            value = 1 / math.sqrt(self.head_dim) if self.scale == "multiply" else math.sqrt(self.head_dim)
+            value = default_scale(self.head_dim) if self.scale == "multiply" else 1 / default_scale(self.head_dim)
             data[ids["scale"]] = np.array([value], numpy_dtype(dt))
         if "mask" in ids and self.mask == "add":
             mask = random_array(shapes["mask"], dt, rng)
@@ -400,7 +400,7 @@ def sdpa_reference(query, key, value, attn_mask=None, is_causal=False, scale=Non
     if enable_gqa and q.shape[-3] != k.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
         k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
-    scores = q @ np.swapaxes(k, -1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    scores = q @ np.swapaxes(k, -1, -2) * (default_scale(q.shape[-1]) if scale is None else scale)
     seq_q, seq_kv = scores.shape[-2:]
     left, right = key_window.effective_window(window, is_causal)
     if key_window.is_limited(left, right):
@@ -447,7 +447,7 @@ def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_caus
     if enable_gqa and q.shape[-3] != k.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
         k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
-    factor = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    factor = default_scale(q.shape[-1]) if scale is None else scale
     scores = q @ np.swapaxes(k, -1, -2) * factor
     seq_q, seq_kv = scores.shape[-2:]
     keep = np.ones(scores.shape, bool)

@@ -59,7 +59,6 @@ class FusedSdpaBackward:
         if score_shape[-2:] != (seq_q, seq_kv):
             raise NotUsable(f"the mask broadcasts the scores from {(seq_q, seq_kv)} to {score_shape[-2:]}")
         batch = score_shape[:-2]
-        self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v = seq_q, seq_kv, head_dim, head_dim_v
 
         dq = _gradient_view(m.dq, lts, shapes)
         for axis, size in enumerate(q.shape[:-2]):

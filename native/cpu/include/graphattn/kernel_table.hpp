@@ -1,6 +1,7 @@
 // The kernel candidates of each pass, tried in order (dispatch.cpp): the
 // first that accepts a call runs it.  A candidate may also be forced for
-// every later call of its pass in this process (tests, A/B timing).
+// every later call of its pass in this process (tests, timing one kernel
+// against another).
 #pragma once
 
 #include <cstdint>
