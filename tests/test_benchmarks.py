@@ -227,3 +227,22 @@ def test_gemm_peak_skips_the_large_gemm_of_a_dtype_without_native_products(monke
     assert bench.gemm_rates(["bf16", "f16"]) == {"f32": 180.0, "bf16": 400.0, "f16": 0.4}
     assert ("f16", 2048) not in calls and calls[0] == ("f32", 2048)
     assert bench.practical_peaks(bench.gemm_rates(["f16"]), ["f16"]) == {"f16": 180.0}
+
+
+def test_ab_summary_flags_only_cases_slower_than_their_spread(tmp_path):
+    """ab_summary.py: a case whose new/old ratio exceeds its builds' A/A spread by more than 3% is flagged;
+    one within its spread is not."""
+    def row(shape, ms):
+        return json.dumps({"bench": "sdpa_forward", "shape": shape, "dtype": "f32", "causal": False,
+                           "graphattn_ms": ms})
+    times = {"old": {1: (1.00, 2.00), 2: (1.02, 2.20)}, "new": {1: (1.30, 2.10), 2: (1.32, 2.15)}}
+    for build, rounds in times.items():
+        for r, (steady, noisy) in rounds.items():
+            (tmp_path / f"{build}.{r}.cliffs.jsonl").write_text(
+                row([1, 1, 1, 4, 4, 8], steady) + "\n" + row([1, 1, 1, 8, 8, 8], noisy) + "\ntable line\n")
+    out = subprocess.run([sys.executable, str(BENCH.parent / "ab_summary.py"), str(tmp_path)], capture_output=True,
+                         text=True, check=True).stdout
+    steady = next(line for line in out.splitlines() if "(1, 1, 1, 4, 4, 8)" in line)
+    noisy = next(line for line in out.splitlines() if "(1, 1, 1, 8, 8, 8)" in line)
+    assert steady.endswith("SLOWER") and not noisy.endswith("SLOWER")
+    assert "slower than 3% beyond the A/A spread: 1" in out

@@ -222,12 +222,6 @@ def grouped_shapes(q, k, v, mask, gqa: bool) -> tuple:
     return shapes + (full[:-3] + heads + full[-2:],)
 
 
-def broadcast_view_strides(shape: tuple, strides: tuple, target: tuple) -> tuple:
-    """Strides of a view of (shape, strides) broadcast to target (stride 0 along the dims it brings)."""
-    lead = len(target) - len(shape)
-    return (0,) * lead + tuple(0 if n == 1 and t != 1 else st for n, st, t in zip(shape, strides, target[lead:]))
-
-
 def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue) -> _ForwardPlan:
     """Describes a checked call as an AttentionSpec and lowers it (attention_spec.py); where the kernel cannot
     walk the caller's strides, the plan copies Q, K, V and the mask contiguous on each call."""
@@ -240,8 +234,8 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
     dt = dtype_of(q.dtype)
     if queue is not None:
         check_sycl_usable({dt}, head_dim, head_dim_v)
-    # V's batch dims may broadcast the output beyond the scores, as in PyTorch: Q is viewed over them too
-    # (stride 0), so that each row's stats are written once.
+    # V's batch dims may broadcast the output beyond the scores, as in PyTorch: the output and stats take
+    # them all, and lower() walks Q over them with stride 0.
     batch = broadcast_shapes([q2[0][:-2], k2[0][:-2], v2[0][:-2]], "batch")
     query_shape = batch + (seq_q, head_dim)
     out_grouped, stats_grouped = batch + (seq_q, head_dim_v), batch + (seq_q, 1)
@@ -256,9 +250,7 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
                       None if m2 is None else batch + (seq_q, seq_kv))
             layouts = [None if shape is None else (shape, dense_strides(shape)) for shape in copies]
         else:
-            # on the host Q is viewed over the whole batch; a USM Q is copied where that matters
-            copies = None
-            layouts = [(query_shape, broadcast_view_strides(*q2, query_shape)) if queue is None else q2, k2, v2, m2]
+            copies, layouts = None, [q2, k2, v2, m2]
         operands = {role: Operand(dtype_of(a.dtype), tuple(layout[0]), tuple(layout[1]))
                     for role, a, layout in zip(("query", "key", "value", "mask"), (q, k, v, mask), layouts)
                     if layout is not None}

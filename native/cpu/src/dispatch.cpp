@@ -39,14 +39,15 @@ constexpr int64_t kAmxBackwardF16MinLength = 64;
 
 std::string str(int64_t value) { return std::to_string(value); }
 
-// Q, K and V's class.
-DType forward_dtype_class(const SdpaForwardArgs& args) {
+// The dtype class a call's kernel choice goes by: Q, K and V's (dtype_class
+// is computed once per choice and handed to every candidate).
+DType dtype_class(const SdpaForwardArgs& args) {
     const DType dtypes[] = {args.query.dtype, args.key.dtype, args.value.dtype};
     return sdpa_dtype_class(dtypes, 3);
 }
 
-// Q, K, V and dO's class.
-DType backward_dtype_class(const SdpaBackwardArgs& args) {
+// Q, K, V and dO's.
+DType dtype_class(const SdpaBackwardArgs& args) {
     const SdpaForwardArgs& a = args.forward;
     const DType dtypes[] = {a.query.dtype, a.key.dtype, a.value.dtype, args.grad_output.dtype};
     return sdpa_dtype_class(dtypes, 4);
@@ -130,7 +131,7 @@ template <class Args>
 struct Candidate {
     const char* name;
     const char* (*unavailable)();              // "" where this CPU runs it
-    Verdict (*verdict)(const Args& args);      // its answer to a call
+    Verdict (*verdict)(const Args& args, DType dtype);  // its answer to a call of that dtype class
     bool (*run)(const Args& args);             // false: declined at run time; the next candidate runs
     std::string (*plan)(const Args& args);     // its work layout, for the log
 };
@@ -139,7 +140,7 @@ using BackwardCandidate = Candidate<SdpaBackwardArgs>;
 
 // A vector build: every dtype, every feature, where its CPU runs it.
 template <class Args, const char* (*Unavailable)()>
-Verdict vector_verdict(const Args&) {
+Verdict vector_verdict(const Args&, DType) {
     const char* missing = Unavailable();
     if (*missing) return {Fit::cannot, missing};
     return {Fit::accepts, "a vector build runs every call"};
@@ -176,8 +177,8 @@ constexpr BackwardCandidate kAvx2Backward =
 
 // The AMX forward on `Parts` bf16 parts per value.
 template <int Parts>
-Verdict amx_forward_verdict(const SdpaForwardArgs& args) {
-    if (amx_parts(forward_dtype_class(args)) != Parts) return {Fit::other_dtype, amx_dtype_text(Parts)};
+Verdict amx_forward_verdict(const SdpaForwardArgs& args, DType dtype) {
+    if (amx_parts(dtype) != Parts) return {Fit::other_dtype, amx_dtype_text(Parts)};
     const char* missing = amx_unavailable();
     if (*missing) return {Fit::cannot, missing};
     if (args.dropout_p != 0.0f) return {Fit::cannot, "dropout: the tile kernel does not fuse it"};
@@ -230,8 +231,8 @@ const ForwardCandidate kForwardCandidates[] = {kPortableForward};
 // The AMX backward on `Parts` bf16 parts per value; f32 has none (its five
 // products on split tiles ran slower than the FMAs).
 template <int Parts>
-Verdict amx_backward_verdict(const SdpaBackwardArgs& args) {
-    if (amx_parts(backward_dtype_class(args)) != Parts) return {Fit::other_dtype, amx_dtype_text(Parts)};
+Verdict amx_backward_verdict(const SdpaBackwardArgs& args, DType dtype) {
+    if (amx_parts(dtype) != Parts) return {Fit::other_dtype, amx_dtype_text(Parts)};
     const char* missing = amx_unavailable();
     if (*missing) return {Fit::cannot, missing};
     const RuleTexts& t = rule_texts();
@@ -284,12 +285,13 @@ template <class Candidate, class Args, int N>
 int choose(const Candidate (&table)[N], Pass pass, const Args& args, int first = 0, std::string* why = nullptr) {
     const int forced = forced_index[int(pass)].load(std::memory_order_relaxed);
     if (forced >= 0 && first == 0) {
-        const Verdict v = table[forced].verdict(args);
+        const Verdict v = table[forced].verdict(args, dtype_class(args));
         if (why) *why = std::string("forced (") + v.reason + ")";
         return v.runs() ? forced : -1;
     }
+    const DType dtype = dtype_class(args);
     for (int i = first; i < N; ++i) {
-        const Verdict v = table[i].verdict(args);
+        const Verdict v = table[i].verdict(args, dtype);
         if (v.fit == Fit::accepts) {
             if (why) *why += v.reason;
             return i;
@@ -339,12 +341,12 @@ std::string kernel_candidate_unavailable(Pass pass, int index) {
 
 Verdict forward_candidate_verdict(int index, const SdpaForwardArgs& args) {
     if (index < 0 || index >= kForwardCount) return {Fit::cannot, "no such candidate"};
-    return kForwardCandidates[index].verdict(args);
+    return kForwardCandidates[index].verdict(args, dtype_class(args));
 }
 
 Verdict backward_candidate_verdict(int index, const SdpaBackwardArgs& args) {
     if (index < 0 || index >= kBackwardCount) return {Fit::cannot, "no such candidate"};
-    return kBackwardCandidates[index].verdict(args);
+    return kBackwardCandidates[index].verdict(args, dtype_class(args));
 }
 
 Status force_kernel(Pass pass, const std::string& name) {
