@@ -7,9 +7,9 @@ Python path (cache lookup, binding, validation) plus the kernel launch.
 Cases: NumPy inputs (plain, causal, stats); where torch is importable, torch
 tensors of shape (1, 1, 1, 16) (torch) and, for scale, PyTorch's own
 F.scaled_dot_product_attention on them (torch_sdpa).
-Also a decode call (1, 32, 1, 128) against K/V (1, 8, S, 128) at NEW_LENGTHS lengths S each seen for the
-first time (new_length: a plan is made per new signature), then the same lengths again (repeat_length), on
-NumPy and, where importable, torch inputs.
+Also decode calls whose K/V length S is new on each call (new_length: the plan of an earlier length is
+re-made for it) against the same lengths again (repeat_length), on NumPy and, where importable, torch
+inputs, with K/V contiguous and as views of one preallocated buffer (static_).
 Prints one JSON line per case and a table.
 """
 from __future__ import annotations
@@ -41,24 +41,39 @@ def measure(fn, calls: int) -> float:
     return best
 
 
-NEW_LENGTHS = 100
+NEW_LENGTHS = 200  # lengths per round: fewer than the plan cache keeps, so the repeated pass finds them all
+ROUNDS = 5
 
 
-def length_cases(rng, first_length: int) -> dict:
-    """{name: (shape, seconds per call)} of decode calls whose K/V length is new on each call, then repeated."""
-    q = rng.standard_normal((1, 32, 1, 128)).astype(np.float32)
-    kvs = [rng.standard_normal((1, 8, first_length + i, 128)).astype(np.float32) for i in range(NEW_LENGTHS)]
-    kinds = {"": (q, kvs)}
+def length_cases(rng) -> dict:
+    """{name: (shape, seconds per call)}: decode calls (1, 4, 1, 32) against K/V (1, 2, S, 32), a kernel small
+    enough that the plan's cost shows.  Each round calls NEW_LENGTHS lengths S that no call had before
+    (new_length), then the same lengths again (repeat_length); the medians over ROUNDS rounds, for contiguous
+    K/V (a cache that grows by concatenation) and for views of one preallocated buffer (a static cache)."""
+    q = rng.standard_normal((1, 4, 1, 32)).astype(np.float32)
+    longest = 64 + ROUNDS * NEW_LENGTHS
+    buffer = rng.standard_normal((1, 2, longest, 32)).astype(np.float32)
+    kinds = {"": np.asarray}
     if torch is not None:
-        kinds["torch_"] = (torch.from_numpy(q), [torch.from_numpy(kv) for kv in kvs])
-    cases = {}
-    for prefix, (query, keys) in kinds.items():
-        for name in ("new_length", "repeat_length"):  # the second pass finds every plan cached
-            start = time.perf_counter()
-            for kv in keys:
-                ga.scaled_dot_product_attention(query, kv, kv, enable_gqa=True)
-            cases[prefix + name] = (tuple(keys[0].shape), (time.perf_counter() - start) / len(keys))
-    return cases
+        kinds["torch_"] = torch.from_numpy
+    times: dict = {}
+    for prefix, wrap in kinds.items():
+        query = wrap(q)
+        for layout in ("", "static_"):
+            for r in range(ROUNDS):
+                lengths = range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS)
+                if layout:
+                    keys = [wrap(buffer)[:, :, :n] for n in lengths]
+                else:
+                    keys = [wrap(np.ascontiguousarray(buffer[:, :, :n])) for n in lengths]
+                for name in ("new_length", "repeat_length"):  # the second pass finds every plan cached
+                    start = time.perf_counter()
+                    for kv in keys:
+                        ga.scaled_dot_product_attention(query, kv, kv, enable_gqa=True)
+                    seconds = (time.perf_counter() - start) / len(keys)
+                    times.setdefault(prefix + layout + name, []).append(seconds)
+    shape = (1, 2, "S", 32)
+    return {name: (shape, float(np.median(t))) for name, t in times.items()}
 
 
 def main() -> None:
@@ -77,7 +92,7 @@ def main() -> None:
         cases["torch"] = (t.shape, lambda: ga.scaled_dot_product_attention(t, t, t))
         cases["torch_sdpa"] = (t.shape, lambda: F.scaled_dot_product_attention(t, t, t))
     timed = {name: (shape, measure(fn, args.calls)) for name, (shape, fn) in cases.items()}
-    timed.update(length_cases(rng, 1000))
+    timed.update(length_cases(rng))
     rows = []
     for name, (shape, seconds) in timed.items():
         row = {"bench": "call_overhead", "case": name, "shape": list(shape), "dtype": "f32",

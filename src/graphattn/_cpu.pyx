@@ -20,6 +20,49 @@ from graphattn._cpu cimport (BufferExtent, DType, MaskKind, Pass, SdpaBackwardAr
 include "_sdpa_args.pxi"
 
 
+# The strides of a kernel view (3 batch dims, row, column), the most dims an array of a length-free replay
+# may have, and the most batch folds it re-checks.
+cdef enum:
+    kViewDims = 5
+    kMaxArrayDims = 16
+    kMaxFolds = 96
+
+
+cdef struct StrideSource:
+    # A view stride: multiplier times the array's stride on axis; axis -1: stride 0 (broadcast).
+    int axis
+    int64_t multiplier
+
+
+cdef void _set_source(StrideSource* source, object spec) except *:
+    if spec is None:
+        source.axis = -1
+        source.multiplier = 0
+        return
+    axis, multiplier = spec
+    if not 0 <= axis < kMaxArrayDims:
+        raise ValueError(f"stride source axis {axis} outside the {kMaxArrayDims} dims an array may have")
+    source.axis = axis
+    source.multiplier = multiplier
+
+
+cdef inline int64_t _source_stride(const StrideSource* source, const int64_t* strides) noexcept:
+    return 0 if source.axis < 0 else strides[source.axis] * source.multiplier
+
+
+cdef int _load_strides(object strides, int64_t* into) except -1:
+    # A tuple of element strides into a C array (None: no array, nothing loaded).
+    if strides is None:
+        return 0
+    cdef int n = len(strides)
+    if n > kMaxArrayDims:
+        raise ValueError(f"arrays of more than {kMaxArrayDims} dims are not supported")
+    cdef int i
+    for i in range(n):
+        into[i] = strides[i]
+    return 0
+
+
 cdef double _no_elements[8]  # the address given for a torch tensor without storage
 
 
@@ -99,6 +142,34 @@ cdef class ForwardPlan:
         self._call(query, key, value, output, mask, stats, scale, window_left, window_right, select_fill, window_fill,
                    dropout_seed, dropout_offset, NULL)
 
+    def length_free(self, dict sources, tuple folds, tuple batch_steps):
+        """A LengthFreeForward replaying this plan's layout for new sequence lengths.  sources and folds are the
+        lowering's (attention_spec.KernelCall): role -> 5 sources, each (array axis, multiplier) or None, and
+        (role, outer source, inner source, inner size) per batch fold; batch_steps are the output's batch
+        strides over seq_q * head_dim_v (the stats': over seq_q), both dense."""
+        cdef LengthFreeForward replay = LengthFreeForward.__new__(LengthFreeForward)
+        replay.args = self.args
+        cdef int view, i
+        if len(batch_steps) > kMaxArrayDims - 2:
+            raise ValueError(f"arrays of more than {kMaxArrayDims} dims are not supported")
+        replay.batch_dims = len(batch_steps)
+        for i in range(replay.batch_dims):
+            replay.batch_steps[i] = batch_steps[i]
+        for view in range(6):
+            role_sources = sources.get(FORWARD_VIEWS[view])
+            replay.has_view[view] = role_sources is not None
+            for i in range(kViewDims):
+                _set_source(&replay.sources[view][i], None if role_sources is None else role_sources[i])
+        if len(folds) > kMaxFolds:
+            raise ValueError(f"more than {kMaxFolds} batch folds")
+        replay.fold_count = len(folds)
+        for i, (role, outer, inner, size) in enumerate(folds):
+            replay.fold_view[i] = FORWARD_VIEWS.index(role)
+            _set_source(&replay.fold_outer[i], outer)
+            _set_source(&replay.fold_inner[i], inner)
+            replay.fold_size[i] = size
+        return replay
+
     def bound(self, int64_t window_left, int64_t window_right, float select_fill, float window_fill):
         """A BoundForward: run_arrays with these operands fixed, for repeated calls that only change data."""
         cdef BoundForward bound = BoundForward.__new__(BoundForward)
@@ -126,6 +197,61 @@ cdef class ForwardPlan:
             status = sdpa_forward(local)
         if not status.ok:
             raise ValueError(status.message.decode())
+
+
+cdef class LengthFreeForward:
+    """A ForwardPlan's layout as its lowering (attention_spec.lower) made it, replayed for new sequence lengths:
+    each view stride is a multiplier times one stride of the caller's array (the output and stats are dense),
+    and where the lowering folded batch dims, the fold must still hold (the outer stride is the inner one times
+    its size), else the replay declines and the caller lowers the call anew."""
+    cdef SdpaForwardArgs args
+    cdef bint has_view[6]
+    cdef StrideSource sources[6][kViewDims]  # per view of FORWARD_VIEWS
+    cdef int batch_dims
+    cdef int64_t batch_steps[kMaxArrayDims]
+    cdef int fold_count
+    cdef int fold_view[kMaxFolds]
+    cdef StrideSource fold_outer[kMaxFolds]
+    cdef StrideSource fold_inner[kMaxFolds]
+    cdef int64_t fold_size[kMaxFolds]
+
+    def plan_for(self, int64_t seq_q, int64_t seq_kv, query, key, value, mask, int64_t window_left,
+                 int64_t window_right):
+        """The ForwardPlan for these lengths, given the element strides of query, key, value and mask (None
+        without one) and the window about the row; None where a fold of the lowering no longer holds."""
+        cdef int64_t own[6][kMaxArrayDims]  # strides of each array, by FORWARD_VIEWS index
+        _load_strides(query, own[0])
+        _load_strides(key, own[1])
+        _load_strides(value, own[2])
+        _load_strides(mask, own[4])
+        cdef int i, view
+        cdef int64_t head_dim_v = self.args.head_dim_v
+        cdef int n = self.batch_dims
+        for i in range(n):  # the output's and the stats' dense strides
+            own[3][i] = self.batch_steps[i] * seq_q * head_dim_v
+            own[5][i] = self.batch_steps[i] * seq_q
+        own[3][n] = head_dim_v
+        own[3][n + 1] = 1
+        own[5][n] = 1
+        own[5][n + 1] = 1
+        for i in range(self.fold_count):
+            view = self.fold_view[i]
+            if _source_stride(&self.fold_outer[i], own[view]) != \
+                    _source_stride(&self.fold_inner[i], own[view]) * self.fold_size[i]:
+                return None
+        cdef ForwardPlan plan = ForwardPlan.__new__(ForwardPlan)
+        plan.args = self.args
+        plan.args.seq_q = seq_q
+        plan.args.seq_kv = seq_kv
+        plan.args.window.left = window_left
+        plan.args.window.right = window_right
+        cdef TensorView* target
+        for view in range(6):
+            if self.has_view[view]:
+                target = _forward_view(&plan.args, view)
+                for i in range(kViewDims):
+                    target.strides[i] = _source_stride(&self.sources[view][i], own[view])
+        return plan
 
 
 cdef class BoundForward:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import _cpu, key_window, sycl_runtime
 from .dtypes import DTYPES, DataType, FLOAT_TYPES
@@ -39,10 +39,15 @@ class NotUsable(Exception):
 @dataclass(frozen=True)
 class Operand:
     """One tensor of a call as its producer sees it: dtype, shape (rank 2 or more; its batch dims broadcast to
-    the call's) and element strides."""
+    the call's) and element strides.  origin, where the producer views the caller's array in another shape
+    (GQA's split heads): for each dim, (the array's axis, multiplier) such that the dim's stride is the
+    multiplier times the array's stride on that axis, or None for a dim of size 1; None: the dims are the
+    array's own.  It lets a call's layout be replayed for new lengths from the arrays' strides
+    (KernelCall.length_free_plan)."""
     dtype: DataType
     shape: tuple
     strides: tuple
+    origin: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -73,17 +78,42 @@ class AttentionSpec:
     dropout_p: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass
 class KernelCall:
     """A lowered spec: what native/cpu's ForwardPlan and backward take."""
     batch: tuple                 # KERNEL_BATCH_DIMS dims
+    call_batch: tuple            # the spec's batch dims, before folding
     seq_q: int
     seq_kv: int
     head_dim: int
     head_dim_v: int
     roles: dict                  # role -> (dtype code, 5 strides)
-    options: dict = field(default_factory=dict)  # the kernel's flags and window, as keyword arguments
-    shape_text: str = ""         # for the verbose log
+    options: dict                # the kernel's flags and window, as keyword arguments
+    text_fields: tuple           # (query's dtype name, mask kind), for shape_text
+    # For a replay at other lengths (length_free_plan): role -> 5 sources of its strides, each (array axis,
+    # multiplier) or None (stride 0), and the folds to re-check, (role, outer source, inner source, inner
+    # size): batch dims merged into one kernel dim hold only while the outer stride is the inner one times its
+    # size.
+    sources: dict
+    folds: tuple
+
+    @property
+    def shape_text(self) -> str:
+        """The call's shape for the verbose log."""
+        return self.shape_text_for(self.seq_q, self.seq_kv, self.options["window_left"], self.options["window_right"])
+
+    def shape_text_for(self, seq_q: int, seq_kv: int, left: int, right: int) -> str:
+        """The shape text of this call with other lengths and kernel window (a length-free plan's)."""
+        batch, (dtype, mask_kind) = self.call_batch, self.text_fields
+        no_limit = _cpu.NO_KEY_LIMIT
+        window = "x".join("open" if w == no_limit else str(w) for w in (left, right))
+        return (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={self.head_dim},"
+                f"dv={self.head_dim_v},dtype={dtype},mask={mask_kind},window={window}")
+
+    def length_free_plan(self, batch_steps: tuple):
+        """native/cpu's replay of this call's forward layout for new sequence lengths (_cpu.LengthFreeForward):
+        batch_steps are the dense output's batch strides over seq_q * head_dim_v."""
+        return self.forward_plan().length_free(self.sources, self.folds, batch_steps)
 
     def forward_plan(self, queue=None):
         """The forward kernel's plan for this call: native/cpu's, or the SYCL plugin's on a dpctl queue."""
@@ -140,24 +170,29 @@ def _matrix(spec: AttentionSpec, role: str) -> tuple[int, int]:
     return rows, (spec.head_dim_v if role in ("value", "output", "grad_output", "grad_value") else spec.head_dim)
 
 
-def broadcast_strides(operand: Operand, batch: tuple, rows: int, cols: int, role: str) -> tuple:
-    """The operand's strides broadcast to batch + (rows, cols), one per dim; size-1 dims get stride 0."""
+def _broadcast_axes(operand: Operand, batch: tuple, rows: int, cols: int, role: str) -> list:
+    """For each dim of batch + (rows, cols), the operand's axis that walks it, or None where the operand
+    broadcasts it (a size-1 dim or one it lacks)."""
     rank = len(operand.shape)
     if rank < 2 or rank - 2 > len(batch):
         raise NotUsable(f"{role} has rank {rank}; the kernel takes 2 to {len(batch) + 2}")
-    strides = []
+    axes = []
     for axis, size in enumerate(batch):
         own = axis - (len(batch) + 2 - rank)
         dim = operand.shape[own] if own >= 0 else 1
         if dim not in (1, size):
             raise NotUsable(f"{role} batch shape {operand.shape[:-2]} does not broadcast to {tuple(batch)}")
-        strides.append(operand.strides[own] if dim != 1 else 0)
-    for dim, stride, want in ((operand.shape[-2], operand.strides[-2], rows),
-                              (operand.shape[-1], operand.strides[-1], cols)):
-        if dim not in (1, want):
+        axes.append(own if dim != 1 else None)
+    for axis, want in ((rank - 2, rows), (rank - 1, cols)):
+        if operand.shape[axis] not in (1, want):
             raise NotUsable(f"{role} matrix shape {operand.shape[-2:]} does not broadcast to ({rows}, {cols})")
-        strides.append(stride if dim != 1 else 0)
-    return tuple(strides)
+        axes.append(axis if operand.shape[axis] != 1 else None)
+    return axes
+
+
+def broadcast_strides(operand: Operand, batch: tuple, rows: int, cols: int, role: str) -> tuple:
+    """The operand's strides broadcast to batch + (rows, cols), one per dim; size-1 dims get stride 0."""
+    return tuple(0 if a is None else operand.strides[a] for a in _broadcast_axes(operand, batch, rows, cols, role))
 
 
 def lower(spec: AttentionSpec) -> KernelCall:
@@ -172,11 +207,15 @@ def lower(spec: AttentionSpec) -> KernelCall:
         raise ValueError(f"a {spec.pass_name} spec has no roles {sorted(unknown)}")
     full = {}
     codes = {}
+    sources = {}  # role -> for each dim of full[role], (array axis, multiplier) or None
     for role, operand in spec.operands.items():
         if operand.dtype not in _allowed(role, spec.mask_kind):
             raise NotUsable(f"{role} dtype {operand.dtype.value} is not supported by the kernel")
         codes[role] = DTYPES[operand.dtype].kernel_code
-        full[role] = broadcast_strides(operand, spec.batch, *_matrix(spec, role), role)
+        axes = _broadcast_axes(operand, spec.batch, *_matrix(spec, role), role)
+        full[role] = tuple(0 if a is None else operand.strides[a] for a in axes)
+        origin = operand.origin
+        sources[role] = [None if a is None else (a, 1) if origin is None else origin[a] for a in axes]
     for role in WRITTEN_ONCE[spec.pass_name]:
         if role in full and overlaps_itself(tuple(spec.batch) + _matrix(spec, role), full[role]):
             raise NotUsable(f"{role} {spec.operands[role].shape} would be written more than once per element over "
@@ -186,7 +225,11 @@ def lower(spec: AttentionSpec) -> KernelCall:
     if folded is None:
         raise NotUsable(f"batch dims {tuple(spec.batch)} do not fold into {KERNEL_BATCH_DIMS}: the operands' "
                         "strides walk them differently")
-    kernel_batch, batch_strides = folded
+    kernel_batch, batch_strides, groups = folded
+    kernel_sources = {r: tuple(sources[r][axes[-1]] if axes else None for axes in groups) + tuple(sources[r][-2:])
+                      for r in roles}
+    folds = tuple((r, sources[r][outer], sources[r][inner], spec.batch[inner])
+                  for axes in groups for outer, inner in zip(axes, axes[1:]) for r in roles)
     no_limit = _cpu.NO_KEY_LIMIT
     left, right = spec.window
     options = dict(mask_kind=_cpu.MASK_KIND_CODES[spec.mask_kind], select_keep_value=spec.select_keep_value,
@@ -194,13 +237,10 @@ def lower(spec: AttentionSpec) -> KernelCall:
                    window_left=no_limit if left is None else left,
                    window_right=no_limit if right is None else right,
                    inf_as_zero=spec.inf_as_zero, dropout_p=spec.dropout_p)
-    query = spec.operands["query"]
-    shape_text = (f"batch={'x'.join(map(str, spec.batch))},sq={spec.seq_q},skv={spec.seq_kv},d={spec.head_dim},"
-                  f"dv={spec.head_dim_v},dtype={query.dtype.value},mask={spec.mask_kind},"
-                  f"window={'x'.join('open' if w is None else str(w) for w in spec.window)}")
-    return KernelCall(kernel_batch, spec.seq_q, spec.seq_kv, spec.head_dim, spec.head_dim_v,
+    text_fields = (spec.operands["query"].dtype.value, spec.mask_kind)
+    return KernelCall(kernel_batch, tuple(spec.batch), spec.seq_q, spec.seq_kv, spec.head_dim, spec.head_dim_v,
                       {r: (codes[r], tuple(bst) + full[r][-2:]) for r, bst in zip(roles, batch_strides)},
-                      options, shape_text)
+                      options, text_fields, kernel_sources, folds)
 
 
 def lower_as_given_or_copied(describe) -> tuple[KernelCall, object]:

@@ -4,6 +4,9 @@ A new signature (shapes, strides, dtypes and flags) is checked, described as an
 AttentionSpec and lowered to its kernel call (attention_spec.py, the route the
 backward and the graph API's fused partitions take too), and the plan is
 cached; later calls with the same signature only bind data and run the kernel.
+A call that differs from a planned one only in its sequence lengths (a decode
+loop's growing K/V) re-makes that plan for its lengths (KernelCall.for_lengths)
+instead: nothing is checked or lowered again.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import arguments, key_window, sycl_runtime, verbose
+from . import _cpu, arguments, key_window, sycl_runtime, verbose
 from .dtypes import DataType, from_numpy as dtype_of, numpy_dtype
 from .attention_spec import (AttentionSpec, KernelCall, NotUsable, Operand, default_scale, kernel_window,
                              lower_as_given_or_copied)
@@ -61,9 +64,11 @@ class SignatureCache:
 
 
 _cache = SignatureCache()  # compiled partitions of the forward
+_by_length_free = SignatureCache()  # _LengthFreePlan by signature with the sequence lengths left out
 
 ALIGNMENTS = key_window.ALIGNMENTS
 _NO_LIMIT = key_window.NO_LIMIT
+_OPEN = (_NO_LIMIT, _NO_LIMIT)  # the bounds of a call without window or is_causal
 # The dtypes of query, key and value the kernels take.
 _KERNEL_FLOATS = frozenset(numpy_dtype(dt) for dt in (DataType.f32, DataType.bf16, DataType.f16))
 
@@ -72,18 +77,68 @@ _KERNEL_FLOATS = frozenset(numpy_dtype(dt) for dt in (DataType.f32, DataType.bf1
 class _ForwardPlan:
     """What one signature (layouts, dtypes and flags of the operands) fixes of a forward call: the checks
     passed, the lowered kernel call, and the shapes of the outputs and of any copies."""
-    call: KernelCall
+    call: KernelCall          # the lowered call (for a plan re-made for new lengths, the one it was made from)
     plan: object              # the kernel's plan (_cpu.ForwardPlan, or the SYCL plugin's)
     runner: object            # the host kernel's direct call (BoundForward.run), or None on SYCL
-    grouped: tuple            # Q, K, V and mask shapes with the GQA heads split ((..., Hkv, rep, rows, cols))
     copies: tuple | None      # the full shapes Q, K, V and the mask are copied to where the kernel cannot walk
-                              # the caller's strides
+                              # the caller's strides, and (grouped) their shapes with the GQA heads split
+    grouped: tuple | None     # ((..., Hkv, rep, rows, cols)), which the copies are broadcast from
     out_shape: tuple
     stats_shape: tuple
     out_dtype: np.dtype       # the output's NumPy dtype
     default_scale: float      # 1 / sqrt(E), the scale of calls without one
     out_like_query: bool      # the output has the query's shape and C-contiguous layout (its dtype always)
     window: tuple             # the kernel's (left, right), as the runner has it
+    lengths: tuple | None = None  # (seq_q, seq_kv) of a plan re-made for new lengths: call is the template's
+
+    @property
+    def shape_text(self) -> str:
+        """The call's shape for the verbose log."""
+        if self.lengths is None:
+            return self.call.shape_text
+        return self.call.shape_text_for(*self.lengths, *self.window)
+
+
+class _LengthFreePlan:
+    """A forward plan made for one call, which calls that differ from it only in sequence lengths (each 2 or
+    more) re-make for theirs: their checks passed with its own (the lengths' rules are re-checked here) and
+    native/cpu replays its lowering for their strides where the lowering's batch folds still hold."""
+
+    def __init__(self, entry: _ForwardPlan, bounds: tuple, alignment: str):
+        self.entry = entry
+        self.bounds = bounds          # the window (left, right) before alignment, is_causal included
+        self.alignment = alignment
+        self.out_head = entry.out_shape[:-2]
+        self.head_dim_v = entry.out_shape[-1]
+        # the dense output's batch strides over seq_q * head_dim_v: the products of the inner batch dims
+        self.replay = entry.call.length_free_plan(dense_strides(entry.call.call_batch + (1,))[:-1])
+        self.window = entry.window
+
+    def remade(self, q, k, v, mask, strides: tuple, torch_input: bool) -> _ForwardPlan | None:
+        """The plan for these arrays (their element strides given in that order, mask's None without one), or
+        None where the template's lowering does not hold for them."""
+        seq_q, seq_kv = q.shape[-2], k.shape[-2]
+        if v.shape[-2] != seq_kv or (mask is not None and (mask.shape[-2] not in (1, seq_q) or
+                                                           mask.shape[-1] not in (1, seq_kv))):
+            return None  # the call breaks a length rule: the full checks name it
+        if self.bounds == _OPEN:
+            left, right = self.window
+        else:
+            left, right = (_cpu.NO_KEY_LIMIT if w is None else w
+                           for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
+        plan = self.replay.plan_for(seq_q, seq_kv, *strides, left, right)
+        if plan is None:
+            return None
+        out_shape = self.out_head + (seq_q, self.head_dim_v)
+        entry = self.entry
+        out_like_query = (q.is_contiguous() if torch_input else q.flags.c_contiguous) and tuple(q.shape) == out_shape
+        result = _ForwardPlan(entry.call, plan, plan.bound(left, right, _NEG_INF, _NEG_INF).run, None, None,
+                              out_shape, out_shape[:-1] + (1,), entry.out_dtype, entry.default_scale, out_like_query,
+                              (left, right), (seq_q, seq_kv))
+        if verbose.enabled():
+            verbose.log("compile", "functional", "sdpa_forward_cpu", f"{plan.dispatch_text()},plan=new lengths",
+                        result.shape_text)
+        return result
 
 
 def new_dropout_seed() -> int:
@@ -222,6 +277,69 @@ def grouped_shapes(q, k, v, mask, gqa: bool) -> tuple:
     return shapes + (full[:-3] + heads + full[-2:],)
 
 
+def _grouped_origin(array_ndim: int, grouped: tuple) -> tuple:
+    """Operand.origin of an array's view in its grouped shape (grouped_shapes): the array's dims, left-padded
+    with size-1 dims to the query's rank (no array axis), its head dim (-3) split in two, (groups, rep), whose
+    strides are the head's times rep and times 1; rep is the grouped shape's dim -3 (1 for K and V)."""
+    pad = len(grouped) - 1 - array_ndim
+    full = [(axis - pad, 1) if axis >= pad else None for axis in range(len(grouped) - 1)]
+    head = full[-3]
+    return tuple(full[:-3]) + (None if head is None else (head[0], grouped[-3]), head) + tuple(full[-2:])
+
+
+def _length_free_signature(q, k, v, mask, torch_layouts, signature: tuple, queue) -> tuple | None:
+    """The call's signature with each sequence length of 2 or more left out (-1), or None for calls whose plan
+    is not re-made for new lengths: SYCL ones, NumPy subclasses, and empty ones."""
+    if torch_layouts is not None:
+        (qs, _, qt, qc), (ks, _, kt, kc), (vs, _, vt, vc) = torch_layouts
+        if not qs.numel() or not ks.numel() or not vs.numel():
+            return None
+        return (True, qs[:-2], _free(qs[-2]), qs[-1], ks[:-2], _free(ks[-2]), ks[-1], vs[:-2], _free(vs[-2]), vs[-1],
+                qt, kt, vt, qc, kc, vc) + signature[1:]
+    if queue is not None or not (type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray):
+        return None
+    if not q.size or not k.size or not v.size:
+        return None
+    qs, ks, vs = q.shape, k.shape, v.shape
+    free = (False, qs[:-2], _free(qs[-2]), qs[-1], ks[:-2], _free(ks[-2]), ks[-1], vs[:-2], _free(vs[-2]), vs[-1],
+            q.dtype, k.dtype, v.dtype)
+    if mask is not None:
+        if type(mask) is not np.ndarray or not mask.size:
+            return None
+        free += (mask.shape[:-2], _free(mask.shape[-2]), _free(mask.shape[-1]), mask.dtype)
+    return free + signature[4:]
+
+
+def _free(length: int) -> int:
+    """A sequence length in a length-free signature: 0 and 1 as they are (they change broadcasting and the
+    checks), -1 for any other."""
+    return length if length < 2 else -1
+
+
+def _element_strides(q, k, v, mask, torch_layouts) -> tuple:
+    """The element strides of Q, K, V and the mask (None without one)."""
+    if torch_layouts is not None:
+        (_, qs, _, _), (_, ks, _, _), (_, vs, _, _) = torch_layouts
+        return qs, ks, vs, None
+    return (element_strides(q, "query"), element_strides(k, "key"), element_strides(v, "value"),
+            None if mask is None else element_strides(mask, "attn_mask"))
+
+
+def _new_plan(q, k, v, mask, torch_direct, is_causal, enable_gqa, bounds, alignment, return_stats, dropout_p,
+              queue, kind):
+    """The plan of a new signature: checked and built on NumPy views (the same memory); a torch tensor off the
+    CPU is refused here."""
+    qc, kc, vc = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value"))) \
+        if torch_direct else (q, k, v)
+    gqa = _check_inputs(qc, kc, vc, mask, is_causal, enable_gqa, alignment, kind)
+    try:
+        return _build(qc, kc, vc, mask, gqa, bounds, alignment, return_stats, dropout_p, queue)
+    except NotUsable as why:  # only the SYCL kernels' limits: on the host, copies always fold
+        verbose.log("fallback", "functional", f"the SYCL kernels cannot take this call ({why}): it runs on "
+                    "the host")
+        return _RUNS_ON_HOST
+
+
 def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue) -> _ForwardPlan:
     """Describes a checked call as an AttentionSpec and lowers it (attention_spec.py); where the kernel cannot
     walk the caller's strides, the plan copies Q, K, V and the mask contiguous on each call."""
@@ -240,7 +358,6 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
     query_shape = batch + (seq_q, head_dim)
     out_grouped, stats_grouped = batch + (seq_q, head_dim_v), batch + (seq_q, 1)
     out_shape = out_grouped[:-4] + (q.shape[-3], seq_q, head_dim_v) if gqa else out_grouped
-    stats_shape = out_shape[:-1] + (1,)
     mask_kind = "none" if m2 is None else ("select" if mask.dtype == np.bool_ else "additive")
     window = kernel_window(bounds, alignment, seq_q, seq_kv)
 
@@ -251,7 +368,8 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
             layouts = [None if shape is None else (shape, dense_strides(shape)) for shape in copies]
         else:
             copies, layouts = None, [q2, k2, v2, m2]
-        operands = {role: Operand(dtype_of(a.dtype), tuple(layout[0]), tuple(layout[1]))
+        operands = {role: Operand(dtype_of(a.dtype), tuple(layout[0]), tuple(layout[1]),
+                                  None if copied or not gqa else _grouped_origin(a.ndim, tuple(layout[0])))
                     for role, a, layout in zip(("query", "key", "value", "mask"), (q, k, v, mask), layouts)
                     if layout is not None}
         operands["output"] = Operand(dt, out_grouped, dense_strides(out_grouped))
@@ -261,16 +379,22 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
                              window=window, dropout_p=dropout_p), copies
 
     call, copies = lower_as_given_or_copied(describe)
+    return _plan_entry(call, grouped, copies, out_shape, numpy_dtype(dt), default_scale(head_dim),
+                       queue is None and q.flags.c_contiguous and tuple(q.shape) == out_shape, queue, "new signature")
+
+
+def _plan_entry(call: KernelCall, grouped, copies, out_shape: tuple, out_dtype, scale: float, out_like_query: bool,
+                queue, how: str) -> _ForwardPlan:
+    """The cache entry of a lowered call: its kernel plan, bound to the call's window on the host."""
     plan = call.forward_plan(queue)
     left, right = call.options["window_left"], call.options["window_right"]
     runner = None if queue is not None else plan.bound(left, right, _NEG_INF, _NEG_INF).run
-    result = _ForwardPlan(call, plan, runner, grouped, copies, out_shape, stats_shape, numpy_dtype(dt),
-                          default_scale(head_dim), queue is None and q.flags.c_contiguous and
-                          tuple(q.shape) == out_shape, (left, right))
+    result = _ForwardPlan(call, plan, runner, copies, grouped, out_shape, out_shape[:-1] + (1,), out_dtype, scale,
+                          out_like_query, (left, right))
     if verbose.enabled():
         text = f"isa={plan.kernel_name()}" if queue is not None else plan.dispatch_text()
         verbose.log("compile", "functional", "sdpa_forward_sycl" if queue is not None else "sdpa_forward_cpu",
-                    text, call.shape_text)
+                    f"{text},plan={how}", call.shape_text)
     return result
 
 
@@ -335,16 +459,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                      bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p, queue)
     entry = _cache.get(signature)
     if entry is None:
-        # Checked and built on NumPy views (the same memory); a torch tensor off the CPU is refused here.
-        qc, kc, vc = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value"))) \
-            if torch_direct else (q, k, v)
-        gqa = _check_inputs(qc, kc, vc, mask, is_causal, enable_gqa, causal_alignment, kind)
-        try:
-            entry = _build(qc, kc, vc, mask, gqa, bounds, causal_alignment, return_stats, dropout_p, queue)
-        except NotUsable as why:  # only the SYCL kernels' limits: on the host, copies always fold
-            verbose.log("fallback", "functional", f"the SYCL kernels cannot take this call ({why}): it runs on "
-                        "the host")
-            entry = _RUNS_ON_HOST
+        # New lengths of a planned call re-make its plan; anything else is checked and lowered anew.
+        free = _length_free_signature(q, k, v, mask, layouts, signature, queue)
+        template = None if free is None else _by_length_free.get(free)
+        if template is not None:
+            entry = template.remade(q, k, v, mask, _element_strides(q, k, v, mask, layouts), torch_direct)
+        if entry is None:
+            entry = _new_plan(q, k, v, mask, torch_direct, is_causal, enable_gqa, bounds, causal_alignment,
+                              return_stats, dropout_p, queue, kind)
+            if free is not None and entry is not _RUNS_ON_HOST and entry.copies is None:
+                _by_length_free.put(free, _LengthFreePlan(entry, bounds, causal_alignment))
         _cache.put(signature, entry)
     if entry is _RUNS_ON_HOST:
         host = [None if a is None else sycl_runtime.to_host(a) for a in (q, k, v, mask)]
@@ -412,7 +536,7 @@ def _run_logged(entry: _ForwardPlan, q, k, v, out, mask, stats, scale, seed, off
     else:
         _run_sycl(entry, q, k, v, out, mask, stats, scale, seed, offset, queue)
     verbose.log("exec", "functional", "sdpa_forward_cpu" if queue is None else "sdpa_forward_sycl",
-                entry.call.shape_text, f"{(time.perf_counter() - start) * 1e3:.4f}ms")
+                entry.shape_text, f"{(time.perf_counter() - start) * 1e3:.4f}ms")
 
 
 _torch_ops = None  # graphattn.torch_autograd, once a torch call has been seen (it imports torch)

@@ -1,0 +1,157 @@
+"""A call that differs from a planned one only in its sequence lengths re-makes that plan (native/cpu's
+LengthFreeForward replays the lowering) instead of being checked and lowered anew.  Each case runs a series of
+lengths and checks, per length: the plan was replayed, the result matches the float64 reference, and it
+equals bit for bit the result of a plan lowered from scratch for the same call."""
+import numpy as np
+import pytest
+
+import graphattn as ga
+from graphattn import _cpu, functional
+from graphattn.attention_spec import lower
+from graphattn.testing import STATS_TOLERANCE, assert_close, random_array, sdpa_reference
+
+
+REPLAYED = "plan=new lengths"
+
+
+def _fresh_caches():
+    functional._cache._entries.clear()
+    functional._by_length_free._entries.clear()
+
+
+def _numpy(x):
+    if isinstance(x, np.ndarray):
+        return x
+    import torch
+
+    return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+
+
+def _run_lengths(make, lengths, dtype, capsys, **kwargs):
+    """Calls make(length) -> (q, k, v, mask) for each length in order; the first plans, every later one must be
+    a replay that agrees with the reference and with a plan lowered from scratch."""
+    _fresh_caches()
+    for index, length in enumerate(lengths):
+        q, k, v, mask = make(length)
+        ga.set_verbose(1)
+        try:
+            replayed = ga.scaled_dot_product_attention(q, k, v, mask, **kwargs)
+        finally:
+            ga.set_verbose(0)
+        log = capsys.readouterr().err
+        if index:
+            assert REPLAYED in log, f"length {length}: planned anew, not replayed:\n{log}"
+        results = replayed if isinstance(replayed, tuple) else (replayed,)
+        expected = sdpa_reference(*(_numpy(a) for a in (q, k, v)), None if mask is None else _numpy(mask),
+                                  **{k: v for k, v in kwargs.items() if k not in ("dropout_p", "dropout_seed")})
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        if "dropout_p" not in kwargs:
+            assert_close(_numpy(results[0]), expected[0], dtype, f"output at length {length}")
+            if len(results) == 2:
+                assert_close(_numpy(results[1]), expected[1], dtype, f"stats at length {length}",
+                             tolerance=STATS_TOLERANCE)
+        _fresh_caches()  # the same call planned from scratch gives the same bits
+        fresh = ga.scaled_dot_product_attention(q, k, v, mask, **kwargs)
+        fresh = fresh if isinstance(fresh, tuple) else (fresh,)
+        for got, want in zip(results, fresh):
+            np.testing.assert_array_equal(_numpy(got), _numpy(want))
+        # keep the replay's template: the next length replays the plan made for this one
+        functional._cache._entries.clear()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_decode_gqa_with_a_growing_cache(dtype, rng, capsys):
+    q = random_array((2, 8, 1, 16), dtype, rng)
+    keys = {n: (random_array((2, 2, n, 16), dtype, rng), random_array((2, 2, n, 16), dtype, rng))
+            for n in range(5, 12)}
+    _run_lengths(lambda n: (q,) + keys[n] + (None,), list(keys), dtype, capsys, enable_gqa=True)
+
+
+def test_static_cache_views_keep_their_strides(rng, capsys):
+    """K/V as views of one preallocated buffer: the strides stay, only the length changes."""
+    q = random_array((1, 4, 1, 32), "f32", rng)
+    buffer = random_array((1, 2, 40, 32), "f32", rng)
+    _run_lengths(lambda n: (q, buffer[:, :, :n], buffer[:, :, :n] * 1, None), [7, 8, 20, 39], "f32", capsys,
+                 enable_gqa=True)
+
+
+@pytest.mark.parametrize("window", [None, (2, 0), (3, 1)])
+def test_chunked_prefill_bottom_right_moves_with_the_lengths(window, rng, capsys):
+    """S_q < S_kv, causal aligned bottom-right: the kernel's window shifts by S_kv - S_q at each length."""
+    q = random_array((1, 3, 4, 8), "f32", rng)
+    kv = {n: random_array((1, 3, n, 8), "f32", rng) for n in (6, 9, 13)}
+    _run_lengths(lambda n: (q, kv[n], kv[n], None), list(kv), "f32", capsys, is_causal=True,
+                 causal_alignment="bottom_right", window=window)
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_masks_follow_the_key_length(mask_kind, rng, capsys):
+    """A padding mask (N, 1, 1, S) and a full float mask (N, H, L, S), L and S changing together."""
+    def make(n):
+        q, k, v = (random_array((2, 3, n, 8), "f32", rng) for _ in range(3))
+        if mask_kind == "bool":
+            mask = np.ones((2, 1, 1, n), bool)
+            mask[0, ..., : n // 2] = False
+        else:
+            mask = random_array((2, 3, n, n), "f32", rng)
+        return q, k, v, mask
+
+    _run_lengths(make, [4, 7, 10], "f32", capsys, return_stats=True)
+
+
+def test_five_batch_dims_fold_at_every_length(rng, capsys):
+    def make(n):
+        return tuple(random_array((2, 3, 2, 2, n, 8), "f32", rng) for _ in range(3)) + (None,)
+
+    _run_lengths(make, [3, 6, 11], "f32", capsys)
+
+
+def test_dropout_draws_the_same_mask_as_a_fresh_plan(rng, capsys):
+    def make(n):
+        return tuple(random_array((2, 2, n, 8), "f32", rng) for _ in range(3)) + (None,)
+
+    _run_lengths(make, [5, 9, 16], "f32", capsys, dropout_p=0.3, dropout_seed=7)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_torch_projections_transposed_as_transformers_does(dtype, capsys):
+    """(N, S, H, D) projections viewed as (N, H, S, D): strides that change with S."""
+    torch = pytest.importorskip("torch")
+    tdtype = torch.float32 if dtype == "f32" else torch.bfloat16
+    gen = torch.Generator().manual_seed(0)
+
+    def make(n):
+        q, k, v = (torch.randn(2, n, 4, 16, generator=gen).to(tdtype).transpose(1, 2) for _ in range(3))
+        return q, k, v, None
+
+    _run_lengths(make, [5, 6, 17], dtype, capsys, is_causal=True)
+
+
+def test_a_length_rule_broken_by_a_new_length_is_named(rng):
+    """The replay re-checks the length rules: K and V of different lengths still raise the full check's error."""
+    _fresh_caches()
+    q = random_array((1, 2, 1, 8), "f32", rng)
+    ga.scaled_dot_product_attention(q, random_array((1, 2, 5, 8), "f32", rng), random_array((1, 2, 5, 8), "f32", rng))
+    with pytest.raises(ValueError, match="key and value sequence lengths differ"):
+        ga.scaled_dot_product_attention(q, random_array((1, 2, 6, 8), "f32", rng),
+                                        random_array((1, 2, 7, 8), "f32", rng))
+
+
+def test_the_replay_declines_where_a_batch_fold_no_longer_holds(rng):
+    """Four batch dims fold into three only while the outer stride is the inner one times its size: strides
+    that break the fold the lowering made make the replay decline (and the caller lower the call anew)."""
+    from graphattn.attention_spec import AttentionSpec, Operand
+    from graphattn.dtypes import DataType
+    from graphattn.logical_tensor import dense_strides
+
+    batch, n, d = (2, 3, 2, 2), 5, 4
+    operands = {role: Operand(DataType.f32, batch + (n, d), dense_strides(batch + (n, d)))
+                for role in ("query", "key", "value", "output")}
+    call = lower(AttentionSpec("forward", batch, n, n, d, d, operands))
+    assert call.folds, "the lowering folded no batch dims"
+    replay = call.length_free_plan(dense_strides(batch + (1,))[:-1])
+    dense = dense_strides(batch + (n + 1, d))
+    open_side = _cpu.NO_KEY_LIMIT
+    assert replay.plan_for(n + 1, n + 1, dense, dense, dense, None, open_side, open_side) is not None
+    broken = (dense[0] + 1,) + dense[1:]  # the outermost dim no longer steps over the next ones
+    assert replay.plan_for(n + 1, n + 1, broken, dense, dense, None, open_side, open_side) is None
