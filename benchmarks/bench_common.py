@@ -78,3 +78,15 @@ class Progress:
         sys.stderr.flush()
         if self.done == self.total:
             sys.stderr.write("\n")
+
+
+def print_table(rows: list[dict], columns: list[tuple[str, str, str]], note: str = "") -> None:
+    """rows as a table after the JSON lines: columns are (key, header, format spec), e.g. ("dtype", "dtype",
+    "<5") or ("speedup", "speedup", ">8.2f"); note follows the header, with the CPU and threads of rows[0]."""
+    def width(spec: str) -> str:
+        return spec.rstrip("0123456789.f")[:1] + "".join(c for c in spec.split(".")[0] if c.isdigit())
+
+    header = " ".join(f"{title:{width(spec)}}" for _, title, spec in columns)
+    print(f"\n{header}   (cpu: {rows[0]['cpu']}, {rows[0]['threads']} threads{'; ' + note if note else ''})")
+    for row in rows:
+        print(" ".join(f"{row[key]:{spec}}" for key, _, spec in columns))

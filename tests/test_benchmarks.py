@@ -246,3 +246,33 @@ def test_ab_summary_flags_only_cases_slower_than_their_spread(tmp_path):
     noisy = next(line for line in out.splitlines() if "(1, 1, 1, 8, 8, 8)" in line)
     assert steady.endswith("SLOWER") and not noisy.endswith("SLOWER")
     assert "slower than 3% beyond the A/A spread: 1" in out
+
+
+def _json_rows(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def test_decode_loop_times_graphattn_and_torch_per_step():
+    pytest.importorskip("torch")
+    result = subprocess.run([sys.executable, str(BENCH.parent / "decode_loop.py"), "--shapes", "small_batch4",
+                             "--dtypes", "f32", "--layouts", "concat,static", "--steps", "8", "--rounds", "2",
+                             "--start", "16"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = _json_rows(result.stdout)
+    assert [r["layout"] for r in rows] == ["concat", "static"]
+    for r in rows:
+        assert r["graphattn_us_per_step"] > 0 and r["torch_sdpa_us_per_step"] > 0
+        assert r["speedup_vs_torch_sdpa"] == pytest.approx(r["torch_sdpa_us_per_step"] / r["graphattn_us_per_step"],
+                                                           rel=0.02)
+    assert "speedup" in result.stdout.splitlines()[-3]
+
+
+def test_hf_llama_bench_times_each_phase_with_both_implementations():
+    pytest.importorskip("transformers")
+    result = subprocess.run([sys.executable, str(BENCH.parent / "hf_llama_bench.py"), "--dtypes", "f32", "--seq", "32",
+                             "--hidden", "64", "--layers", "1", "--new-tokens", "3", "--rounds", "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = _json_rows(result.stdout)
+    assert [r["phase"] for r in rows] == ["forward", "generate", "train_step"]
+    assert all(r["graphattn_ms"] > 0 and r["sdpa_ms"] > 0 for r in rows)

@@ -572,7 +572,7 @@ bool run_forward(const SdpaForwardArgs& a) {
     };
     HomeFirstUnits units(wave.units() * splits, team, work.home, work.groups);
     SplitsDone splits_done(items, splits);
-    run_on_team(team, [&] {
+    run_on_pool(team, [&] {
         Scratch scratch(int(a.head_dim_qk), Dv, Parts, std::min(block_q, a.seq_q), work.kv_slots);
         configure_tiles();
         units.for_each([&](int64_t w) {

@@ -810,7 +810,7 @@ struct LaneForward {
         HomeFirstUnits units(work_items, team, !uneven);
         SplitsDone splits_done(p.outer_items, p.splits);
         const int64_t v_blocks = Scratch::cached_v_blocks(a, p, !uneven);
-        run_on_team(team, [&] {
+        run_on_pool(team, [&] {
             Scratch sc(a, p.item_rows, v_blocks);
             units.for_each([&](int64_t w) {
                 const WorkItem x = work_item(w / p.splits, p.outer_items / p.row_blocks, p.row_blocks, by_rank);

@@ -44,6 +44,23 @@ void run_on_team(int team, Body&& body) {
     body();
 }
 
+// Runs body() on the first `team` threads of a region that takes every thread
+// of the OpenMP pool; the others leave at once.  libgomp ends the threads a
+// smaller region leaves out and starts them again for the next larger one, so
+// regions of varying size on one pool cost thread starts: a host framework on
+// the same libgomp (torch) then pays them in its next operation (a transformers
+// generate loop ran 1.5x slower).  Only for bodies without worksharing loops or
+// barriers, which every thread of a region must reach.
+template <class Body>
+void run_on_pool(int team, Body&& body) {
+    if (team <= 1) {
+        body();
+        return;
+    }
+#pragma omp parallel num_threads(omp_get_max_threads())
+    if (omp_get_thread_num() < team) body();
+}
+
 // Threads for `items` work items: no more than there are items, since each
 // thread sets up its own scratch.  A call with several parallel regions
 // gives them all one team: libgomp puts the threads a smaller region leaves

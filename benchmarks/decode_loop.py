@@ -1,0 +1,104 @@
+"""A generate loop's attention: one query row per head against a K/V cache that grows by one row each step,
+graphattn against PyTorch's own SDPA on the same torch tensors, timed per step.
+
+    python benchmarks/decode_loop.py [--dtypes f32,bf16] [--steps 256] [--start 512] [--rounds 3]
+
+Shapes as in a Llama-like model: query (N, Hq, 1, D) against key and value (N, Hkv, S, D), GQA, S from
+--start to --start + --steps - 1, one new length per step (the plan of each length is new to graphattn).  The
+cache grows as transformers' DynamicCache grows it (torch.cat of the new row, a new contiguous tensor each
+step) or, with static_, as views of one preallocated buffer (StaticCache's layout).  Each round runs the
+whole loop for each implementation in turn, alternating which goes first; the figure is the median over rounds
+of the mean time per step.  Prints one JSON line per case and a table with torch_sdpa / graphattn (above 1:
+graphattn is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import graphattn as ga
+from bench_common import cpu_model, print_table
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+SHAPES = {  # name: (N, Hq, Hkv, D)
+    "llama_8b_head": (1, 32, 8, 128),
+    "small_batch4": (4, 8, 2, 64),
+}
+
+
+def _loop(attention, query, caches) -> float:
+    """Seconds per step of attention(query, k, v) over the caches, one step per (k, v)."""
+    start = time.perf_counter()
+    for k, v in caches:
+        attention(query, k, v)
+    return (time.perf_counter() - start) / len(caches)
+
+
+def _graphattn(q, k, v):
+    return ga.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def _torch_sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def case(shape_name: str, dtype: str, layout: str, args) -> dict:
+    n, hq, hkv, d = SHAPES[shape_name]
+    gen = torch.Generator().manual_seed(0)
+    tdtype = DTYPES[dtype]
+    query = torch.randn(n, hq, 1, d, generator=gen).to(tdtype)
+    longest = args.start + args.steps * args.rounds * 2
+    buffer_k = torch.randn(n, hkv, longest, d, generator=gen).to(tdtype)
+    buffer_v = torch.randn(n, hkv, longest, d, generator=gen).to(tdtype)
+    times: dict[str, list[float]] = {"graphattn": [], "torch_sdpa": []}
+    implementations = {"graphattn": _graphattn, "torch_sdpa": _torch_sdpa}
+    for r in range(args.rounds):
+        order = list(implementations) if r % 2 == 0 else list(reversed(implementations))
+        for turn, name in enumerate(order):
+            # lengths no graphattn call of this process has seen: each step plans a new length
+            first = args.start + (2 * r + turn) * args.steps
+            lengths = range(first, first + args.steps)
+            if layout == "static":
+                caches = [(buffer_k[:, :, :s], buffer_v[:, :, :s]) for s in lengths]
+            else:  # each step's cache is a new contiguous tensor, as torch.cat makes it
+                caches = [(buffer_k[:, :, :s].contiguous(), buffer_v[:, :, :s].contiguous()) for s in lengths]
+            implementations[name](query, *caches[0])  # warm: the first call of a shape class
+            times[name].append(_loop(implementations[name], query, caches[1:]))
+            del caches
+    result = {name: statistics.median(t) for name, t in times.items()}
+    return {"bench": "decode_loop", "shape": shape_name, "n_hq_hkv_d": [n, hq, hkv, d], "dtype": dtype,
+            "layout": layout, "start": args.start, "steps": args.steps, "rounds": args.rounds,
+            "graphattn_us_per_step": round(result["graphattn"] * 1e6, 2),
+            "torch_sdpa_us_per_step": round(result["torch_sdpa"] * 1e6, 2),
+            "speedup_vs_torch_sdpa": round(result["torch_sdpa"] / result["graphattn"], 3),
+            "cpu": cpu_model(), "threads": ga.thread_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="f32,bf16")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--layouts", default="concat,static")
+    parser.add_argument("--steps", type=int, default=256)
+    parser.add_argument("--start", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    rows = []
+    for shape_name in args.shapes.split(","):
+        for dtype in args.dtypes.split(","):
+            for layout in args.layouts.split(","):
+                row = case(shape_name, dtype, layout, args)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    print_table(rows, [("shape", "shape", "<15"), ("dtype", "dtype", "<5"), ("layout", "layout", "<7"),
+                       ("graphattn_us_per_step", "graphattn us", ">12.1f"), ("torch_sdpa_us_per_step", "torch us", ">9.1f"),
+                       ("speedup_vs_torch_sdpa", "speedup", ">8.2f")])
+
+if __name__ == "__main__":
+    main()
