@@ -9,7 +9,8 @@ tensors of shape (1, 1, 1, 16) (torch) and, for scale, PyTorch's own
 F.scaled_dot_product_attention on them (torch_sdpa).
 Also decode calls whose K/V length S is new on each call (new_length: the plan of an earlier length is
 re-made for it) against the same lengths again (repeat_length), on NumPy and, where importable, torch
-inputs, with K/V contiguous and as views of one preallocated buffer (static_).
+inputs, with K/V contiguous and as views of one preallocated buffer (static_); and a graph API partition
+compiled once with the K/V length unknown (-1), executed on new lengths and then on the same again (graph_).
 Prints one JSON line per case and a table.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 import graphattn as ga
 from bench_common import cpu_model
+from graphattn.testing import SdpaGraphSpec
 
 try:
     import torch
@@ -72,8 +74,37 @@ def length_cases(rng) -> dict:
                         ga.scaled_dot_product_attention(query, kv, kv, enable_gqa=True)
                     seconds = (time.perf_counter() - start) / len(keys)
                     times.setdefault(prefix + layout + name, []).append(seconds)
+    times.update(graph_length_times(rng))
     shape = (1, 2, "S", 32)
     return {name: (shape, float(np.median(t))) for name, t in times.items()}
+
+
+def graph_length_times(rng) -> dict:
+    """{name: [seconds per call per round]}: the graph API's partition compiled once with the K/V length unknown
+    (-1), executed on NEW_LENGTHS new lengths per round (graph_new_length: each is planned on first sight), then
+    on the same lengths again (graph_repeat_length)."""
+    spec = SdpaGraphSpec(seq_q=1, seq_kv=-1, heads_q=4, head_dim=32)
+    (partition,) = spec.build().get_partitions()
+    ports = partition.get_input_ports()
+    engine = ga.Engine("cpu")
+    stream = ga.Stream(engine)
+    compiled = partition.compile(ports, partition.get_output_ports(), engine)
+    (out_port,) = compiled.outputs
+    out = np.empty((1, 4, 1, 32), np.float32)
+    times: dict = {}
+    for r in range(ROUNDS):
+        calls = []
+        for n in range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS):
+            concrete = SdpaGraphSpec(seq_q=1, seq_kv=n, heads_q=4, head_dim=32)
+            concrete.build()
+            inputs = concrete.random_inputs(rng)
+            calls.append(([ga.Tensor(lt, engine, inputs[lt.id]) for lt in ports], [ga.Tensor(out_port, engine, out)]))
+        for name in ("graph_new_length", "graph_repeat_length"):
+            start = time.perf_counter()
+            for ins, outs in calls:
+                compiled.execute(stream, ins, outs)
+            times.setdefault(name, []).append((time.perf_counter() - start) / len(calls))
+    return times
 
 
 def main() -> None:
@@ -99,9 +130,9 @@ def main() -> None:
                "us_per_call": round(seconds * 1e6, 2), "cpu": cpu_model(), "threads": ga.thread_count()}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print(f"\n{'case':<20} {'us/call':>8}   (cpu: {rows[0]['cpu']}, {rows[0]['threads']} threads)")
+    print(f"\n{'case':<27} {'us/call':>8}   (cpu: {rows[0]['cpu']}, {rows[0]['threads']} threads)")
     for row in rows:
-        print(f"{row['case']:<20} {row['us_per_call']:>8.1f}")
+        print(f"{row['case']:<27} {row['us_per_call']:>8.1f}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Partitions (fused or single-op subgraphs) and their compiled, executable form."""
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -11,7 +12,7 @@ from .engine import Engine, Stream
 from .kernels.fused_sdpa import FusedSdpaForward, NotUsable
 from .kernels.fused_sdpa_backward import FusedSdpaBackward
 from .kernels.reference import ReferenceKernel, SyclHostFallback
-from .logical_tensor import LogicalTensor
+from .logical_tensor import LogicalTensor, dense_strides
 from .ops import Op, OpKind
 from .patterns.sdpa import NoMatch, SdpaMatch, match_sdpa
 from .patterns.sdpa_backward import SdpaBackwardMatch, match_sdpa_backward
@@ -71,9 +72,12 @@ class Partition:
 
     def compile(self, inputs: Sequence[LogicalTensor], outputs: Sequence[LogicalTensor], engine: Engine):
         """Compiles for concrete input shapes and layouts (and optional output layouts); returns a CompiledPartition.
-        The fused kernel is chosen here, or the reference with the reason logged."""
+        The fused kernel is chosen here, or the reference with the reason logged.  Inputs with unknown (-1)
+        dims give a DynamicCompiledPartition, which serves every size of those dims."""
         if not isinstance(engine, Engine):
             raise TypeError(f"partition {self.id}: compile needs an Engine, got {type(engine).__name__}")
+        if any(isinstance(lt, LogicalTensor) and not lt.is_shape_known() for lt in inputs):
+            return DynamicCompiledPartition(self, self._concrete_inputs(inputs, unknown_dims=True), outputs, engine)
         lts = self._concrete_inputs(inputs)
         shapes = self._infer_shapes(lts)
         lts.update(self._concrete_outputs(outputs, shapes))
@@ -84,7 +88,8 @@ class Partition:
     def _where(self, lt_id: int) -> str:
         return f"partition {self.id}: tensor {lt_id}"
 
-    def _concrete_inputs(self, inputs) -> dict[int, LogicalTensor]:
+    def _concrete_inputs(self, inputs, unknown_dims: bool = False) -> dict[int, LogicalTensor]:
+        """The input ports' logical tensors, checked against the graph's; unknown_dims lets them keep -1 dims."""
         given = _by_id(inputs, f"partition {self.id}: compile inputs")
         lts = {}
         for port in self._inputs:
@@ -92,7 +97,7 @@ class Partition:
             if lt is None:
                 raise ValueError(f"{self._where(port.id)}: compile is missing this input logical tensor "
                                  f"(input ports are {[t.id for t in self._inputs]})")
-            if not lt.is_shape_known():
+            if not unknown_dims and not lt.is_shape_known():
                 raise ValueError(f"{self._where(port.id)}: compile needs a concrete shape, got {lt.shape}")
             _check_matches_port(lt, port, self._where(port.id))
             lts[port.id] = lt
@@ -191,11 +196,7 @@ class CompiledPartition:
 
     def query_logical_tensor(self, tensor_id: int) -> LogicalTensor:
         """The concrete logical tensor (shape, strides) of an input or output port after compilation."""
-        try:
-            return self._lts[tensor_id]
-        except KeyError:
-            raise ValueError(f"partition {self.partition.id}: tensor {tensor_id} is neither an input nor an "
-                             f"output port") from None
+        return _port(self._lts, tensor_id, self.partition.id)
 
     def execute(self, stream: Stream, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> None:
         """Runs the compiled partition; tensors are matched to ports by id and must have the compiled shapes and
@@ -276,6 +277,101 @@ class CompiledPartition:
                 if isinstance(other, np.ndarray) and other.size and data.size and np.may_share_memory(data, other):
                     raise ValueError(f"{where}: output port {port_id} overlaps the memory of {name}; outputs "
                                      "are not computed in place")
+
+
+_DYNAMIC_PLANS = 256  # the shapes a DynamicCompiledPartition keeps compiled
+
+
+class DynamicCompiledPartition:
+    """A partition compiled with unknown (-1) dims in its input logical tensors, as oneDNN Graph's dynamic
+    shapes: execute takes tensors of any size in those dims (the other dims as compiled), in any layout;
+    query_dynamic_outputs gives the outputs' shapes for given input shapes.  Each new set of shapes and
+    layouts is compiled once, on its first execute, and the last _DYNAMIC_PLANS used are kept."""
+
+    def __init__(self, partition: Partition, inputs: dict, outputs: Sequence[LogicalTensor], engine: Engine):
+        self.partition = partition
+        self.inputs = [inputs[port.id] for port in partition.get_input_ports()]
+        given = _by_id(outputs, f"partition {partition.id}: compile outputs")
+        self.outputs = [given.pop(port.id, port) for port in partition.get_output_ports()]
+        if given:
+            raise ValueError(f"partition {partition.id}: compile got logical tensors {sorted(given)} that are not "
+                             f"output ports (output ports are {[t.id for t in partition.get_output_ports()]})")
+        for lt, port in zip(self.outputs, partition.get_output_ports()):
+            _check_matches_port(lt, port, f"partition {partition.id}: tensor {port.id}")
+        self._lts = {lt.id: lt for lt in self.inputs + self.outputs}
+        self._engine = engine
+        self._plans: OrderedDict = OrderedDict()
+        self._last: CompiledPartition | None = None
+
+    @property
+    def kernel_name(self) -> str:
+        """The kernel of the last shapes executed ("dynamic" before the first execute)."""
+        return self._last.kernel_name if self._last is not None else "dynamic"
+
+    def query_logical_tensor(self, tensor_id: int) -> LogicalTensor:
+        """The logical tensor of an input or output port as compiled, -1 dims included."""
+        return _port(self._lts, tensor_id, self.partition.id)
+
+    def query_dynamic_outputs(self, inputs: Sequence[LogicalTensor]) -> list[LogicalTensor]:
+        """The output ports' logical tensors (dense) for inputs of these concrete shapes."""
+        lts = self.partition._concrete_inputs(inputs)
+        for lt in lts.values():
+            self._check_compiled_dims(lt.id, lt.shape)
+        shapes = self.partition._infer_shapes(lts)
+        return [lt.with_shape(shapes[lt.id]) for lt in self.outputs]
+
+    def execute(self, stream: Stream, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> None:
+        """Runs the partition on these tensors, compiled for their shapes and layouts on first sight."""
+        if not isinstance(stream, Stream):
+            raise TypeError(f"execute needs a Stream, got {type(stream).__name__}")
+        for what, tensors in (("inputs", inputs), ("outputs", outputs)):
+            for t in tensors:
+                if not isinstance(t, Tensor):
+                    raise TypeError(f"partition {self.partition.id}: execute: {what} must be Tensors, got "
+                                    f"{type(t).__name__}")
+        for what, tensors, ports in (("inputs", inputs, self.inputs), ("outputs", outputs, self.outputs)):
+            if len(tensors) != len(ports):
+                raise ValueError(f"partition {self.partition.id}: execute got {len(tensors)} {what}, expected "
+                                 f"{len(ports)} (ids {[p.id for p in ports]})")
+        layouts = tuple((t.id, tuple(t.data.shape), _data_strides(t.data)) for t in list(inputs) + list(outputs))
+        compiled = self._plans.get(layouts)
+        if compiled is None:
+            for tensor_id, shape, _ in layouts:
+                if tensor_id in self._lts:  # a tensor of no port is named by the compiled partition's checks
+                    self._check_compiled_dims(tensor_id, shape)
+            concrete = [LogicalTensor(tensor_id, self._lts[tensor_id].dtype if tensor_id in self._lts else
+                                      t.logical_tensor.dtype, shape, strides)
+                        for (tensor_id, shape, strides), t in zip(layouts, list(inputs) + list(outputs))]
+            compiled = self.partition.compile(concrete[:len(inputs)], concrete[len(inputs):], self._engine)
+            self._plans[layouts] = compiled
+            while len(self._plans) > _DYNAMIC_PLANS:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(layouts)
+        self._last = compiled
+        compiled.execute(stream, inputs, outputs)
+
+    def _check_compiled_dims(self, tensor_id: int, shape: tuple) -> None:
+        compiled = self._lts[tensor_id]
+        if len(shape) != compiled.ndim or any(c not in (-1, d) for c, d in zip(compiled.shape, shape)):
+            raise ValueError(f"partition {self.partition.id}: tensor {tensor_id} has shape {tuple(shape)}, compiled "
+                             f"for {compiled.shape} (-1: any size)")
+
+
+def _port(lts: dict, tensor_id: int, partition_id: int) -> LogicalTensor:
+    """A compiled partition's logical tensor of this port id; a ValueError where it is no port."""
+    try:
+        return lts[tensor_id]
+    except KeyError:
+        raise ValueError(f"partition {partition_id}: tensor {tensor_id} is neither an input nor an output "
+                         "port") from None
+
+
+def _data_strides(data) -> tuple:
+    """Element strides of a NumPy or USM array (dense ones for an empty array: any layout serves)."""
+    if not data.size:
+        return dense_strides(data.shape)
+    return sycl_runtime.usm_element_strides(data) if sycl_runtime.is_usm_array(data) else element_strides(data)
 
 
 def _byte_strides(lt: LogicalTensor) -> tuple:
