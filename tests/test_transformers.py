@@ -18,12 +18,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = graphattn.torch.register_transformers()
 
 
-def _models():
-    """The same random Llama-like model (GQA: 8 query heads over 2 K/V heads) as graphattn and as sdpa."""
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=128)
+def _models(family: str = "Llama", **extra):
+    """The same random model of this family (GQA: 8 query heads over 2 K/V heads) as graphattn and as sdpa."""
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=128, **extra)
     torch.manual_seed(0)
-    ours = transformers.LlamaForCausalLM(config)
+    ours = getattr(transformers, f"{family}ForCausalLM")(config)
     theirs = copy.deepcopy(ours)
     ours.config._attn_implementation = NAME
     theirs.config._attn_implementation = "sdpa"
@@ -88,3 +89,34 @@ def test_example_runs_and_agrees():
     assert out.returncode == 0, out.stderr
     assert "generated tokens agree between graphattn and sdpa" in out.stdout, out.stdout
     assert "graphattn  train" in out.stdout and "sdpa       train" in out.stdout
+
+
+@pytest.mark.parametrize("padding", [False, True], ids=["unpadded", "left_padded"])
+def test_a_sliding_window_model_passes_its_window(padding, monkeypatch):
+    """A Mistral-like model with a window of 4 keys: graphattn gets the window as window=(3, -1), aligned to the
+    keys' end, and matches sdpa (which applies it as a mask) on logits and on greedy generation."""
+    seen = []
+    call = graphattn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("window"), kwargs.get("causal_alignment")))
+        return call(*args, **kwargs)
+
+    monkeypatch.setattr(graphattn.functional, "scaled_dot_product_attention", spy)
+    ours, theirs = _models("Mistral", sliding_window=4)
+    ids, mask = _inputs(padding)
+    with torch.no_grad():
+        got = ours(input_ids=ids, attention_mask=mask).logits
+        want = theirs(input_ids=ids, attention_mask=mask).logits
+    assert seen and all(s == ((3, -1), "bottom_right") for s in seen), seen
+    kept = mask.bool()
+    assert_close(got[kept].numpy(), want[kept].numpy(), DataType.f32, "logits")
+    settings = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(ours.generate(ids, **settings), theirs.generate(ids, **settings))
+
+
+def test_a_bad_sliding_window_is_refused():
+    q = torch.zeros(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="sliding_window must be a positive int"):
+        graphattn.torch.attention_forward(None, q, q, q, None, sliding_window=0)

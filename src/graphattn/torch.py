@@ -24,8 +24,18 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # As transformers' sdpa: a mask, when given, already holds the causal rule; decode rows see every key.
     causal = bool(causal) and attention_mask is None and q_length > 1
+    # A sliding window of w keys (Mistral, Gemma 2, gpt-oss): row i sees keys i - w < j, flash-attn's
+    # window_size (w - 1, ...), rows aligned to the keys' end as the cache puts them.  The mask transformers
+    # builds holds it too; as a window the kernel skips the blocks outside it.
+    sliding_window = kwargs.get("sliding_window")
+    window = None
+    if sliding_window is not None:
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+            raise ValueError(f"sliding_window must be a positive int (the keys a row sees), got {sliding_window!r}")
+        window = (sliding_window - 1, -1)
     out = functional.scaled_dot_product_attention(query, key, value, attention_mask, dropout, causal, scaling,
-                                                  enable_gqa=query.shape[1] != key.shape[1])
+                                                  enable_gqa=query.shape[1] != key.shape[1],
+                                                  causal_alignment="bottom_right", window=window)
     return out.transpose(1, 2).contiguous(), None
 
 
