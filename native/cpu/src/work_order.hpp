@@ -47,10 +47,11 @@ void run_on_team(int team, Body&& body) {
 // Runs body() on the first `team` threads of a region that takes every thread
 // of the OpenMP pool; the others leave at once.  libgomp ends the threads a
 // smaller region leaves out and starts them again for the next larger one, so
-// regions of varying size on one pool cost thread starts: a host framework on
-// the same libgomp (torch) then pays them in its next operation (a transformers
-// generate loop ran 1.5x slower).  Only for bodies without worksharing loops or
-// barriers, which every thread of a region must reach.
+// regions of varying size on one pool cost thread starts, which a host
+// framework on the same libgomp (torch) then pays in its next operation
+// (docs/performance.md, "Forward regions on the whole thread pool").  Only for
+// bodies without worksharing loops or barriers, which every thread of a region
+// must reach.
 template <class Body>
 void run_on_pool(int team, Body&& body) {
     if (team <= 1) {
