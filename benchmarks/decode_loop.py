@@ -97,7 +97,8 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     print_table(rows, [("shape", "shape", "<15"), ("dtype", "dtype", "<5"), ("layout", "layout", "<7"),
-                       ("graphattn_us_per_step", "graphattn us", ">12.1f"), ("torch_sdpa_us_per_step", "torch us", ">9.1f"),
+                       ("graphattn_us_per_step", "graphattn us", ">12.1f"),
+                       ("torch_sdpa_us_per_step", "torch us", ">9.1f"),
                        ("speedup_vs_torch_sdpa", "speedup", ">8.2f")])
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ def main() -> None:
     rows = []
     for dtype in args.dtypes.split(","):
         base = build(args, DTYPES[dtype])
-        inputs = torch.randint(0, base.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
+        inputs = torch.randint(0, base.config.vocab_size, (args.batch, args.seq),
+                               generator=torch.Generator().manual_seed(1))
         runs = {}
         for implementation in (name, "sdpa"):
             model = copy.deepcopy(base)

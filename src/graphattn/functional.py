@@ -27,7 +27,7 @@ from .ops.philox import bits64
 from .ops.broadcast import broadcast_shapes
 from .interop import (from_numpy, is_torch_tensor, plain_torch_tensors, to_numpy, torch_empty, torch_empty_like,
                       torch_layout, torch_random_seed)
-from .tensor import element_strides
+from .tensor import array_strides, element_strides
 
 _NEG_INF = float("-inf")
 _RUNS_ON_HOST = object()  # the cache's entry for USM calls the SYCL kernels cannot take
@@ -146,15 +146,10 @@ def new_dropout_seed() -> int:
     return secrets.randbits(63)
 
 
-def _strides(a) -> tuple:
-    """Element strides of a NumPy or USM array."""
-    return sycl_runtime.usm_element_strides(a) if sycl_runtime.is_usm_array(a) else element_strides(a)
-
-
 def _layout(a) -> tuple:
     if type(a) is np.ndarray:  # byte strides pin the layout as well as element strides, and cost nothing
         return a.shape, a.strides if a.size else a.shape, a.dtype.str
-    return tuple(a.shape), _strides(a) if a.size else tuple(a.shape), a.dtype.str
+    return tuple(a.shape), array_strides(a) if a.size else tuple(a.shape), a.dtype.str
 
 
 def _sycl_inputs(query, key, value, attn_mask):
@@ -345,7 +340,7 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
     walk the caller's strides, the plan copies Q, K, V and the mask contiguous on each call."""
     grouped = grouped_shapes(q, k, v, mask, gqa)
     # (shape, element strides) of each operand viewed in its grouped shape: splitting a dim is always a view
-    q2, k2, v2, m2 = (None if a is None else (shape, reshape_strides(a.shape, _strides(a), shape)
+    q2, k2, v2, m2 = (None if a is None else (shape, reshape_strides(a.shape, array_strides(a), shape)
                                               if a.size else dense_strides(shape))
                       for a, shape in zip((q, k, v, mask), grouped))
     seq_q, seq_kv, head_dim, head_dim_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]

@@ -17,8 +17,9 @@ import numpy as np
 from . import _cpu
 from .dtypes import from_numpy as dtype_of
 from . import arguments, key_window, sycl_runtime, verbose
-from .functional import (SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _strides, _sycl_inputs,
+from .functional import (SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _sycl_inputs,
                          grouped_shapes)
+from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
 from .logical_tensor import dense_strides
@@ -105,10 +106,10 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
         return shape, dense_strides(shape), dtype
 
     def given(a, dtype, dense):  # a caller's array as it is, or its contiguous copy
-        return fresh(a.shape, dtype) if dense else (a.shape, _strides(a), dtype)
+        return fresh(a.shape, dtype) if dense else (a.shape, array_strides(a), dtype)
 
     def stride_0(a) -> bool:  # a caller's broadcast view (stride 0 over a batch dim of 2 or more)
-        return any(s == 0 and d > 1 for d, s in zip(a.shape[:-2], _strides(a)[:-2]))
+        return any(s == 0 and d > 1 for d, s in zip(a.shape[:-2], array_strides(a)[:-2]))
 
     # A caller's stride-0 view of Q, K or V has a gradient element per index, as any other tensor of its shape
     # does (torch's gradient of an expand()ed tensor): it is copied, like a broadcast operand, so the kernel
@@ -126,15 +127,15 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
 
         # (shape, element strides, dtype) per kernel operand; copies and gradient buffers are fresh
         # C-contiguous arrays on every call.
-        layouts = {"query": fresh(query_copy, q.dtype) if query_copy else (q2.shape, _strides(q2), q.dtype),
-                   "key": fresh(kv_copy[0], k.dtype) if kv_copy else (k2.shape, _strides(k2), k.dtype),
-                   "value": fresh(kv_copy[1], v.dtype) if kv_copy else (v2.shape, _strides(v2), v.dtype),
+        layouts = {"query": fresh(query_copy, q.dtype) if query_copy else (q2.shape, array_strides(q2), q.dtype),
+                   "key": fresh(kv_copy[0], k.dtype) if kv_copy else (k2.shape, array_strides(k2), k.dtype),
+                   "value": fresh(kv_copy[1], v.dtype) if kv_copy else (v2.shape, array_strides(v2), v.dtype),
                    "output": given(o2, o.dtype, dense), "stats": given(st2, st.dtype, dense),
                    "grad_output": given(do2, do.dtype, dense),
                    "grad_query": fresh(grad_shapes[0], q.dtype), "grad_key": fresh(grad_shapes[1], k.dtype),
                    "grad_value": fresh(grad_shapes[2], v.dtype)}
         if m2 is not None:
-            layouts["mask"] = fresh(mask_copy, m2.dtype) if mask_copy else (m2.shape, _strides(m2), m2.dtype)
+            layouts["mask"] = fresh(mask_copy, m2.dtype) if mask_copy else (m2.shape, array_strides(m2), m2.dtype)
         mask_kind = "none" if m2 is None else ("select" if m2.dtype == np.bool_ else "additive")
         if grad_mask_shape is not None:
             layouts["grad_mask"] = fresh(grad_mask_shape, np.dtype(np.float32))

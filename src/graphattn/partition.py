@@ -16,7 +16,7 @@ from .logical_tensor import LogicalTensor, dense_strides
 from .ops import Op, OpKind
 from .patterns.sdpa import NoMatch, SdpaMatch, match_sdpa
 from .patterns.sdpa_backward import SdpaBackwardMatch, match_sdpa_backward
-from .tensor import Tensor, element_strides
+from .tensor import Tensor, array_strides, element_strides
 from .views import overlaps_itself
 
 
@@ -371,7 +371,7 @@ def _data_strides(data) -> tuple:
     """Element strides of a NumPy or USM array (dense ones for an empty array: any layout serves)."""
     if not data.size:
         return dense_strides(data.shape)
-    return sycl_runtime.usm_element_strides(data) if sycl_runtime.is_usm_array(data) else element_strides(data)
+    return array_strides(data)
 
 
 def _byte_strides(lt: LogicalTensor) -> tuple:

@@ -8,7 +8,7 @@ from . import sycl_runtime
 from .dtypes import numpy_dtype
 from .engine import Engine, Stream
 from .logical_tensor import LogicalTensor
-from .tensor import Tensor, element_strides
+from .tensor import Tensor, array_strides
 
 
 def run_graph(graph, inputs: dict[int, np.ndarray], policy: str = "fusion", engine: Engine | None = None,
@@ -28,7 +28,7 @@ def run_graph(graph, inputs: dict[int, np.ndarray], policy: str = "fusion", engi
         missing = [lt.id for lt in in_ports if lt.id not in values]
         if missing:
             raise ValueError(f"run_graph: no array given for input tensor(s) {missing}")
-        in_lts = [LogicalTensor(lt.id, lt.dtype, tuple(values[lt.id].shape), _strides(values[lt.id]))
+        in_lts = [LogicalTensor(lt.id, lt.dtype, tuple(values[lt.id].shape), array_strides(values[lt.id]))
                   for lt in in_ports]
         compiled = partition.compile(in_lts, partition.get_output_ports(), engine)
         out_arrays = {lt.id: _empty(lt, engine) for lt in compiled.outputs}
@@ -42,10 +42,6 @@ def run_graph(graph, inputs: dict[int, np.ndarray], policy: str = "fusion", engi
         bf16 = {lt.id for op in graph.ops for lt in op.outputs if lt.dtype.value == "bf16"}
         results = {k: sycl_runtime.to_host(v, bf16=k in bf16) for k, v in results.items()}
     return results
-
-
-def _strides(a) -> tuple:
-    return sycl_runtime.usm_element_strides(a) if sycl_runtime.is_usm_array(a) else element_strides(a)
 
 
 def _to_device(array: np.ndarray, engine: Engine):

@@ -21,6 +21,11 @@ def element_strides(array: np.ndarray, name: str = "array") -> tuple[int, ...]:
     return tuple(s // itemsize for s in array.strides)
 
 
+def array_strides(array) -> tuple[int, ...]:
+    """Element strides of a NumPy array or of a USM array (dpnp, usm_ndarray)."""
+    return sycl_runtime.usm_element_strides(array) if sycl_runtime.is_usm_array(array) else element_strides(array)
+
+
 class Tensor:
     """Binds a LogicalTensor to its data, never copied: a NumPy array on the CPU engine; on a SYCL engine a
     dpnp array or usm_ndarray on the engine's queue (strided views and offsets honoured), or a NumPy array for
