@@ -438,7 +438,7 @@ def test_repeated_calls_reuse_the_compiled_partition(rng):
 def test_signature_cache_keeps_the_entries_used_since_it_was_half_full():
     """Of its _CACHE_SIZE entries the cache evicts the least recently used, a hit counting as a use once the
     cache is half full: an entry hit then outlives the entries put before it."""
-    from graphattn.functional import _CACHE_SIZE, SignatureCache
+    from graphattn.plan_cache import CACHE_SIZE as _CACHE_SIZE, SignatureCache
 
     cache = SignatureCache()
     for key in range(_CACHE_SIZE):

@@ -149,7 +149,7 @@ def test_the_replay_declines_where_a_batch_fold_no_longer_holds(rng):
                 for role in ("query", "key", "value", "output")}
     call = lower(AttentionSpec("forward", batch, n, n, d, d, operands))
     assert call.folds, "the lowering folded no batch dims"
-    replay = call.length_free_plan(dense_strides(batch + (1,))[:-1])
+    replay = call.forward_plan().length_free(call.sources, call.folds, dense_strides(batch + (1,))[:-1])
     dense = dense_strides(batch + (n + 1, d))
     open_side = _cpu.NO_KEY_LIMIT
     assert replay.plan_for(n + 1, n + 1, dense, dense, dense, None, open_side, open_side) is not None

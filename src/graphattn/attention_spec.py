@@ -43,7 +43,7 @@ class Operand:
     (GQA's split heads): for each dim, (the array's axis, multiplier) such that the dim's stride is the
     multiplier times the array's stride on that axis, or None for a dim of size 1; None: the dims are the
     array's own.  It lets a call's layout be replayed for new lengths from the arrays' strides
-    (KernelCall.length_free_plan)."""
+    (_cpu.ForwardPlan.length_free)."""
     dtype: DataType
     shape: tuple
     strides: tuple
@@ -90,7 +90,7 @@ class KernelCall:
     roles: dict                  # role -> (dtype code, 5 strides)
     options: dict                # the kernel's flags and window, as keyword arguments
     text_fields: tuple           # (query's dtype name, mask kind), for shape_text
-    # For a replay at other lengths (length_free_plan): role -> 5 sources of its strides, each (array axis,
+    # For a replay at other lengths (_cpu.ForwardPlan.length_free): role -> 5 sources of its strides, each (array axis,
     # multiplier) or None (stride 0), and the folds to re-check, (role, outer source, inner source, inner
     # size): batch dims merged into one kernel dim hold only while the outer stride is the inner one times its
     # size.
@@ -109,11 +109,6 @@ class KernelCall:
         window = "x".join("open" if w == no_limit else str(w) for w in (left, right))
         return (f"batch={'x'.join(map(str, batch))},sq={seq_q},skv={seq_kv},d={self.head_dim},"
                 f"dv={self.head_dim_v},dtype={dtype},mask={mask_kind},window={window}")
-
-    def length_free_plan(self, batch_steps: tuple):
-        """native/cpu's replay of this call's forward layout for new sequence lengths (_cpu.LengthFreeForward):
-        batch_steps are the dense output's batch strides over seq_q * head_dim_v."""
-        return self.forward_plan().length_free(self.sources, self.folds, batch_steps)
 
     def forward_plan(self, queue=None):
         """The forward kernel's plan for this call: native/cpu's, or the SYCL plugin's on a dpctl queue."""

@@ -5,13 +5,12 @@ AttentionSpec and lowered to its kernel call (attention_spec.py, the route the
 backward and the graph API's fused partitions take too), and the plan is
 cached; later calls with the same signature only bind data and run the kernel.
 A call that differs from a planned one only in its sequence lengths (a decode
-loop's growing K/V) re-makes that plan for its lengths (KernelCall.for_lengths)
+loop's growing K/V) replays that plan's lowering for its lengths (_LengthFreePlan)
 instead: nothing is checked or lowered again.
 """
 from __future__ import annotations
 
 import secrets
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,42 +26,11 @@ from .ops.philox import bits64
 from .ops.broadcast import broadcast_shapes
 from .interop import (from_numpy, is_torch_tensor, plain_torch_tensors, to_numpy, torch_empty, torch_empty_like,
                       torch_layout, torch_random_seed)
+from .plan_cache import SignatureCache
 from .tensor import array_strides, element_strides
 
 _NEG_INF = float("-inf")
 _RUNS_ON_HOST = object()  # the cache's entry for USM calls the SYCL kernels cannot take
-_CACHE_SIZE = 256
-
-
-class SignatureCache:
-    """Entries by call signature (layouts, dtypes, flags): the last _CACHE_SIZE used are kept."""
-
-    def __init__(self):
-        self._entries: OrderedDict = OrderedDict()
-
-    def get(self, signature):
-        """The entry, or None.  A hit counts as a use once the cache is half full: before that nothing can be
-        evicted for _CACHE_SIZE / 2 more new signatures, and the reordering is a visible share of a tiny call."""
-        entry = self._entries.get(signature)
-        if entry is not None and len(self._entries) > _CACHE_SIZE // 2:
-            try:
-                self._entries.move_to_end(signature)
-            except KeyError:  # another thread evicted it since the lookup: the entry itself is still good
-                pass
-        return entry
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def put(self, signature, entry) -> None:
-        self._entries[signature] = entry
-        while len(self._entries) > _CACHE_SIZE:
-            try:
-                self._entries.popitem(last=False)
-            except KeyError:  # another thread emptied it meanwhile
-                break
-
-
 _cache = SignatureCache()  # compiled partitions of the forward
 _by_length_free = SignatureCache()  # _LengthFreePlan by signature with the sequence lengths left out
 
@@ -111,7 +79,8 @@ class _LengthFreePlan:
         self.out_head = entry.out_shape[:-2]
         self.head_dim_v = entry.out_shape[-1]
         # the dense output's batch strides over seq_q * head_dim_v: the products of the inner batch dims
-        self.replay = entry.call.length_free_plan(dense_strides(entry.call.call_batch + (1,))[:-1])
+        call = entry.call
+        self.replay = entry.plan.length_free(call.sources, call.folds, dense_strides(call.call_batch + (1,))[:-1])
         self.window = entry.window
 
     def remade(self, q, k, v, mask, strides: tuple, torch_input: bool) -> _ForwardPlan | None:
@@ -282,7 +251,7 @@ def _grouped_origin(array_ndim: int, grouped: tuple) -> tuple:
     return tuple(full[:-3]) + (None if head is None else (head[0], grouped[-3]), head) + tuple(full[-2:])
 
 
-def _length_free_signature(q, k, v, mask, torch_layouts, signature: tuple, queue) -> tuple | None:
+def _length_free_signature(q, k, v, mask, torch_layouts, signature: tuple) -> tuple | None:
     """The call's signature with each sequence length of 2 or more left out (-1), or None for calls whose plan
     is not re-made for new lengths: SYCL ones, NumPy subclasses, and empty ones."""
     if torch_layouts is not None:
@@ -291,7 +260,7 @@ def _length_free_signature(q, k, v, mask, torch_layouts, signature: tuple, queue
             return None
         return (True, qs[:-2], _free(qs[-2]), qs[-1], ks[:-2], _free(ks[-2]), ks[-1], vs[:-2], _free(vs[-2]), vs[-1],
                 qt, kt, vt, qc, kc, vc) + signature[1:]
-    if queue is not None or not (type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray):
+    if not (type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray):  # USM ones included
         return None
     if not q.size or not k.size or not v.size:
         return None
@@ -455,7 +424,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     entry = _cache.get(signature)
     if entry is None:
         # New lengths of a planned call re-make its plan; anything else is checked and lowered anew.
-        free = _length_free_signature(q, k, v, mask, layouts, signature, queue)
+        free = _length_free_signature(q, k, v, mask, layouts, signature)
         template = None if free is None else _by_length_free.get(free)
         if template is not None:
             entry = template.remade(q, k, v, mask, _element_strides(q, k, v, mask, layouts), torch_direct)

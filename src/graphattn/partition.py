@@ -1,7 +1,6 @@
 """Partitions (fused or single-op subgraphs) and their compiled, executable form."""
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -16,6 +15,7 @@ from .logical_tensor import LogicalTensor, dense_strides
 from .ops import Op, OpKind
 from .patterns.sdpa import NoMatch, SdpaMatch, match_sdpa
 from .patterns.sdpa_backward import SdpaBackwardMatch, match_sdpa_backward
+from .plan_cache import SignatureCache
 from .tensor import Tensor, array_strides, element_strides
 from .views import overlaps_itself
 
@@ -279,14 +279,11 @@ class CompiledPartition:
                                      "are not computed in place")
 
 
-_DYNAMIC_PLANS = 256  # the shapes a DynamicCompiledPartition keeps compiled
-
-
 class DynamicCompiledPartition:
     """A partition compiled with unknown (-1) dims in its input logical tensors, as oneDNN Graph's dynamic
     shapes: execute takes tensors of any size in those dims (the other dims as compiled), in any layout;
     query_dynamic_outputs gives the outputs' shapes for given input shapes.  Each new set of shapes and
-    layouts is compiled once, on its first execute, and the last _DYNAMIC_PLANS used are kept."""
+    layouts is compiled once, on its first execute, and kept in a SignatureCache."""
 
     def __init__(self, partition: Partition, inputs: dict, outputs: Sequence[LogicalTensor], engine: Engine):
         self.partition = partition
@@ -300,7 +297,7 @@ class DynamicCompiledPartition:
             _check_matches_port(lt, port, f"partition {partition.id}: tensor {port.id}")
         self._lts = {lt.id: lt for lt in self.inputs + self.outputs}
         self._engine = engine
-        self._plans: OrderedDict = OrderedDict()
+        self._plans = SignatureCache()
         self._last: CompiledPartition | None = None
 
     @property
@@ -324,30 +321,26 @@ class DynamicCompiledPartition:
         """Runs the partition on these tensors, compiled for their shapes and layouts on first sight."""
         if not isinstance(stream, Stream):
             raise TypeError(f"execute needs a Stream, got {type(stream).__name__}")
-        for what, tensors in (("inputs", inputs), ("outputs", outputs)):
-            for t in tensors:
-                if not isinstance(t, Tensor):
-                    raise TypeError(f"partition {self.partition.id}: execute: {what} must be Tensors, got "
-                                    f"{type(t).__name__}")
         for what, tensors, ports in (("inputs", inputs, self.inputs), ("outputs", outputs, self.outputs)):
             if len(tensors) != len(ports):
                 raise ValueError(f"partition {self.partition.id}: execute got {len(tensors)} {what}, expected "
                                  f"{len(ports)} (ids {[p.id for p in ports]})")
-        layouts = tuple((t.id, tuple(t.data.shape), _data_strides(t.data)) for t in list(inputs) + list(outputs))
+            for t in tensors:
+                if not isinstance(t, Tensor):
+                    raise TypeError(f"partition {self.partition.id}: execute: {what} must be Tensors, got "
+                                    f"{type(t).__name__}")
+        tensors = list(inputs) + list(outputs)
+        layouts = tuple((t.id, tuple(t.data.shape), _data_strides(t.data)) for t in tensors)
         compiled = self._plans.get(layouts)
         if compiled is None:
             for tensor_id, shape, _ in layouts:
                 if tensor_id in self._lts:  # a tensor of no port is named by the compiled partition's checks
                     self._check_compiled_dims(tensor_id, shape)
-            concrete = [LogicalTensor(tensor_id, self._lts[tensor_id].dtype if tensor_id in self._lts else
-                                      t.logical_tensor.dtype, shape, strides)
-                        for (tensor_id, shape, strides), t in zip(layouts, list(inputs) + list(outputs))]
+            # dtypes as the tensors give them: compile checks them against the graph's
+            concrete = [LogicalTensor(tensor_id, t.logical_tensor.dtype, shape, strides)
+                        for (tensor_id, shape, strides), t in zip(layouts, tensors)]
             compiled = self.partition.compile(concrete[:len(inputs)], concrete[len(inputs):], self._engine)
-            self._plans[layouts] = compiled
-            while len(self._plans) > _DYNAMIC_PLANS:
-                self._plans.popitem(last=False)
-        else:
-            self._plans.move_to_end(layouts)
+            self._plans.put(layouts, compiled)
         self._last = compiled
         compiled.execute(stream, inputs, outputs)
 
