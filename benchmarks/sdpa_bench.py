@@ -1,6 +1,7 @@
 """graphattn's fused SDPA against the installed peers, in one process, interleaved.
 
-    python benchmarks/sdpa_bench.py [--suite quick|standard|full|training|decode|small|window] [--dtypes f32,bf16]
+    python benchmarks/sdpa_bench.py [--suite quick|standard|full|training|decode|small|window|modifiers]
+                                    [--dtypes f32,bf16]
                                     [--direction forward|backward|both] [--only causal|plain]
                                     [--plot out.png] [--memory]
 
@@ -22,6 +23,8 @@ practical peak.
 Where a forward suite times causal and plain at square S >= 2048, graphattn's causal
 speedup over the plain call is timed again, the two interleaved, and printed after the table.
 The training suite times forward and backward unless --direction says otherwise.
+The modifiers suite times the score modifiers (softcap, ALiBi, sinks, all three) against the same causal call
+without them, interleaved, forward and backward: the cost of each as a time ratio.
 --memory runs the forward at S=32768 (N=1, H=8, D=128) in a child process
 and prints its peak memory beyond inputs and outputs.
 """
@@ -255,6 +258,62 @@ def print_window_speedups(rows: list[dict]) -> None:
               f"{row['ideal_speedup']:.2f}  share {row['share']:.2f}")
 
 
+# Softcap (Gemma 2's 50), ALiBi and sinks against the same causal call: a prefill, a decode step under GQA, and
+# a training-sized call.
+SUITES["modifiers"] = [(1, 16, 16, 1024, 1024, 64), (1, 32, 8, 1, 4096, 128), (1, 16, 16, 2048, 2048, 128)]
+MODIFIERS = ("softcap", "alibi", "sinks", "all")
+
+
+def modifier_arguments(name: str, heads: int) -> dict:
+    """The functional API's arguments of one modifier variant (deterministic values)."""
+    slopes = (2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)).astype(np.float32)  # BLOOM's geometric slopes
+    sinks = np.linspace(-1.0, 1.0, heads, dtype=np.float32)
+    return {"softcap": dict(softcap=50.0), "alibi": dict(alibi_slopes=slopes), "sinks": dict(sinks=sinks),
+            "all": dict(softcap=50.0, alibi_slopes=slopes, sinks=sinks), "plain": {}}[name]
+
+
+def modifier_cost_case(shape, dtype: str, rng, min_seconds: float, backward: bool) -> dict:
+    """graphattn's causal call with each modifier against the same call without one, interleaved on the same
+    inputs: cost = modified ms / plain ms."""
+    n, hq, hkv, sq, skv, d = shape
+    q, k, v = make_inputs(shape, dtype, rng)
+    gqa = hq != hkv
+    causal = sq > 1
+    runs = {}
+    for name in ("plain",) + MODIFIERS:
+        kw = modifier_arguments(name, hq)
+        if not backward:
+            runs[name] = (lambda kw=kw: ga.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa,
+                                                                         **kw))
+            continue
+        out, stats = ga.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa, return_stats=True,
+                                                     **kw)
+        grad = out * 0.5
+        runs[name] = (lambda kw=kw, out=out, stats=stats, grad=grad: ga.scaled_dot_product_attention_backward(
+            grad, q, k, v, out, stats, is_causal=causal, enable_gqa=gqa, return_sinks_grad="sinks" in kw, **kw))
+    medians = {name: median(t) * 1e3 for name, t in interleaved_times(runs, min_seconds).items()}
+    row = {"bench": "sdpa_modifier_cost", "direction": "backward" if backward else "forward", "shape": list(shape),
+           "dtype": dtype, "causal": causal,
+           "isa": ga.backward_isa(dtype, sq, skv) if backward else ga.forward_isa(dtype, sq, skv, n * hq, causal, d)}
+    for name, ms in medians.items():
+        row[f"{name}_ms"] = round(ms, MS_DECIMALS)
+    for name in MODIFIERS:
+        row[f"{name}_cost"] = round(medians[name] / medians["plain"], 3)
+    row.update(threads=ga.thread_count(), cpu=cpu_model())
+    return row
+
+
+def print_modifier_costs(rows: list[dict]) -> None:
+    print("\nscore modifiers vs the same call without them, graphattn alone, interleaved (cost = modified ms / "
+          "plain ms):")
+    print(f"  {'direction':<9} {'shape':<28} {'dtype':<5} {'plain ms':>10} " +
+          " ".join(f"{name:>8}" for name in MODIFIERS))
+    for row in rows:
+        print(f"  {row['direction']:<9} {str(tuple(row['shape'])):<28} {row['dtype']:<5} {row['plain_ms']:>10.3f} " +
+              " ".join(f"{row[name + '_cost']:>8.3f}" for name in MODIFIERS))
+    print(f"cpu: {cpu_model()}, threads: {ga.thread_count()}")
+
+
 def print_causal_speedups(rows: list[dict]) -> None:
     if not rows:
         return
@@ -426,7 +485,7 @@ def main() -> None:
     if unknown := set(peers) - set(PEERS):
         parser.error(f"--peers: unknown {', '.join(sorted(unknown))}; known: {', '.join(PEERS)}")
     causal_flags = {"causal": [True], "plain": [False], None: [False, True]}[args.only]
-    direction = args.direction or ("both" if args.suite == "training" else "forward")
+    direction = args.direction or ("both" if args.suite in ("training", "modifiers") else "forward")
     directions = {"forward": [False], "backward": [True], "both": [False, True]}[direction]
     if args.suite == "window":  # the window suite times the window against full causal only
         rows = []
@@ -435,6 +494,17 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
         print_window_speedups(rows)
+        return
+    if args.suite == "modifiers":  # each modifier against the same call without it
+        cases = [(s, dt, b) for b in directions for s in SUITES["modifiers"] for dt in dtypes]
+        progress = Progress(len(cases))
+        rows = []
+        for shape, dtype, backward in cases:
+            progress.step(f"modifiers {'backward' if backward else 'forward'} {shape} {dtype}")
+            row = modifier_cost_case(shape, dtype, np.random.default_rng(0), args.seconds, backward)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        print_modifier_costs(rows)
         return
     cases = [(s, dt, c, b) for b in directions for s in SUITES[args.suite] for dt in dtypes for c in causal_flags
              if not (c and s[3] == 1)]

@@ -12,6 +12,8 @@ pytestmark = pytest.mark.cpu
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = ["sdpa.py", "gqa.py", "mqa.py", "sdpa_bottom_right_causal_mask.py", "gqa_training.py"]
+# Functional-API programs of the model families the score modifiers serve (no graph: no partition line).
+MODEL_SCRIPTS = ["gemma2_attention.py", "gpt_oss_attention.py"]
 
 
 def run(script, *args):
@@ -26,6 +28,14 @@ def run(script, *args):
 def test_example_runs(script, dtype):
     out = run(script, "--dtype", dtype)
     assert "1 partition(s)" in out and ("matches the NumPy reference" in out or "match the NumPy reference" in out)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("script", MODEL_SCRIPTS)
+def test_model_family_example_runs(script, dtype):
+    out = run(script, "--dtype", dtype, "--seq", "192")
+    layers = [line for line in out.splitlines() if line.strip().startswith("layer ")]
+    assert len(layers) == 2 and all("matches the float64 reference" in line for line in layers), out
 
 
 @pytest.mark.parametrize("args", [[], ["--causal", "--dtype", "bf16"]])

@@ -134,10 +134,22 @@ def test_custom_ops_pass_opcheck():
     mask = torch.randn(1, 1, 9, 11)
     window = [4, 2]  # a key window (left, right), as scaled_dot_product_attention's window=
     torch.library.opcheck(torch_autograd.sdpa_forward,
-                          (q, k, v, mask, 0.0, False, None, False, "top_left", 0, 0, window))
-    out, stats = torch_autograd.sdpa_forward(q.detach(), k, v, mask, 0.0, False, None, False, "top_left", 0, 0, window)
+                          (q, k, v, mask, 0.0, False, None, False, "top_left", 0, 0, window, None, None, None))
+    out, stats = torch_autograd.sdpa_forward(q.detach(), k, v, mask, 0.0, False, None, False, "top_left", 0, 0, window,
+                                             None, None, None)
     torch.library.opcheck(torch_autograd.sdpa_backward, (torch.randn(out.shape), q.detach(), k, v, out, stats, mask,
-                                                         0.0, False, None, False, "top_left", 0, 0, window, True))
+                                                         0.0, False, None, False, "top_left", 0, 0, window, None, None,
+                                                         None, True, False))
+    # with the score modifiers: softcap, ALiBi slopes and sinks that require grad
+    slopes = torch.rand(2) * 0.3
+    sinks = torch.randn(2, requires_grad=True)
+    modified = (q, k, v, None, 0.0, True, None, False, "top_left", 0, 0, [-1, -1], 4.0, slopes, sinks)
+    torch.library.opcheck(torch_autograd.sdpa_forward, modified)
+    out, stats = torch_autograd.sdpa_forward(q.detach(), k, v, None, 0.0, True, None, False, "top_left", 0, 0,
+                                             [-1, -1], 4.0, slopes, sinks.detach())
+    torch.library.opcheck(torch_autograd.sdpa_backward, (torch.randn(out.shape), q.detach(), k, v, out, stats, None,
+                                                         0.0, True, None, False, "top_left", 0, 0, [-1, -1], 4.0,
+                                                         slopes, sinks.detach(), False, True))
 
 
 @pytest.mark.parametrize("window, alignment", [((3, 0), "top_left"), ((5, 2), "bottom_right"), ((-1, 4), "top_left")])

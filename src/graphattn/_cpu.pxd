@@ -36,6 +36,10 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         int64_t strides[5]
         BufferExtent buffer
 
+    cdef struct Alibi:
+        TensorView slopes
+        bool bottom_right
+
     cdef struct SdpaForwardArgs:
         int64_t batch[3]
         int64_t seq_q
@@ -51,6 +55,9 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         bool has_scale
         bool scale_is_divisor
         float scale
+        float softcap
+        Alibi alibi
+        TensorView sinks
         MaskKind mask_kind
         bool select_keep_value
         float select_fill
@@ -67,6 +74,7 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         TensorView grad_key
         TensorView grad_value
         TensorView grad_mask
+        TensorView grad_sinks
 
     cdef cppclass Status:
         bool ok

@@ -90,7 +90,7 @@ cdef void _extent_of(object array, BufferExtent* extent):
 
 
 cdef void _extents_of(object query, object key, object value, object output, object mask, object stats,
-                      BufferExtent* extents):
+                      object alibi_slopes, object sinks, BufferExtent* extents):
     # In FORWARD_VIEWS' order.
     _extent_of(query, &extents[0])
     _extent_of(key, &extents[1])
@@ -98,6 +98,8 @@ cdef void _extents_of(object query, object key, object value, object output, obj
     _extent_of(output, &extents[3])
     _extent_of(mask, &extents[4])
     _extent_of(stats, &extents[5])
+    _extent_of(alibi_slopes, &extents[6])
+    _extent_of(sinks, &extents[7])
 
 
 cdef class ForwardPlan:
@@ -105,14 +107,14 @@ cdef class ForwardPlan:
     cdef SdpaForwardArgs args
 
     def __init__(self, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
-                 query, key, value, output, mask=None, stats=None, *, int mask_kind=0,
-                 bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
+                 query, key, value, output, mask=None, stats=None, alibi_slopes=None, sinks=None, *,
+                 int mask_kind=0, bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
                  int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, bint inf_as_zero=False,
-                 float dropout_p=0.0):
+                 float dropout_p=0.0, float softcap=0.0, bint alibi_bottom_right=False):
         _set_shape_and_flags(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
                              has_scale, scale_is_divisor, window_left, window_right, inf_as_zero,
-                             dropout_p)
-        _set_forward_views(&self.args, query, key, value, output, mask, stats)
+                             dropout_p, softcap, alibi_bottom_right)
+        _set_forward_views(&self.args, query, key, value, output, mask, stats, alibi_slopes, sinks)
 
     def isa(self):
         """Name of the kernel build the run will use (for the verbose log)."""
@@ -126,21 +128,24 @@ cdef class ForwardPlan:
     def run_arrays(self, query, key, value, output, mask=None, stats=None, float scale=1.0,
                    int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, float select_fill=float("-inf"),
                    float window_fill=float("-inf"),
-                   uint64_t dropout_seed=0, uint64_t dropout_offset=0):
+                   uint64_t dropout_seed=0, uint64_t dropout_offset=0, alibi_slopes=None, sinks=None):
         """As run, taking the arrays themselves: NumPy arrays, or torch CPU tensors (their first element's
         address is used; strides were fixed at plan time and are checked by the caller)."""
-        cdef BufferExtent extents[6]
-        _extents_of(query, key, value, output, mask, stats, extents)
+        cdef BufferExtent extents[8]
+        _extents_of(query, key, value, output, mask, stats, alibi_slopes, sinks, extents)
         self._call(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
                    _host_address(mask) if mask is not None else 0, _host_address(stats) if stats is not None else 0,
-                   scale, window_left, window_right, select_fill, window_fill, dropout_seed, dropout_offset, extents)
+                   scale, window_left, window_right, select_fill, window_fill, dropout_seed, dropout_offset, extents,
+                   _host_address(alibi_slopes) if alibi_slopes is not None else 0,
+                   _host_address(sinks) if sinks is not None else 0)
 
     def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
             uintptr_t stats=0, float scale=1.0, int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit,
-            float select_fill=float("-inf"), float window_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0):
+            float select_fill=float("-inf"), float window_fill=float("-inf"), uint64_t dropout_seed=0,
+            uint64_t dropout_offset=0, uintptr_t alibi_slopes=0, uintptr_t sinks=0):
         """Run the kernel on the given data addresses; raises ValueError on bad arguments."""
         self._call(query, key, value, output, mask, stats, scale, window_left, window_right, select_fill, window_fill,
-                   dropout_seed, dropout_offset, NULL)
+                   dropout_seed, dropout_offset, NULL, alibi_slopes, sinks)
 
     def length_free(self, dict sources, tuple folds, tuple batch_steps):
         """A LengthFreeForward replaying this plan's layout for new sequence lengths.  sources and folds are the
@@ -183,15 +188,18 @@ cdef class ForwardPlan:
     cdef void _call(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask,
                     uintptr_t stats, float scale, int64_t window_left, int64_t window_right, float select_fill,
                     float window_fill,
-                    uint64_t dropout_seed, uint64_t dropout_offset, const BufferExtent* extents) except *:
-        # extents: the buffers of query, key, value, output, mask and stats, or NULL (unknown)
+                    uint64_t dropout_seed, uint64_t dropout_offset, const BufferExtent* extents,
+                    uintptr_t alibi_slopes=0, uintptr_t sinks=0) except *:
+        # extents: the buffers of FORWARD_VIEWS, or NULL (unknown)
         cdef SdpaForwardArgs local = self.args
         cdef Status status
         _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, window_left, window_right,
                               select_fill, window_fill, dropout_seed, dropout_offset)
+        local.alibi.slopes.data = <const void*>alibi_slopes
+        local.sinks.data = <const void*>sinks
         cdef int i
         if extents != NULL:
-            for i in range(6):
+            for i in range(8):
                 _forward_view(&local, i).buffer = extents[i]
         with nogil:
             status = sdpa_forward(local)
@@ -262,22 +270,24 @@ cdef class BoundForward:
     cdef float select_fill, window_fill
 
     def run(self, query, key, value, output, mask, stats, float scale, int64_t dropout_seed,
-            int64_t dropout_offset):
+            int64_t dropout_offset, alibi_slopes=None, sinks=None):
         """run_arrays with the fixed operands; dropout seed and offset are signed 64-bit values, passed on as
         their two's complement bits."""
-        cdef BufferExtent extents[6]
-        _extents_of(query, key, value, output, mask, stats, extents)
+        cdef BufferExtent extents[8]
+        _extents_of(query, key, value, output, mask, stats, alibi_slopes, sinks, extents)
         self.plan._call(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
                         _host_address(mask) if mask is not None else 0,
                         _host_address(stats) if stats is not None else 0, scale, self.window_left,
-                        self.window_right, self.select_fill, self.window_fill, <uint64_t>dropout_seed, <uint64_t>dropout_offset, extents)
+                        self.window_right, self.select_fill, self.window_fill, <uint64_t>dropout_seed,
+                        <uint64_t>dropout_offset, extents, _host_address(alibi_slopes) if alibi_slopes is not None else 0,
+                        _host_address(sinks) if sinks is not None else 0)
 
 
 def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,
              int mask_kind=0, bint select_keep_value=True, bint has_scale=False, float scale=1.0,
              int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, float select_fill=float("-inf"),
              float window_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
-             uint64_t dropout_seed=0, uint64_t dropout_offset=0):
+             uint64_t dropout_seed=0, uint64_t dropout_offset=0, float softcap=0.0, bint alibi_bottom_right=False):
     """Run the fused backward kernel.  views maps query, key, value, output, stats, grad_output,
     grad_query, grad_key, grad_value and optionally mask and grad_mask to (dtype code, 5 strides,
     NumPy array or torch CPU tensor); raises ValueError on bad arguments."""
@@ -286,7 +296,7 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
     addresses = {name: (code, strides, _host_address(array)) for name, (code, strides, array) in views.items()}
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, addresses, mask_kind, select_keep_value,
                        has_scale, scale, window_left, window_right, select_fill, window_fill, inf_as_zero, dropout_p,
-                       dropout_seed, dropout_offset)
+                       dropout_seed, dropout_offset, softcap, alibi_bottom_right)
     cdef TensorView* view
     for name, (_, _, array) in views.items():
         view = _backward_view(&args, name)
@@ -331,7 +341,8 @@ def backward_isa(dtype="f32", seq_q=1 << 20, seq_kv=None):
 def backward_dispatch_text(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
                            dict roles, *, int mask_kind=0, bint select_keep_value=True, bint has_scale=False,
                            int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit,
-                           bint inf_as_zero=True, float dropout_p=0.0):
+                           bint inf_as_zero=True, float dropout_p=0.0, float softcap=0.0,
+                           bint alibi_bottom_right=False):
     """isa=<build>,why=<the rule that chose it>, then the key pass's layout, for a backward call with these
     arguments (backward's, with roles mapping the operand names to (dtype code, 5 strides), no data), for
     the verbose log."""
@@ -339,7 +350,7 @@ def backward_dispatch_text(batch, int64_t seq_q, int64_t seq_kv, int64_t head_di
     views = {name: (code, strides, 0) for name, (code, strides) in roles.items()}
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind, select_keep_value,
                        has_scale, 1.0, window_left, window_right, float("-inf"), float("-inf"), inf_as_zero,
-                       dropout_p, 0, 0)
+                       dropout_p, 0, 0, softcap, alibi_bottom_right)
     return sdpa_backward_plan(args).decode()
 
 

@@ -19,7 +19,8 @@ cdef void _set_view(TensorView* view, object spec) except *:
 cdef void _set_shape_and_flags(SdpaForwardArgs* args, object batch, int64_t seq_q, int64_t seq_kv,
                                int64_t head_dim_qk, int64_t head_dim_v, int mask_kind, bint select_keep_value,
                                bint has_scale, bint scale_is_divisor, int64_t window_left, int64_t window_right,
-                               bint inf_as_zero, float dropout_p) except *:
+                               bint inf_as_zero, float dropout_p, float softcap=0.0,
+                               bint alibi_bottom_right=False) except *:
     # The compile-time part of a call, shared by the forward plan and the backward.
     if len(batch) != 3:
         raise ValueError("batch must have 3 dimensions")
@@ -38,12 +39,14 @@ cdef void _set_shape_and_flags(SdpaForwardArgs* args, object batch, int64_t seq_
     args.window.row_shift = 0
     args.inf_as_zero = inf_as_zero
     args.dropout_p = dropout_p
+    args.softcap = softcap
+    args.alibi.bottom_right = alibi_bottom_right
 
 
 
 cdef void _set_forward_views(SdpaForwardArgs* args, object query, object key, object value, object output,
-                             object mask, object stats) except *:
-    # The views of a forward plan (mask and stats optional), in both bindings.
+                             object mask, object stats, object alibi_slopes=None, object sinks=None) except *:
+    # The views of a forward plan (mask, stats, ALiBi slopes and sinks optional), in both bindings.
     _set_view(&args.query, query)
     _set_view(&args.key, key)
     _set_view(&args.value, value)
@@ -52,6 +55,10 @@ cdef void _set_forward_views(SdpaForwardArgs* args, object query, object key, ob
         _set_view(&args.mask, mask)
     if stats is not None:
         _set_view(&args.stats, stats)
+    if alibi_slopes is not None:
+        _set_view(&args.alibi.slopes, alibi_slopes)
+    if sinks is not None:
+        _set_view(&args.sinks, sinks)
 
 
 cdef void _set_data_and_scalars(SdpaForwardArgs* a, uintptr_t query, uintptr_t key, uintptr_t value,
@@ -75,7 +82,7 @@ cdef void _set_data_and_scalars(SdpaForwardArgs* a, uintptr_t query, uintptr_t k
 
 
 # The order of a forward call's views wherever they come as a sequence (the bindings' extents).
-FORWARD_VIEWS = ("query", "key", "value", "output", "mask", "stats")
+FORWARD_VIEWS = ("query", "key", "value", "output", "mask", "stats", "alibi_slopes", "sinks")
 
 
 cdef TensorView* _forward_view(SdpaForwardArgs* args, int index) noexcept:
@@ -90,7 +97,11 @@ cdef TensorView* _forward_view(SdpaForwardArgs* args, int index) noexcept:
         return &args.output
     if index == 4:
         return &args.mask
-    return &args.stats
+    if index == 5:
+        return &args.stats
+    if index == 6:
+        return &args.alibi.slopes
+    return &args.sinks
 
 
 cdef TensorView* _backward_view(SdpaBackwardArgs* args, str name) except NULL:
@@ -105,6 +116,8 @@ cdef TensorView* _backward_view(SdpaBackwardArgs* args, str name) except NULL:
         return &args.grad_value
     if name == "grad_mask":
         return &args.grad_mask
+    if name == "grad_sinks":
+        return &args.grad_sinks
     if name in FORWARD_VIEWS:
         return _forward_view(&args.forward, FORWARD_VIEWS.index(name))
     raise ValueError(f"backward: unknown operand {name!r}")
@@ -121,10 +134,12 @@ cdef void _set_backward_args(SdpaBackwardArgs* args, object batch, int64_t seq_q
                              int64_t head_dim_qk, int64_t head_dim_v, dict views, int mask_kind,
                              bint select_keep_value, bint has_scale, float scale, int64_t window_left,
                              int64_t window_right, float select_fill, float window_fill, bint inf_as_zero,
-                             float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset) except *:
+                             float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset, float softcap=0.0,
+                             bint alibi_bottom_right=False) except *:
     # views maps the backward's operand names to (dtype code, 5 strides, address).
     _set_shape_and_flags(&args.forward, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
-                         has_scale, False, window_left, window_right, inf_as_zero, dropout_p)
+                         has_scale, False, window_left, window_right, inf_as_zero, dropout_p, softcap,
+                         alibi_bottom_right)
     for name, spec in views.items():  # a required view left out stays null, which the kernels' checks refuse
         _set_address_view(_backward_view(args, name), spec)
     args.forward.scale = scale

@@ -53,16 +53,16 @@ cdef class ForwardPlan:
     cdef object queue
 
     def __init__(self, queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
-                 query, key, value, output, mask=None, stats=None, *, int mask_kind=0,
-                 bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
+                 query, key, value, output, mask=None, stats=None, alibi_slopes=None, sinks=None, *,
+                 int mask_kind=0, bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
                  int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, bint inf_as_zero=False,
-                 float dropout_p=0.0):
+                 float dropout_p=0.0, float softcap=0.0, bint alibi_bottom_right=False):
         _queue_ref(queue)
         self.queue = queue
         _set_shape_and_flags(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
                              has_scale, scale_is_divisor, window_left, window_right, inf_as_zero,
-                             dropout_p)
-        _set_forward_views(&self.args, query, key, value, output, mask, stats)
+                             dropout_p, softcap, alibi_bottom_right)
+        _set_forward_views(&self.args, query, key, value, output, mask, stats, alibi_slopes, sinks)
 
     def kernel_name(self):
         """The kernel this plan runs on its device, with the reason when it is not the XMX one."""
@@ -93,7 +93,8 @@ def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, i
              int mask_kind=0, bint select_keep_value=True, bint has_scale=False, float scale=1.0,
              int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, float select_fill=float("-inf"),
              float window_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
-             uint64_t dropout_seed=0, uint64_t dropout_offset=0, dict extents=None):
+             uint64_t dropout_seed=0, uint64_t dropout_offset=0, dict extents=None, float softcap=0.0,
+             bint alibi_bottom_right=False):
     """Submit the fused backward kernels.  views maps the CPU backward's names to
     (dtype code, 5 strides, USM address); extents (optional) maps them to the (shape, element strides,
     itemsize) of the USM array at each address, which the views' reach is checked against."""
@@ -102,7 +103,7 @@ def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, i
     cdef void* q = _queue_ref(queue)
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind, select_keep_value,
                        has_scale, scale, window_left, window_right, select_fill, window_fill, inf_as_zero, dropout_p,
-                       dropout_seed, dropout_offset)
+                       dropout_seed, dropout_offset, softcap, alibi_bottom_right)
     for name, layout in (extents or {}).items():
         _set_extent(_backward_view(&args, name), layout)
     with nogil:

@@ -25,8 +25,10 @@ from .views import overlaps_itself
 MASK_KINDS = ("none", "additive", "select")
 # The roles a forward reads and writes; a backward reads all of them (output and stats as inputs) and writes
 # the gradients.
-FORWARD_ROLES = ("query", "key", "value", "output", "mask", "stats")
-BACKWARD_ROLES = FORWARD_ROLES + ("grad_output", "grad_query", "grad_key", "grad_value", "grad_mask")
+# alibi_slopes and sinks (score_mods.py) hold one f32 value per batch index: matrices of (1, 1).
+FORWARD_ROLES = ("query", "key", "value", "output", "mask", "stats", "alibi_slopes", "sinks")
+BACKWARD_ROLES = FORWARD_ROLES + ("grad_output", "grad_query", "grad_key", "grad_value", "grad_mask", "grad_sinks")
+PER_INDEX_ROLES = ("alibi_slopes", "sinks", "grad_sinks")
 # Written roles that take one element per index of the batch: dK and dV may repeat over batch dims (stride 0),
 # where the kernel sums the gradient of K and V shared by a GQA group.
 WRITTEN_ONCE = {"forward": ("output", "stats"), "backward": ("grad_query", "grad_mask")}
@@ -60,7 +62,9 @@ class AttentionSpec:
     select_keep_value); scale: multiplied in (scale_is_divisor: divided), or none (has_scale False); window:
     the key window (left, right) about the row itself, None for an open side (every int is a bound, -1 too: a
     row whose first key is one past its own); a graph's window is given per call, and its spec holds the
-    plan's (causal where a right bound was matched); inf_as_zero: rows that see no key give 0; dropout_p: the dropout probability (seed and offset come per call).
+    plan's (causal where a right bound was matched); inf_as_zero: rows that see no key give 0; dropout_p: the
+    dropout probability (seed and offset come per call); softcap: c of the softcap (0.0: none); alibi_bottom_right:
+    ALiBi's rows aligned bottom-right (the alibi_slopes operand gives the slopes).
     """
     pass_name: str
     batch: tuple
@@ -76,6 +80,8 @@ class AttentionSpec:
     window: tuple = (None, None)
     inf_as_zero: bool = True
     dropout_p: float = 0.0
+    softcap: float = 0.0
+    alibi_bottom_right: bool = False
 
 
 @dataclass
@@ -116,7 +122,8 @@ class KernelCall:
                                                                              queue)
         r = self.roles
         return plan_type(self.batch, self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v, r["query"], r["key"],
-                         r["value"], r["output"], r.get("mask"), r.get("stats"), **self.options)
+                         r["value"], r["output"], r.get("mask"), r.get("stats"), r.get("alibi_slopes"),
+                         r.get("sinks"), **self.options)
 
     def backward_dispatch_text(self) -> str:
         """The backward's kernel choice and key pass for this call (the verbose log)."""
@@ -148,7 +155,7 @@ def kernel_window(bounds: tuple, causal_alignment: str, seq_q: int, seq_kv: int)
 
 
 def _allowed(role: str, mask_kind: str) -> frozenset:
-    if role in ("stats", "grad_mask"):
+    if role in ("stats", "grad_mask") or role in PER_INDEX_ROLES:
         return frozenset({DataType.f32})
     if role == "mask":
         return FLOAT_TYPES if mask_kind == "additive" else frozenset({DataType.boolean})
@@ -157,6 +164,8 @@ def _allowed(role: str, mask_kind: str) -> frozenset:
 
 def _matrix(spec: AttentionSpec, role: str) -> tuple[int, int]:
     """The (rows, cols) an operand of this role has in the kernel."""
+    if role in PER_INDEX_ROLES:
+        return 1, 1
     rows = spec.seq_kv if role in ("key", "value", "grad_key", "grad_value") else spec.seq_q
     if role in ("mask", "grad_mask"):
         return rows, spec.seq_kv
@@ -231,7 +240,8 @@ def lower(spec: AttentionSpec) -> KernelCall:
                    has_scale=spec.has_scale, scale_is_divisor=spec.scale_is_divisor,
                    window_left=no_limit if left is None else left,
                    window_right=no_limit if right is None else right,
-                   inf_as_zero=spec.inf_as_zero, dropout_p=spec.dropout_p)
+                   inf_as_zero=spec.inf_as_zero, dropout_p=spec.dropout_p, softcap=spec.softcap,
+                   alibi_bottom_right=spec.alibi_bottom_right)
     text_fields = (spec.operands["query"].dtype.value, spec.mask_kind)
     return KernelCall(kernel_batch, tuple(spec.batch), spec.seq_q, spec.seq_kv, spec.head_dim, spec.head_dim_v,
                       {r: (codes[r], tuple(bst) + full[r][-2:]) for r, bst in zip(roles, batch_strides)},

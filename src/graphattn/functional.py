@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _cpu, arguments, key_window, sycl_runtime, verbose
+from . import _cpu, arguments, key_window, score_mods, sycl_runtime, verbose
 from .dtypes import DataType, from_numpy as dtype_of, numpy_dtype
 from .attention_spec import (AttentionSpec, KernelCall, NotUsable, Operand, default_scale, kernel_window,
                              lower_as_given_or_copied)
@@ -290,21 +290,21 @@ def _element_strides(q, k, v, mask, torch_layouts) -> tuple:
 
 
 def _new_plan(q, k, v, mask, torch_direct, is_causal, enable_gqa, bounds, alignment, return_stats, dropout_p,
-              queue, kind):
+              queue, kind, mods=None):
     """The plan of a new signature: checked and built on NumPy views (the same memory); a torch tensor off the
     CPU is refused here."""
     qc, kc, vc = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value"))) \
         if torch_direct else (q, k, v)
     gqa = _check_inputs(qc, kc, vc, mask, is_causal, enable_gqa, alignment, kind)
     try:
-        return _build(qc, kc, vc, mask, gqa, bounds, alignment, return_stats, dropout_p, queue)
+        return _build(qc, kc, vc, mask, gqa, bounds, alignment, return_stats, dropout_p, queue, mods)
     except NotUsable as why:  # only the SYCL kernels' limits: on the host, copies always fold
         verbose.log("fallback", "functional", f"the SYCL kernels cannot take this call ({why}): it runs on "
                     "the host")
         return _RUNS_ON_HOST
 
 
-def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue) -> _ForwardPlan:
+def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue, mods=None) -> _ForwardPlan:
     """Describes a checked call as an AttentionSpec and lowers it (attention_spec.py); where the kernel cannot
     walk the caller's strides, the plan copies Q, K, V and the mask contiguous on each call."""
     grouped = grouped_shapes(q, k, v, mask, gqa)
@@ -315,7 +315,7 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
     seq_q, seq_kv, head_dim, head_dim_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     dt = dtype_of(q.dtype)
     if queue is not None:
-        check_sycl_usable({dt}, head_dim, head_dim_v)
+        check_sycl_usable({dt}, head_dim, head_dim_v, mods is not None)
     # V's batch dims may broadcast the output beyond the scores, as in PyTorch: the output and stats take
     # them all, and lower() walks Q over them with stride 0.
     batch = broadcast_shapes([q2[0][:-2], k2[0][:-2], v2[0][:-2]], "batch")
@@ -339,8 +339,11 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
         operands["output"] = Operand(dt, out_grouped, dense_strides(out_grouped))
         if return_stats:
             operands["stats"] = Operand(DataType.f32, stats_grouped, dense_strides(stats_grouped))
+        for role, a in ({} if mods is None else mods.arrays()).items():
+            operands[role] = Operand(DataType.f32, *score_mods.per_head_view(a, q2[0], gqa))
         return AttentionSpec("forward", batch, seq_q, seq_kv, head_dim, head_dim_v, operands, mask_kind=mask_kind,
-                             window=window, dropout_p=dropout_p), copies
+                             window=window, dropout_p=dropout_p, softcap=0.0 if mods is None else mods.softcap,
+                             alibi_bottom_right=alignment == "bottom_right"), copies
 
     call, copies = lower_as_given_or_copied(describe)
     return _plan_entry(call, grouped, copies, out_shape, numpy_dtype(dt), default_scale(head_dim),
@@ -365,7 +368,8 @@ def _plan_entry(call: KernelCall, grouped, copies, out_shape: tuple, out_dtype, 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: float | None = None, enable_gqa: bool = False, *,
                                  causal_alignment: str = "top_left", return_stats: bool = False,
-                                 dropout_seed: int | None = None, dropout_offset: int = 0, window=None):
+                                 dropout_seed: int | None = None, dropout_offset: int = 0, window=None,
+                                 softcap: float | None = None, alibi_slopes=None, sinks=None):
     """softmax(Q K^T * scale + mask) V, fused, with PyTorch's arguments.
 
     query (..., L, E), key (..., S, E), value (..., S, Ev), at least 3 dims;
@@ -382,19 +386,26 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     Philox keep-mask of (dropout_seed, dropout_offset) and scales the kept
     ones by 1 / (1 - dropout_p); the same seed and offset always drop the same
     elements (pass them to the backward too); dropout_seed=None draws a fresh
-    seed.  Returns an array of query's kind and dtype, or (out, stats) with
-    return_stats, stats being the f32 logsumexp (..., L, 1) of the scores
-    (dropout does not change it).
+    seed.  Score modifiers, applied after the scale and before the mask:
+    softcap=c caps the scores at c * tanh(s / c); alibi_slopes (f32, (H_q,) or
+    (N, H_q)) subtracts slope * |i' - j|, i' aligned as causal_alignment says;
+    sinks (f32, (H_q,)) adds exp(sink) to each row's softmax denominator (a
+    row that sees no key then gives 0).  Returns an array of query's kind and
+    dtype, or (out, stats) with return_stats, stats being the f32 logsumexp
+    (..., L, 1) of the scores, the sink included (dropout does not change it).
     """
     # torch operands that require grad, and calls torch.compile traces, go through graphattn's torch ops
     if type(query) is not np.ndarray and is_torch_tensor(query):
         torch_ops = _torch_ops or _load_torch_ops()
-        if torch_ops.takes(query, key, value, attn_mask):
+        if torch_ops.takes(query, key, value, attn_mask, sinks):
             return torch_ops.attention(query, key, value, attn_mask, return_stats, dropout_p, is_causal, scale,
-                                       enable_gqa, causal_alignment, dropout_seed, dropout_offset, window)
+                                       enable_gqa, causal_alignment, dropout_seed, dropout_offset, window, softcap,
+                                       alibi_slopes, sinks)
     # torch Q, K, V without a mask go to the kernel as they are (no NumPy views): on decode-sized calls the
     # views cost more than torch's whole call.  New signatures are still checked and built through NumPy.
-    torch_direct = attn_mask is None and plain_torch_tensors(query, key, value)
+    mods = None if softcap is None and alibi_slopes is None and sinks is None else \
+        score_mods.checked(softcap, alibi_slopes, sinks, query.shape, "torch" if is_torch_tensor(query) else "numpy")
+    torch_direct = attn_mask is None and mods is None and plain_torch_tensors(query, key, value)
     layouts = torch_layout(query, key, value) if torch_direct else None
     torch_direct = layouts is not None
     on_sycl = None if torch_direct else _sycl_inputs(query, key, value, attn_mask)
@@ -420,17 +431,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         signature = (layouts, bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p)
     else:
         signature = (_layout(q), _layout(k), _layout(v), _layout(mask) if mask is not None else None,
-                     bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p, queue)
+                     bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p, queue,
+                     None if mods is None else mods.signature())
     entry = _cache.get(signature)
     if entry is None:
         # New lengths of a planned call re-make its plan; anything else is checked and lowered anew.
-        free = _length_free_signature(q, k, v, mask, layouts, signature)
+        free = None if mods is not None else _length_free_signature(q, k, v, mask, layouts, signature)
         template = None if free is None else _by_length_free.get(free)
         if template is not None:
             entry = template.remade(q, k, v, mask, _element_strides(q, k, v, mask, layouts), torch_direct)
         if entry is None:
             entry = _new_plan(q, k, v, mask, torch_direct, is_causal, enable_gqa, bounds, causal_alignment,
-                              return_stats, dropout_p, queue, kind)
+                              return_stats, dropout_p, queue, kind, mods)
             if free is not None and entry is not _RUNS_ON_HOST and entry.copies is None:
                 _by_length_free.put(free, _LengthFreePlan(entry, bounds, causal_alignment))
         _cache.put(signature, entry)
@@ -438,7 +450,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         host = [None if a is None else sycl_runtime.to_host(a) for a in (q, k, v, mask)]
         result = scaled_dot_product_attention(*host, dropout_p, is_causal, scale, enable_gqa,
                                               causal_alignment=causal_alignment, return_stats=return_stats,
-                                              dropout_seed=dropout_seed, dropout_offset=dropout_offset, window=window)
+                                              dropout_seed=dropout_seed, dropout_offset=dropout_offset, window=window,
+                                              softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
         results = result if return_stats else (result,)
         results = tuple(sycl_runtime.to_device(r, queue) for r in results)
         return results if return_stats else results[0]
@@ -468,7 +481,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     else:
         out = _empty_like_kind(q, entry.out_shape, entry.out_dtype, queue)
         stats = _empty_like_kind(q, entry.stats_shape, np.float32, queue) if return_stats else None
-    if verbose.enabled():
+    if mods is not None:
+        entry.runner(q, k, v, out, mask, stats, scale_value, seed, offset, mods.alibi_slopes, mods.sinks)
+    elif verbose.enabled():
         _run_logged(entry, q, k, v, out, mask, stats, scale_value, seed, offset, queue)
     elif entry.runner is not None:
         # The signature pins every layout this plan was made for: the kernel is called directly.

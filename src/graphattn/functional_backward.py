@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _cpu
-from .dtypes import from_numpy as dtype_of
-from . import arguments, key_window, sycl_runtime, verbose
+from .dtypes import DataType, from_numpy as dtype_of
+from . import arguments, key_window, score_mods, sycl_runtime, verbose
 from .functional import (SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _sycl_inputs,
                          grouped_shapes)
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
-from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
+from .interop import from_numpy, is_torch_tensor, plain_torch_tensors, to_numpy, torch_empty, torch_layout
 from .logical_tensor import dense_strides
 from .ops.broadcast import broadcast_shapes
 from .ops.philox import bits64
@@ -68,7 +68,7 @@ _plans = SignatureCache()
 
 
 def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad,
-          bounds, kind="numpy"):
+          bounds, kind="numpy", mods=None, return_sinks_grad=False):
     """Checks a new signature and derives its _BackwardPlan (the arrays' data are not read)."""
     gqa = _check_inputs(q, k, v, mask, is_causal, enable_gqa, causal_alignment, kind)
     for name, a in (("out", o), ("grad_out", do), ("stats", st)):
@@ -141,10 +141,16 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
             layouts["grad_mask"] = fresh(grad_mask_shape, np.dtype(np.float32))
         operands = {name: Operand(dtype_of(dtype), tuple(shape), tuple(strides))
                     for name, (shape, strides, dtype) in layouts.items()}
+        per_head = {} if mods is None else dict(mods.arrays())
+        if return_sinks_grad:  # a fresh f32 array of the sinks' shape, viewed as they are
+            per_head["grad_sinks"] = mods.sinks
+        for role, a in per_head.items():
+            operands[role] = Operand(DataType.f32, *score_mods.per_head_view(a, q2.shape, gqa))
         return AttentionSpec("backward", batch, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], operands,
                              mask_kind=mask_kind, window=kernel_window(bounds, causal_alignment, q.shape[-2],
                                                                        k.shape[-2]),
-                             dropout_p=dropout_p), (query_copy, kv_copy, mask_copy, dense, grad_shapes,
+                             dropout_p=dropout_p, softcap=0.0 if mods is None else mods.softcap,
+                             alibi_bottom_right=causal_alignment == "bottom_right"), (query_copy, kv_copy, mask_copy, dense, grad_shapes,
                                                     grad_mask_shape)
 
     call, choice = lower_as_given_or_copied(describe)
@@ -185,7 +191,9 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
                                           dropout_p: float = 0.0, is_causal: bool = False,
                                           scale: float | None = None, enable_gqa: bool = False, *,
                                           causal_alignment: str = "top_left", dropout_seed: int | None = None,
-                                          dropout_offset: int = 0, return_mask_grad: bool = False, window=None):
+                                          dropout_offset: int = 0, return_mask_grad: bool = False, window=None,
+                                          softcap: float | None = None, alibi_slopes=None, sinks=None,
+                                          return_sinks_grad: bool = False):
     """Gradients (dq, dk, dv) of scaled_dot_product_attention, fused.
 
     grad_out and out have the forward output's shape (..., L, Ev); stats is
@@ -194,9 +202,15 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     (Hkv heads under enable_gqa).  return_mask_grad=True appends the gradient
     of a float attn_mask, of the mask's shape (None for a bool mask).
     With dropout, pass the forward's dropout_p, dropout_seed and
-    dropout_offset: the kernel regenerates the same keep-mask.
+    dropout_offset: the kernel regenerates the same keep-mask.  softcap,
+    alibi_slopes and sinks are the forward's (stats include the sink);
+    return_sinks_grad=True appends the f32 gradient of sinks, of its shape.
     """
     dropout_p = arguments.dropout_probability(dropout_p)
+    mods = None if softcap is None and alibi_slopes is None and sinks is None else \
+        score_mods.checked(softcap, alibi_slopes, sinks, query.shape, "torch" if is_torch_tensor(query) else "numpy")
+    if return_sinks_grad and sinks is None:
+        raise ValueError("return_sinks_grad=True needs sinks")
     bounds = key_window.effective_window(window, is_causal)
     if dropout_p > 0 and dropout_seed is None:
         raise ValueError("dropout_p > 0 needs the forward's dropout_seed (and dropout_offset) to rebuild its mask")
@@ -205,7 +219,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     # kernel.  A new signature is checked and planned through NumPy first.
     tensors = (grad_out, query, key, value, out, stats)
     torch_signature = None
-    layouts = torch_layout(*tensors) if attn_mask is None and plain_torch_tensors(*tensors) else None
+    layouts = torch_layout(*tensors) if attn_mask is None and mods is None and plain_torch_tensors(*tensors) \
+        else None
     if layouts is not None:
         torch_signature = (layouts, bool(enable_gqa), bounds, causal_alignment, dropout_p,
                            bool(return_mask_grad))
@@ -239,11 +254,14 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     # A signature seen before was checked when its plan was made: repeated calls only bind data (a small call
     # spent most of its time in these checks and stride walks).
     signature = (tuple(_layout(a) for a in (q, k, v, o, do, st)), _layout(mask) if mask is not None else None,
-                 bool(enable_gqa), bounds, causal_alignment, dropout_p, bool(return_mask_grad), queue)
+                 bool(enable_gqa), bounds, causal_alignment, dropout_p, bool(return_mask_grad), queue,
+                 None if mods is None else mods.signature(), bool(return_sinks_grad))
     plan = _plans.get(signature)
     if plan is None:
+        if mods is not None and queue is not None:
+            raise NotImplementedError("softcap, alibi_slopes and sinks are not in the SYCL backward yet")
         plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
-                     return_mask_grad, bounds, kind)
+                     return_mask_grad, bounds, kind, mods, return_sinks_grad)
         _plans.put(signature, plan)
         if torch_signature is not None and plan.direct:
             _plans.put(torch_signature, plan)
@@ -265,10 +283,12 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         v_in = xp.ascontiguousarray(xp.broadcast_to(v.reshape(v_shape2), plan.kv_copy[1]))
     dq_full, dk_own, dv_own = (empty(shape, a.dtype) for shape, a in zip(plan.grad_shapes, (q, k, v)))
     dmask_full = None if plan.grad_mask_shape is None else empty(plan.grad_mask_shape, np.float32)
+    dsinks = np.empty(mods.sinks.shape, np.float32) if return_sinks_grad else None
     arrays = {"query": q_in, "key": k_in, "value": v_in, "output": o, "stats": st, "grad_output": do,
-              "grad_query": dq_full, "grad_key": dk_own, "grad_value": dv_own, "mask": mask_in, "grad_mask": dmask_full}
+              "grad_query": dq_full, "grad_key": dk_own, "grad_value": dv_own, "mask": mask_in, "grad_mask": dmask_full,
+              "grad_sinks": dsinks, **({} if mods is None else mods.arrays())}
     if not plan.has_scores:
-        for a in (dq_full, dk_own, dv_own, dmask_full):
+        for a in (dq_full, dk_own, dv_own, dmask_full, dsinks):
             if a is not None:
                 a[...] = 0
     else:
@@ -288,10 +308,12 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     dk = (dk_own if kv_alike else _reduce_to(dk_own, k_shape2).astype(k.dtype, copy=False)).reshape(k.shape)
     dv = (dv_own if kv_alike else _reduce_to(dv_own, v_shape2).astype(v.dtype, copy=False)).reshape(v.shape)
     grads = (from_numpy(dq, kind), from_numpy(dk, kind), from_numpy(dv, kind))
-    if not return_mask_grad:
-        return grads
-    dmask = None
-    if dmask_full is not None:
-        dmask = _reduce_to(dmask_full, m_shape2).astype(mask.dtype, copy=False).reshape(user_mask.shape)
-        dmask = from_numpy(dmask, kind)
-    return grads + (dmask,)
+    if return_mask_grad:
+        dmask = None
+        if dmask_full is not None:
+            dmask = _reduce_to(dmask_full, m_shape2).astype(mask.dtype, copy=False).reshape(user_mask.shape)
+            dmask = from_numpy(dmask, kind)
+        grads += (dmask,)
+    if return_sinks_grad:
+        grads += (from_numpy(dsinks, kind),)
+    return grads

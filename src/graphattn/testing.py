@@ -392,15 +392,54 @@ def dropout_multipliers(shape: tuple, dropout_p: float, seed: int, offset: int) 
     return np.where(dropout_keep_mask(shape, dropout_p, seed, offset), 1.0 / (1.0 - dropout_p), 0.0)
 
 
+def _per_head(values) -> np.ndarray:
+    """A per-head float64 array ((H,) or (N, H)) broadcastable against scores (..., H, L, S)."""
+    return np.asarray(values, np.float64)[..., None, None]
+
+
+def _modified_scores(raw: np.ndarray, softcap, alibi_slopes, causal_alignment: str):
+    """score_mods.hpp's modifiers on float64 scores (..., H, L, S): (scores, softcap's tanh or None)."""
+    tanh = None
+    scores = raw
+    if softcap is not None:
+        tanh = np.tanh(raw / softcap)
+        scores = softcap * tanh
+    if alibi_slopes is not None:
+        seq_q, seq_kv = raw.shape[-2:]
+        shift = key_window.row_shift(causal_alignment, seq_q, seq_kv)
+        distance = np.abs(np.arange(seq_q)[:, None] + shift - np.arange(seq_kv)[None, :])
+        scores = scores - _per_head(alibi_slopes) * distance
+    return scores, tanh
+
+
+def _softmax_with_sinks(scores: np.ndarray, sinks):
+    """(P, stats, rows with no weight at all) of masked float64 scores, the sinks' exp(sigma) in each row's sum."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        row_max = scores.max(-1, keepdims=True)
+        if sinks is not None:
+            row_max = np.maximum(row_max, _per_head(sinks))
+        masked = np.isneginf(row_max)
+        base = np.where(masked, 0.0, row_max)
+        e = np.exp(scores - base)
+        total = e.sum(-1, keepdims=True)
+        if sinks is not None:
+            total = total + np.exp(_per_head(sinks) - base)
+        p = np.where(masked, 0.0, e / np.where(masked, 1.0, total))
+        stats = np.where(masked, -np.inf, row_max + np.log(total))
+    return p, stats, masked
+
+
 def sdpa_reference(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
                    causal_alignment="top_left", return_stats=False, dropout_p=0.0, dropout_seed=0,
-                   dropout_offset=0, window=None):
-    """Plain float64 NumPy SDPA with the functional API's semantics (fully masked rows give 0)."""
+                   dropout_offset=0, window=None, softcap=None, alibi_slopes=None, sinks=None):
+    """Plain float64 NumPy SDPA with the functional API's semantics (fully masked rows give 0), score modifiers
+    included (softcap, ALiBi slopes, sinks: score_mods.py)."""
     q, k, v = (np.asarray(x).astype(np.float64) for x in (query, key, value))
     if enable_gqa and q.shape[-3] != k.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
         k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
-    scores = q @ np.swapaxes(k, -1, -2) * (default_scale(q.shape[-1]) if scale is None else scale)
+    raw = q @ np.swapaxes(k, -1, -2) * (default_scale(q.shape[-1]) if scale is None else scale)
+    scores, _ = _modified_scores(raw, softcap, alibi_slopes, causal_alignment)
     seq_q, seq_kv = scores.shape[-2:]
     left, right = key_window.effective_window(window, is_causal)
     if key_window.is_limited(left, right):
@@ -408,14 +447,9 @@ def sdpa_reference(query, key, value, attn_mask=None, is_causal=False, scale=Non
     if attn_mask is not None:
         mask = np.asarray(attn_mask)
         scores = np.where(mask, scores, -np.inf) if mask.dtype == np.bool_ else scores + mask.astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        row_max = scores.max(-1, keepdims=True)
-        masked = np.isneginf(row_max)
-        e = np.exp(scores - np.where(masked, 0.0, row_max))
-        total = e.sum(-1, keepdims=True)
-        p = e / np.where(masked, 1.0, total) * dropout_multipliers(scores.shape, dropout_p, dropout_seed, dropout_offset)
-        out = np.where(masked, 0.0, p @ v)
-        stats = np.where(masked, -np.inf, row_max + np.log(total))
+    p, stats, masked = _softmax_with_sinks(scores, sinks)
+    p = p * dropout_multipliers(scores.shape, dropout_p, dropout_seed, dropout_offset)
+    out = np.where(masked, 0.0, p @ v)
     return (out, stats) if return_stats else out
 
 
@@ -434,13 +468,16 @@ def assert_grad_close(actual: np.ndarray, expected: np.ndarray, dtype, what: str
 
 def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_causal=False, scale=None,
                             enable_gqa=False, causal_alignment="top_left", dropout_p=0.0, dropout_seed=0,
-                            dropout_offset=0, window=None):
-    """Float64 gradients (dq, dk, dv, dmask) of sdpa_reference by the textbook formulas.
+                            dropout_offset=0, window=None, softcap=None, alibi_slopes=None, sinks=None):
+    """Float64 gradients (dq, dk, dv, dmask), and dsinks where sinks are given, of sdpa_reference by the textbook
+    formulas.
 
     P = softmax(S), Z the dropout multipliers, dV = (P Z)^T dO, dP = (dO V^T) Z,
     dS = P * (dP - rowsum(dP * P)),
     dQ = scale * dS K, dK = scale * dS^T Q; dmask = dS summed to the mask's
     shape (None for a bool mask or no mask).  GQA sums dK/dV over the group.
+    A softcap multiplies dS by 1 - tanh^2 before dQ and dK; dsinks =
+    -sum over batch and rows of p_sink * rowsum(dP * P), p_sink the sink's weight.
     """
     q, k, v, do = (np.asarray(x).astype(np.float64) for x in (query, key, value, grad_out))
     rep = 1
@@ -448,7 +485,8 @@ def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_caus
         rep = q.shape[-3] // k.shape[-3]
         k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
     factor = default_scale(q.shape[-1]) if scale is None else scale
-    scores = q @ np.swapaxes(k, -1, -2) * factor
+    raw = q @ np.swapaxes(k, -1, -2) * factor
+    scores, tanh = _modified_scores(raw, softcap, alibi_slopes, causal_alignment)
     seq_q, seq_kv = scores.shape[-2:]
     keep = np.ones(scores.shape, bool)
     keep &= key_window.visible(seq_q, seq_kv, *key_window.effective_window(window, is_causal), causal_alignment)
@@ -458,17 +496,15 @@ def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_caus
     elif mask is not None:
         scores = scores + mask.astype(np.float64)
     scores = np.where(keep, scores, -np.inf)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        row_max = scores.max(-1, keepdims=True)
-        masked = np.isneginf(row_max)
-        e = np.exp(scores - np.where(masked, 0.0, row_max))
-        p = np.where(masked, 0.0, e / np.where(masked, 1.0, e.sum(-1, keepdims=True)))
+    p, stats, _ = _softmax_with_sinks(scores, sinks)
     z = dropout_multipliers(scores.shape, dropout_p, dropout_seed, dropout_offset)
     dv = np.swapaxes(p * z, -1, -2) @ do
     dp = do @ np.swapaxes(v, -1, -2) * z
-    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
-    dq = ds @ k * factor
-    dk = np.swapaxes(ds, -1, -2) @ q * factor
+    delta = (dp * p).sum(-1, keepdims=True)
+    ds = p * (dp - delta)
+    ds_raw = ds if tanh is None else ds * (1.0 - tanh * tanh)
+    dq = ds_raw @ k * factor
+    dk = np.swapaxes(ds_raw, -1, -2) @ q * factor
     if rep > 1:
         dk = dk.reshape(dk.shape[:-3] + (dk.shape[-3] // rep, rep) + dk.shape[-2:]).sum(-3)
         dv = dv.reshape(dv.shape[:-3] + (dv.shape[-3] // rep, rep) + dv.shape[-2:]).sum(-3)
@@ -476,7 +512,12 @@ def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_caus
     dv = _sum_to(dv, np.shape(value))
     dq = _sum_to(dq, np.shape(query))
     dmask = None if mask is None or mask.dtype == np.bool_ else _sum_to(ds, mask.shape)
-    return dq, dk, dv, dmask
+    if sinks is None:
+        return dq, dk, dv, dmask
+    with np.errstate(invalid="ignore"):
+        sink_weight = np.where(np.isneginf(stats), 0.0, np.exp(_per_head(sinks) - stats))
+    dsinks = _sum_to(-(sink_weight * delta).sum(-1, keepdims=True), np.shape(sinks) + (1, 1)).reshape(np.shape(sinks))
+    return dq, dk, dv, dmask, dsinks
 
 
 def _sum_to(grad: np.ndarray, shape: tuple) -> np.ndarray:

@@ -5,8 +5,9 @@
     model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
 
 The function takes transformers' attention call (query (B, Hq, L, D), key and value (B, Hkv, S, D), the
-mask transformers' sdpa mask function builds: bool, True where a key is kept, or None for plain causal) and
-runs graphattn's fused kernels, forward and, through autograd, backward; K/V are never repeated for GQA.
+mask transformers' sdpa mask function builds: bool, True where a key is kept, or None for plain causal; a
+sliding window, softcap and gpt-oss's sinks (s_aux) as the kernels' own arguments) and runs graphattn's fused
+kernels, forward and, through autograd, backward; K/V are never repeated for GQA.
 """
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from . import functional
 def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                       is_causal=None, **kwargs):
     """transformers' attention interface: (attn_output of shape (B, L, Hq, Dv), None for the weights)."""
-    if kwargs.get("softcap") is not None:
-        raise ValueError("graphattn attention does not take softcap yet")
     if kwargs.get("position_bias") is not None:
         raise ValueError("graphattn attention does not take position_bias; pass it as a float attention_mask")
     q_length = query.shape[2]
@@ -33,9 +32,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
             raise ValueError(f"sliding_window must be a positive int (the keys a row sees), got {sliding_window!r}")
         window = (sliding_window - 1, -1)
+    # Gemma 2's logit softcap and gpt-oss's per-head sink logits (s_aux, in the model's dtype: the kernels take
+    # f32, and autograd reaches the parameter through the cast).
+    sinks = kwargs.get("s_aux")
     out = functional.scaled_dot_product_attention(query, key, value, attention_mask, dropout, causal, scaling,
                                                   enable_gqa=query.shape[1] != key.shape[1],
-                                                  causal_alignment="bottom_right", window=window)
+                                                  causal_alignment="bottom_right", window=window,
+                                                  softcap=kwargs.get("softcap"),
+                                                  sinks=None if sinks is None else sinks.float())
     return out.transpose(1, 2).contiguous(), None
 
 

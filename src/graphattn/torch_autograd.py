@@ -19,17 +19,24 @@ from .interop import torch_random_seed
 @torch.library.custom_op("graphattn::sdpa_forward", mutates_args=())
 def sdpa_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
                  dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool, causal_alignment: str,
-                 dropout_seed: int, dropout_offset: int, window: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                 dropout_seed: int, dropout_offset: int, window: list[int], softcap: Optional[float],
+                 alibi_slopes: Optional[torch.Tensor],
+                 sinks: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, stats) of the functional forward (on detached operands: they take its direct route)."""
     return functional.scaled_dot_product_attention(
-        query.detach(), key.detach(), value.detach(), None if attn_mask is None else attn_mask.detach(), dropout_p,
+        query.detach(), key.detach(), value.detach(), _detached(attn_mask), dropout_p,
         is_causal, scale, enable_gqa, causal_alignment=causal_alignment, return_stats=True,
-        dropout_seed=dropout_seed, dropout_offset=dropout_offset, window=tuple(window))
+        dropout_seed=dropout_seed, dropout_offset=dropout_offset, window=tuple(window), softcap=softcap,
+        alibi_slopes=_detached(alibi_slopes), sinks=_detached(sinks))
+
+
+def _detached(x):
+    return None if x is None else x.detach()
 
 
 @sdpa_forward.register_fake
 def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment, dropout_seed,
-      dropout_offset, window):
+      dropout_offset, window, softcap, alibi_slopes, sinks):
     lead = 3 if enable_gqa else 2  # under GQA the heads are Q's, and K/V's batch dims stop before theirs
     batch = torch.broadcast_shapes(query.shape[:-lead], key.shape[:-lead], value.shape[:-lead])
     batch = tuple(batch) + (tuple(query.shape[-3:-2]) if enable_gqa else ())
@@ -41,70 +48,81 @@ def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, cau
 def sdpa_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   out: torch.Tensor, stats: torch.Tensor, attn_mask: Optional[torch.Tensor], dropout_p: float,
                   is_causal: bool, scale: Optional[float], enable_gqa: bool, causal_alignment: str, dropout_seed: int,
-                  dropout_offset: int, window: list[int],
-                  mask_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dmask) of the functional backward; dmask is empty unless mask_grad."""
+                  dropout_offset: int, window: list[int], softcap: Optional[float],
+                  alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor], mask_grad: bool,
+                  sinks_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dmask, dsinks) of the functional backward; dmask and dsinks are empty unless asked for."""
     grads = functional_backward.scaled_dot_product_attention_backward(
         grad_out.contiguous(), query, key, value, out, stats, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         causal_alignment=causal_alignment, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
-        return_mask_grad=mask_grad, window=tuple(window))
-    dmask = grads[3] if mask_grad else query.new_empty(0)
-    return grads[0], grads[1], grads[2], dmask
+        return_mask_grad=mask_grad, window=tuple(window), softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+        return_sinks_grad=sinks_grad)
+    grads = list(grads)
+    dmask = grads.pop(3) if mask_grad else query.new_empty(0)
+    dsinks = grads.pop(3) if sinks_grad else query.new_empty(0, dtype=torch.float32)
+    return grads[0], grads[1], grads[2], dmask, dsinks
 
 
 @sdpa_backward.register_fake
 def _(grad_out, query, key, value, out, stats, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment,
-      dropout_seed, dropout_offset, window, mask_grad):
+      dropout_seed, dropout_offset, window, softcap, alibi_slopes, sinks, mask_grad, sinks_grad):
     dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else query.new_empty(0)
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask
+    dsinks = sinks.new_empty(sinks.shape) if sinks_grad else query.new_empty(0, dtype=torch.float32)
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask, dsinks
 
 
 _OPTIONS = ("dropout_p", "is_causal", "scale", "enable_gqa", "causal_alignment", "dropout_seed", "dropout_offset",
-            "window")
+            "window", "softcap")
+_SINKS_INPUT = 4 + len(_OPTIONS) + 1  # sdpa_forward's inputs: q, k, v, mask, the options, alibi_slopes, sinks
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, *options = inputs
-    ctx.save_for_backward(query, key, value, attn_mask, *output)
+    query, key, value, attn_mask, *rest = inputs
+    options, (alibi_slopes, sinks) = rest[:len(_OPTIONS)], rest[len(_OPTIONS):]
+    ctx.save_for_backward(query, key, value, attn_mask, alibi_slopes, sinks, *output)
     ctx.options = dict(zip(_OPTIONS, options))
     ctx.mark_non_differentiable(output[1])
 
 
 def _backward(ctx, grad_out, _grad_stats):
-    query, key, value, attn_mask, out, stats = ctx.saved_tensors
+    query, key, value, attn_mask, alibi_slopes, sinks, out, stats = ctx.saved_tensors
     wants = ctx.needs_input_grad
     mask_grad = attn_mask is not None and bool(wants[3])
-    dq, dk, dv, dmask = sdpa_backward(grad_out, query, key, value, out, stats, attn_mask, *ctx.options.values(),
-                                      mask_grad)
+    sinks_grad = sinks is not None and bool(wants[_SINKS_INPUT])
+    dq, dk, dv, dmask, dsinks = sdpa_backward(grad_out, query, key, value, out, stats, attn_mask,
+                                              *ctx.options.values(), alibi_slopes, sinks, mask_grad, sinks_grad)
     return (dq if wants[0] else None, dk if wants[1] else None, dv if wants[2] else None,
-            dmask if mask_grad else None) + (None,) * len(_OPTIONS)
+            dmask if mask_grad else None) + (None,) * (len(_OPTIONS) + 1) + (dsinks if sinks_grad else None,)
 
 
 sdpa_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def takes(query, key, value, attn_mask) -> bool:
+def takes(query, key, value, attn_mask, sinks=None) -> bool:
     """Whether a call goes through the ops: a torch operand that requires grad with grad mode on, or a call
     that torch.compile is tracing.  Attribute reads come first: they are the cheapest test of a plain call."""
     if query.requires_grad or getattr(key, "requires_grad", False) or getattr(value, "requires_grad", False) \
-            or getattr(attn_mask, "requires_grad", False):
+            or getattr(attn_mask, "requires_grad", False) or getattr(sinks, "requires_grad", False):
         return torch.is_grad_enabled() or torch.compiler.is_dynamo_compiling()
     return torch.compiler.is_dynamo_compiling()
 
 
 def attention(query, key, value, attn_mask, return_stats: bool, dropout_p, is_causal, scale, enable_gqa,
-              causal_alignment, dropout_seed, dropout_offset, window=None):
+              causal_alignment, dropout_seed, dropout_offset, window=None, softcap=None, alibi_slopes=None,
+              sinks=None):
     """The call through sdpa_forward: out, or (out, stats) with stats not differentiable.  NumPy operands are
     taken as tensors (the ops take tensors only)."""
     dropout_p = arguments.dropout_probability(dropout_p)
     if dropout_p and dropout_seed is None:  # one seed for the forward and the backward
         dropout_seed = torch_random_seed()
     query, key, value = (x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in (query, key, value))
-    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
-        attn_mask = torch.as_tensor(attn_mask)
+    attn_mask, alibi_slopes, sinks = (x if x is None or isinstance(x, torch.Tensor) else torch.as_tensor(x)
+                                      for x in (attn_mask, alibi_slopes, sinks))
     out, stats = sdpa_forward(query, key, value, attn_mask, dropout_p, bool(is_causal), arguments.scale_value(scale),
                               bool(enable_gqa), causal_alignment,
                               0 if dropout_seed is None else arguments.integer(dropout_seed, "dropout_seed"),
                               arguments.integer(dropout_offset, "dropout_offset"),
-                              list(key_window.checked_window(window)))
+                              list(key_window.checked_window(window)),
+                              None if softcap is None else arguments.real_number(softcap, "softcap"), alibi_slopes,
+                              sinks)
     return (out, stats) if return_stats else out

@@ -29,14 +29,15 @@ ViewShape view_shape(const int64_t batch[kBatchDims], int64_t rows, int64_t cols
 // The logical shapes of a call's views (SdpaForwardArgs' comment); the
 // backward's gradients take those of the operands they belong to.
 struct CallShapes {
-    ViewShape q, k, v, o, m, st;
+    ViewShape q, k, v, o, m, st, per_index;  // per_index: one value per batch index (slopes, sinks)
     explicit CallShapes(const SdpaForwardArgs& a)
         : q(view_shape(a.batch, a.seq_q, a.head_dim_qk)),
           k(view_shape(a.batch, a.seq_kv, a.head_dim_qk)),
           v(view_shape(a.batch, a.seq_kv, a.head_dim_v)),
           o(view_shape(a.batch, a.seq_q, a.head_dim_v)),
           m(view_shape(a.batch, a.seq_q, a.seq_kv)),
-          st(view_shape(a.batch, a.seq_q, 1)) {}
+          st(view_shape(a.batch, a.seq_q, 1)),
+          per_index(view_shape(a.batch, 1, 1)) {}
 };
 
 std::string strides_text(const TensorView& t) {
@@ -115,7 +116,14 @@ Status check_call(const SdpaForwardArgs& a) {
     if (a.mask_kind == MaskKind::select && !(s = check_view(a.mask, "mask", false)).ok) return s;
     if (a.stats.data && a.stats.dtype != DType::f32) return Status::error("stats: dtype must be f32");
     if (!(a.dropout_p >= 0.0f && a.dropout_p < 1.0f)) return Status::error("dropout_p must be in [0, 1)");
+    if (!(a.softcap >= 0.0f && a.softcap < __builtin_inff()))
+        return Status::error("softcap must be a finite value > 0 (0: no softcap), got " + std::to_string(a.softcap));
+    if (a.alibi.slopes.data && a.alibi.slopes.dtype != DType::f32)
+        return Status::error("alibi_slopes: dtype must be f32");
+    if (a.sinks.data && a.sinks.dtype != DType::f32) return Status::error("sinks: dtype must be f32");
     const CallShapes sh(a);
+    if (a.alibi.slopes.data && !(s = check_reach(a.alibi.slopes, "alibi_slopes", sh.per_index)).ok) return s;
+    if (a.sinks.data && !(s = check_reach(a.sinks, "sinks", sh.per_index)).ok) return s;
     if (!(s = check_reach(a.query, "query", sh.q)).ok || !(s = check_reach(a.key, "key", sh.k)).ok ||
         !(s = check_reach(a.value, "value", sh.v)).ok || !(s = check_reach(a.output, "output", sh.o)).ok)
         return s;
@@ -173,6 +181,16 @@ Status check_backward_args(const SdpaBackwardArgs& b) {
         !(s = check_no_self_overlap(b.grad_value, "grad_value", sh.v, kv_summed)).ok)
         return s;
     if (b.grad_mask.data && !(s = check_no_self_overlap(b.grad_mask, "grad_mask", sh.m)).ok) return s;
+    if (b.grad_sinks.data) {
+        if (!a.sinks.data) return Status::error("grad_sinks: given without sinks");
+        if (b.grad_sinks.dtype != DType::f32) return Status::error("grad_sinks: dtype must be f32");
+        // Summed over the batch dims it broadcasts (stride 0), as the sinks are shared there.
+        bool summed[kBatchDims + 2] = {};
+        for (int d = 0; d < kBatchDims; ++d) summed[d] = b.grad_sinks.strides[d] == 0;
+        if (!(s = check_reach(b.grad_sinks, "grad_sinks", sh.per_index)).ok ||
+            !(s = check_no_self_overlap(b.grad_sinks, "grad_sinks", sh.per_index, summed)).ok)
+            return s;
+    }
     return Status::success();
 }
 

@@ -390,6 +390,7 @@ Status sdpa_backward(const SdpaBackwardArgs& args) {
     Status status = check_backward_args(args);
     if (!status.ok) return status;
     const SdpaForwardArgs& a = args.forward;
+    if (args.grad_sinks.data) sdpa_sink_gradients(args);
     if (a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return status;
     int index = choose(kBackwardCandidates, Pass::backward, args);
     if (index < 0) return forced_cannot_run(kBackwardCandidates, Pass::backward, args);

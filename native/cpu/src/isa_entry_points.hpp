@@ -14,6 +14,8 @@ Status sdpa_forward_portable(const SdpaForwardArgs& args);
 std::string sdpa_forward_plan_portable(const SdpaForwardArgs& args);
 Status sdpa_backward_portable(const SdpaBackwardArgs& args);
 std::string sdpa_backward_plan_portable(const SdpaBackwardArgs& args);
+// grad_sinks of a backward call with sinks (sink_gradients.hpp), for every kernel family.
+void sdpa_sink_gradients(const SdpaBackwardArgs& args);
 #if defined(GRAPHATTN_HAVE_X86_ISAS)
 Status sdpa_forward_avx2(const SdpaForwardArgs& args);
 std::string sdpa_forward_plan_avx2(const SdpaForwardArgs& args);

@@ -113,6 +113,16 @@ inline float row_factor(const SdpaForwardArgs& a, float sum) {
     return sum == 0.0f && a.inf_as_zero ? 0.0f : std::nanf("");
 }
 
+// A row's running max and sum (base 2) with its sink logit sink2 (base 2)
+// folded in (graphattn/score_mods.hpp); out_scale takes the factor its
+// unnormalised output needs for the new max.
+inline void fold_row_sink(float sink2, float& row_max, float& row_sum, float& out_scale) {
+    const SinkFold f = fold_sink(row_max, row_sum, sink2, [](float x) { return std::exp2(x); });
+    row_max = f.max;
+    row_sum = f.sum;
+    out_scale = f.output_factor;
+}
+
 inline float row_lse(const SdpaForwardArgs& a, float row_max, float sum) {
     if (sum > 0.0f) return row_max * kLn2 + std::log(sum);
     return sum == 0.0f && a.inf_as_zero ? -__builtin_inff() : std::nanf("");

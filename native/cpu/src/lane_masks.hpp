@@ -1,4 +1,6 @@
-// The explicit mask and the key window (graphattn/key_window.hpp) on score blocks in base-2 units,
+// The score modifiers (graphattn/score_mods.hpp: softcap, then ALiBi), the
+// explicit mask and the key window (graphattn/key_window.hpp), in that order,
+// on score blocks in base-2 units,
 // for both layouts of a score block:
 //   query lanes: block[j][lanes], one lane per query row (forward, dQ pass);
 //   key lanes:   block[r][lanes], one lane per key (dK/dV pass, and the
@@ -20,6 +22,45 @@ namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
 inline bool fill_is_neg_inf(float fill) { return fill == -__builtin_inff(); }
+
+// A call's softcap and ALiBi in base-2 units (score_mods.hpp's rules hold in any
+// units, c and the slopes scaled as the scores).
+struct ScoreMods {
+    bool capped, alibi;
+    float cap, inv_cap;  // c log2(e) and its inverse
+    int64_t row_shift;   // ALiBi's i' = i + row_shift
+    explicit ScoreMods(const SdpaForwardArgs& a)
+        : capped(a.softcap > 0.0f),
+          alibi(a.alibi.slopes.data != nullptr),
+          cap(a.softcap * kLog2e),
+          inv_cap(capped ? 1.0f / (a.softcap * kLog2e) : 0.0f),
+          row_shift(a.alibi.row_shift(a.seq_q, a.seq_kv)) {}
+    bool any() const { return capped || alibi; }
+};
+
+// Whether scores need a pass between the product and the softmax: an explicit
+// mask or a modifier (the key window alone is cut by block bounds).
+inline bool has_score_pass(const SdpaForwardArgs& a) {
+    return a.mask_kind != MaskKind::none || ScoreMods(a).any();
+}
+
+// A per-batch-index f32 operand (the ALiBi slopes, the sinks) in base-2 units; 0 where the call has none.
+inline float per_index_log2(const TensorView& t, const int64_t b[kBatchDims]) {
+    return t.data ? static_cast<const float*>(t.data)[view_batch_offset(t, b)] * kLog2e : 0.0f;
+}
+
+// c tanh(s / c); with grad set, also 1 - tanh^2, the softcap's derivative (the backward's dS factor).
+inline VecF softcapped(VecF s, const ScoreMods& m, VecF* grad = nullptr) {
+    const VecF t = vtanh(s * m.inv_cap);
+    if (grad) *grad = 1.0f - t * t;
+    return m.cap * t;
+}
+
+// What mask_key_lanes takes of the modifiers for rows of one batch index.
+struct KeyLaneMods {
+    float slope = 0.0f;         // the ALiBi slope in base-2 units
+    float* cap_grad = nullptr;  // a softcap's 1 - tanh^2 per score, laid out as the scores (backward)
+};
 
 // Key blocks that no row of a work item sees are skipped only where hidden
 // keys score -inf; any other fill still takes part in the softmax.
@@ -57,11 +98,22 @@ struct VisibleLanes {
 };
 
 // Query lanes.  mask_t[j][lanes] receives the explicit mask (rows < rows);
-// lane r reads its mask row at element m_off[r] and has query index qi[r].
+// lane r reads its mask row at element m_off[r] and has query index qi[r] and
+// ALiBi slope slopes[r] (base 2; read only with ALiBi).
 template <int RV>
 void mask_query_lanes(const SdpaForwardArgs& a, float* s_t, float* mask_t, const int64_t* m_off,
-                      const float* query_index, int rows, int kv_rows, int64_t j0) {
+                      const float* query_index, const float* slopes, int rows, int kv_rows, int64_t j0) {
     constexpr int kRow = RV * kLanes;
+    const ScoreMods mods(a);
+    if (mods.capped)
+        for (int x = 0; x < kv_rows * kRow; x += kLanes) store(s_t + x, softcapped(load(s_t + x), mods));
+    if (mods.alibi)
+        for (int j = 0; j < kv_rows; ++j)
+            for (int v = 0; v < RV; ++v) {
+                float* s = s_t + j * kRow + v * kLanes;
+                const VecF d = load(query_index + v * kLanes) + float(mods.row_shift - (j0 + j));
+                store(s, load(s) - load(slopes + v * kLanes) * (d < 0.0f ? -d : d));
+            }
     if (a.mask_kind != MaskKind::none) {
         const TensorView& m = a.mask;
         for (int r = 0; r < rows; ++r)
@@ -100,13 +152,16 @@ void mask_query_lanes(const SdpaForwardArgs& a, float* s_t, float* mask_t, const
 }
 
 // Key lanes.  s[r][lanes] for keys j0 + lane, first multiplied by
-// score_scale; row r reads its mask at m_off[r] and has query index qi[r].
-// Lanes past kv_rows become -inf.  Only the first `vecs` vectors of each row
-// are touched (rows stay RV vectors apart).
+// score_scale; row r reads its mask at m_off[r] and has query index qi[r];
+// every row has the modifiers `row_mods` (one batch index).  Lanes past
+// kv_rows become -inf.  Only the first `vecs` vectors of each row are touched
+// (rows stay RV vectors apart).
 template <int RV>
 void mask_key_lanes(const SdpaForwardArgs& a, float* s, float* mask_rows, const int64_t* m_off, const int64_t* qi,
-                    int rows, int kv_rows, int64_t j0, int vecs = RV, float score_scale = 1.0f) {
+                    int rows, int kv_rows, int64_t j0, const KeyLaneMods& row_mods, int vecs = RV,
+                    float score_scale = 1.0f) {
     constexpr int kRow = RV * kLanes;
+    const ScoreMods mods(a);
     const TensorView& m = a.mask;
     const VecF lanes = lane_index(), keep = splat(a.select_keep_value ? 1.0f : 0.0f);
     const VecF select_fill = splat(to_log2_units(a.select_fill)), window_fill = splat(to_log2_units(a.window.fill));
@@ -121,6 +176,15 @@ void mask_key_lanes(const SdpaForwardArgs& a, float* s, float* mask_rows, const 
         for (int v = 0; v < vecs; ++v) {
             const VecF l = lanes + float(v * kLanes);
             VecF x = load(row + v * kLanes) * score_scale;
+            if (mods.capped) {
+                VecF grad;
+                x = softcapped(x, mods, row_mods.cap_grad ? &grad : nullptr);
+                if (row_mods.cap_grad) store(row_mods.cap_grad + r * kRow + v * kLanes, grad);
+            }
+            if (mods.alibi) {
+                const VecF d = (float(qi[r] + mods.row_shift - j0) - l);
+                x -= row_mods.slope * (d < 0.0f ? -d : d);
+            }
             if (a.mask_kind == MaskKind::additive) x += to_log2_units(load(mask_row + v * kLanes));
             if (a.mask_kind == MaskKind::select) x = load(mask_row + v * kLanes) == keep ? x : select_fill;
             if (a.window.limited()) x = (l >= seen.first) & (l < seen.end) ? x : window_fill;

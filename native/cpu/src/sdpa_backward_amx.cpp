@@ -195,11 +195,12 @@ struct Backward {
         int64_t k_cols_plane, v_cols_plane, k_pairs_plane;
         static constexpr int64_t kChunkPlane = int64_t(kRows) * kKeys / 2;  // P, dS: bf16 rows or pairs
         AlignedFloats k_cols, v_cols, k_pairs, dk_t, dv_t, s, dp, mask_rows, z, p_bf16, ds_bf16, p_pairs, ds_pairs,
-            out_rows, kv_wide, kv_parts;
+            out_rows, kv_wide, kv_parts, cap_grad;
         int64_t m_off[kRows], dm_off[kRows], qi[kRows];
         uint8_t keep[kKeys];
         __mmask16 infinite = 0;
-        Scratch(int Dp, int Dvp)
+        // capped: the call has a softcap, whose derivative per score cap_grad keeps.
+        Scratch(int Dp, int Dvp, bool capped)
             : k_cols_plane(int64_t(Dp / 2) * kKeys),
               v_cols_plane(int64_t(Dvp / 2) * kKeys),
               k_pairs_plane(int64_t(kKeys / 2) * Dp),
@@ -218,7 +219,8 @@ struct Backward {
               ds_pairs(size_t(Parts * kChunkPlane)),
               out_rows(size_t(kTransposedRowsAtOnce) * std::max(Dp, Dvp)),
               kv_wide(Parts > 1 ? size_t(kKeys) * std::max(Dp, Dvp) : 0),
-              kv_parts(Parts > 1 ? size_t(Parts) * kKeys * std::max(Dp, Dvp) / 2 : 0) {}
+              kv_parts(Parts > 1 ? size_t(Parts) * kKeys * std::max(Dp, Dvp) / 2 : 0),
+              cap_grad(capped ? size_t(kRows) * kKeys : 0) {}
     };
 
     // C (rows x kKeys, f32) = A (rows padded, bf16, `cols` per row) x packed^T, for one chunk;
@@ -268,7 +270,9 @@ struct Backward {
 
         // P = 2^(S scale log2(e) - lse) and dS = P (dP Z - D), row by row.
         for (int x = 0; x < kRows * kKeys; x += kLanes) store(s + x, load(s + x) * scale_log2);
-        mask_key_lanes<kKeyVecs>(a, s, sc.mask_rows.get(), sc.m_off, sc.qi, rows, kv_rows, j0);
+        float* cap_grad = a.softcap > 0.0f ? sc.cap_grad.get() : nullptr;
+        mask_key_lanes<kKeyVecs>(a, s, sc.mask_rows.get(), sc.m_off, sc.qi, rows, kv_rows, j0,
+                                 KeyLaneMods{per_index_log2(a.alibi.slopes, b), cap_grad});
         float* z = sc.z.get();
         if (dropout.active)
             for (int r = 0; r < rows; ++r)
@@ -289,6 +293,7 @@ struct Backward {
                 for (int l = 0; l < kv_rows; ++l) dmask[sc.dm_off[r] + (j0 + l) * args.grad_mask.strides[4]] = dp[r * kKeys + l];
         }
         if (zero_unkept) zero_unkept_key_lanes<kKeyVecs>(a, dp, sc.mask_rows.get(), sc.qi, rows, j0);
+        if (cap_grad) multiply_in_place(dp, cap_grad, size_t(rows) * kKeys);  // dS through the softcap
         // P and dS as bf16 (parts), each plane as rows and as row pairs.
         constexpr int64_t chunk_words = 2 * Scratch::kChunkPlane;  // a plane of bf16 rows, in bf16 words
         for (int r = 0; r < kRows; ++r) {
@@ -380,7 +385,7 @@ struct Backward {
         const KeyBlockWave work(kv.outer_items * splits, splits, key_blocks, omp_get_max_threads(),
                                 splits * batch_total * Sqp);
         run_on_team(team, [&] {
-            Scratch sc(Dp, Dvp);
+            Scratch sc(Dp, Dvp, a.softcap > 0.0f);
             configure_tiles();
 #pragma omp for schedule(dynamic, 1)
             for (int64_t u = 0; u < work.units(); ++u) {

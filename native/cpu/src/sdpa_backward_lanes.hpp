@@ -247,6 +247,7 @@ struct LaneBackward {
     struct KeyScratch {
         std::vector<KeyBlock> blocks;  // the key blocks taken at once
         AlignedFloats s, dp, mask_rows, out_rows, z, v_rows;
+        AlignedFloats cap_grad;  // a softcap's derivative per score (rows x kLaneBlock), where the call has one
         // pair_dots: per row chunk P^T and dS^T along the rows, Q's and dO's rows along the rows, dS rows in bf16.
         AlignedFloats p_pairs, ds_pairs, q_pairs, do_pairs, ds_rows;
         float lse[kRowChunk], delta[kRowChunk];
@@ -256,13 +257,14 @@ struct LaneBackward {
         // Only z (whose padding lanes multiply others) must start as zeros; the
         // rest is written before it is read, and clearing it took 6-7% of small
         // calls (perf, this machine: (1,8,8,1,17,80) bf16, (2,16,16,8,300,128) f32).
-        KeyScratch(int D, int Dv, int d_padded, bool dropout, bool pairs, int key_blocks)
+        KeyScratch(int D, int Dv, int d_padded, bool dropout, bool pairs, int key_blocks, bool capped)
             : s(AlignedFloats::uninitialized(size_t(kRowChunk) * kLaneBlock)),
               dp(AlignedFloats::uninitialized(size_t(kRowChunk) * kLaneBlock)),
               mask_rows(AlignedFloats::uninitialized(size_t(kRowChunk) * kLaneBlock)),
               out_rows(AlignedFloats::uninitialized(size_t(kTransposedRowsAtOnce) * std::max(D, Dv))),
               z(dropout ? size_t(kRowChunk) * kLaneBlock : 0),
               v_rows(AlignedFloats::uninitialized(pairs ? 0 : size_t(kLaneBlock) * Dv)),
+              cap_grad(AlignedFloats::uninitialized(capped ? size_t(kRowChunk) * kLaneBlock : 0)),
               p_pairs(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk / 2) * kLaneBlock : 0)),
               ds_pairs(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk / 2) * kLaneBlock : 0)),
               q_pairs(AlignedFloats::uninitialized(pairs ? size_t(kRowChunk / 2) * d_padded : 0)),
@@ -337,7 +339,9 @@ struct LaneBackward {
         float* dp = sc.dp.get();
         // S (log2 units, scale * log2 e applied), masked; then P = 2^(S - lse).
         scores(sc, kb, b, i0, rows);
-        mask_key_lanes<RV>(a, s, sc.mask_rows.get(), sc.m_off, sc.qi, rows, kv_rows, j0);
+        float* cap_grad = a.softcap > 0.0f ? sc.cap_grad.get() : nullptr;
+        mask_key_lanes<RV>(a, s, sc.mask_rows.get(), sc.m_off, sc.qi, rows, kv_rows, j0,
+                           KeyLaneMods{per_index_log2(a.alibi.slopes, b), cap_grad});
         for (int r = 0; r < rows; ++r)
             for (int v = 0; v < RV; ++v) store(s + r * kLaneBlock + v * kLanes, vexp2(load(s + r * kLaneBlock + v * kLanes) - sc.lse[r]));
         // dP = dO V^T (through the dropout mask Z when there is one), then dS = P (dP - D).
@@ -359,6 +363,7 @@ struct LaneBackward {
                     dmask[sc.dm_off[r] + (j0 + l) * args.grad_mask.strides[4]] = dp[r * kLaneBlock + l];
         }
         if (zero_unkept) zero_unkept_key_lanes<RV>(a, dp, sc.mask_rows.get(), sc.qi, rows, j0);
+        if (cap_grad) multiply_in_place(dp, cap_grad, size_t(rows) * kLaneBlock);  // dS through the softcap
         if (dropout.active)  // dV takes the dropped probabilities
             for (int r = 0; r < rows; ++r)
                 for (int v = 0; v < RV; ++v) {
@@ -381,7 +386,7 @@ struct LaneBackward {
     // products, no mask, dropout or mask gradient, every key of the block visible to every row): P and
     // dS are then taken in the products' register tiles (ProbTiles, GradScoreTiles).
     bool unmasked_f32_block(const KeyBlock& kb, int64_t i0, int rows) const {
-        if (pair_dots || a.mask_kind != MaskKind::none || dropout.active || args.grad_mask.data) return false;
+        if (pair_dots || has_score_pass(a) || dropout.active || args.grad_mask.data) return false;
         if (kb.kv_rows != kLaneBlock) return false;  // padding lanes take -inf in the mask pass
         return !a.window.limited() ||
                a.window.block(i0, i0 + rows, kb.j0, kb.j0 + kb.kv_rows) == KeyWindow::Block::all_visible;
@@ -590,7 +595,7 @@ struct LaneBackward {
         const KeyBlockWave wave(kv.outer_items * dq_splits, dq_splits, key_blocks, omp_get_max_threads(),
                                 dq_splits * batch_total * a.seq_q, max_piece_blocks(a));
         run_on_team(team, [&] {
-            KeyScratch sc(D, Dv, d_padded, dropout.active, pair_dots, kKeyBlocksAtOnce);
+            KeyScratch sc(D, Dv, d_padded, dropout.active, pair_dots, kKeyBlocksAtOnce, a.softcap > 0.0f);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t u = 0; u < wave.units(); ++u) {
                 const KeyBlockWave::Unit unit = wave.unit(u);

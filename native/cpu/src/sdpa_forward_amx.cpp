@@ -295,7 +295,9 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
 // o_row, the row's running max (base 2) and its sum; `out` holds one row.
 void write_output_row(const SdpaForwardArgs& a, const int64_t b[kBatchDims], int64_t i, const float* o_row,
                       float row_max, float sum, int Dv, float* out) {
-    const float factor = row_factor(a, sum);
+    float out_scale = 1.0f;
+    if (a.sinks.data) fold_row_sink(per_index_log2(a.sinks, b), row_max, sum, out_scale);
+    const float factor = row_factor(a, sum) * out_scale;
     for (int c = 0; c < Dv; ++c) out[c] = o_row[c] * factor;
     const TensorView& o = a.output;
     store_view_row(out, Dv, o, view_batch_offset(o, b) + i * o.strides[3]);
@@ -351,6 +353,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     std::fill(sc.row_sums, sc.row_sums + rows, VecF{});
 
     const KeyWindow& window = a.window;
+    const float slope = per_index_log2(a.alibi.slopes, b);
     const int64_t kv_end = skip_hidden_blocks ? std::min(key_end, window.key_end(i0 + rows - 1, a.seq_kv)) : key_end;
     const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
     const bool keeps = sc.keeps_blocks();
@@ -388,7 +391,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         // padding) and keep the scale for the softmax; the other calls'
         // scores are scaled and masked first.
         const bool only_cut =
-            a.mask_kind == MaskKind::none && scale_log2 > 0.0f && (!window.limited() || skip_hidden_blocks);
+            !has_score_pass(a) && scale_log2 > 0.0f && (!window.limited() || skip_hidden_blocks);
         const float load_scale = only_cut ? scale_log2 : 1.0f;
         float* s = sc.s_store.get();
         uint16_t* p = sc.p();
@@ -408,7 +411,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
                 }
             } else {
                 mask_key_lanes<kScoresLd / kLanes>(a, s, sc.mask_store.get(), sc.mask_offset + r0, sc.query_index + r0,
-                                                   r1 - r0, keys, j0, cols / kLanes, scale_log2);
+                                                   r1 - r0, keys, j0, KeyLaneMods{slope}, cols / kLanes, scale_log2);
             }
             auto softmax_at = [&](auto rows, int r) {
                 softmax_rows<Parts, rows.value>(sc, s + (r - r0) * kScoresLd, cols / kLanes, r, load_scale,

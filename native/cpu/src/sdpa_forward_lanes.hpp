@@ -116,6 +116,8 @@ struct LaneForward {
         KeyReads keys;    // the row layout's; first, as the buffers below are sized by it
         bool pair_dots;   // the lane layout's products on bf16 pairs (uses_pair_dots)
         AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_rows, drop_t;
+        // Per lane, in base-2 units: the ALiBi slope and the sink logit of its batch index (0 without them).
+        AlignedFloats slope_lanes, sink_lanes;
         // Row layout (attend_rows): rows of Q and O padded to whole vectors (Q's padding cleared
         // per row), K/V rows likewise (padding zero); P rows, the row-key partials and K^T, each written
         // before it is read.
@@ -147,6 +149,8 @@ struct LaneForward {
               query_index(AlignedFloats::uninitialized(kBlockQ)),
               out_rows(AlignedFloats::uninitialized(size_t(kTransposedRowsAtOnce) * a.head_dim_v)),
               drop_t(!RowLayout && DropoutPlan(a).active ? size_t(kBlockKV) * kBlockQ : 0),
+              slope_lanes(AlignedFloats::uninitialized(kBlockQ)),
+              sink_lanes(AlignedFloats::uninitialized(kBlockQ)),
               q_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_qk) : 0)),
               o_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_v) : 0)),
               k_pad(keys.copied ? size_t(kRowLayoutKeys) * padded(a.head_dim_qk) : 0),
@@ -303,6 +307,7 @@ struct LaneForward {
         // batch offsets only change where a lane starts the next member.
         int64_t g = row0 / a.seq_q, i = row0 % a.seq_q;
         int64_t q_base = 0, o_base = 0, m_base = 0, st_base = 0, flat = 0;
+        float slope = 0.0f, sink = 0.0f;
         auto enter_member = [&] {
             if (p.shared_dim >= 0) b[p.shared_dim] = g;
             q_base = view_batch_offset(a.query, b);
@@ -310,6 +315,8 @@ struct LaneForward {
             m_base = view_batch_offset(a.mask, b);
             st_base = view_batch_offset(a.stats, b);
             flat = (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2];
+            slope = per_index_log2(a.alibi.slopes, b);
+            sink = per_index_log2(a.sinks, b);
         };
         enter_member();
         for (int r = 0; r < kBlockQ; ++r) {
@@ -323,6 +330,8 @@ struct LaneForward {
             sc.m_off[r] = m_base + i * a.mask.strides[3];
             sc.st_off[r] = st_base + i * a.stats.strides[3];
             sc.query_index.get()[r] = float(i);
+            sc.slope_lanes.get()[r] = slope;
+            sc.sink_lanes.get()[r] = sink;
             sc.drop_base[r] = uint64_t(flat * a.seq_q + i) * uint64_t(a.seq_kv);
         }
         return rows;
@@ -374,7 +383,9 @@ struct LaneForward {
     // Output row r from its unnormalised f32 values `out` (scaled in place) and its running max and sum.
     static void write_row(const SdpaForwardArgs& a, const Scratch& sc, int r, float* out, float row_max,
                           float row_sum, int Dv) {
-        const float factor = row_factor(a, row_sum);
+        float out_scale = 1.0f;
+        if (a.sinks.data) fold_row_sink(sc.sink_lanes.get()[r], row_max, row_sum, out_scale);
+        const float factor = row_factor(a, row_sum) * out_scale;
         for (int c = 0; c < Dv; ++c) out[c] *= factor;
         store_view_row(out, Dv, a.output, sc.o_off[r]);
         if (a.stats.data)
@@ -553,9 +564,9 @@ struct LaneForward {
             key_begin = std::max(key_begin, key_begin + (first_key - key_begin) / kBlockKV * kBlockKV);
             key_end = std::min(key_end, a.window.key_end(last_row, a.seq_kv));
         }
-        // Keys that every row of the item sees need no mask pass when there is no explicit mask.
+        // Keys that every row of the item sees need no mask pass when there is no explicit mask or modifier.
         const int64_t unmasked_begin = a.window.key_begin(last_row, a.seq_kv);
-        const int64_t unmasked_end = a.mask_kind != MaskKind::none ? 0 : a.window.key_end(first_row, a.seq_kv);
+        const int64_t unmasked_end = has_score_pass(a) ? 0 : a.window.key_end(first_row, a.seq_kv);
         const int64_t k_base = view_batch_offset(a.key, outer_b), v_base = view_batch_offset(a.value, outer_b);
         // O^T is not cleared up front: the first key block sets it, unscaled, instead of clearing it,
         // rescaling the zeros and adding to them.
@@ -573,7 +584,8 @@ struct LaneForward {
                 score_softmax_block(a, sc, k_base, j0, kv_rows, first ? nullptr : o_t, Dv);
             } else {
                 score_block(a, sc, k_base, j0, kv_rows);
-                if (masked) mask_query_lanes<RV>(a, sc.s_t.get(), sc.mask_t.get(), sc.m_off, qi, rows, kv_rows, j0);
+                if (masked) mask_query_lanes<RV>(a, sc.s_t.get(), sc.mask_t.get(), sc.m_off, qi, sc.slope_lanes.get(), rows,
+                                                 kv_rows, j0);
                 online_softmax(sc.s_t.get(), kv_rows, sc.row_max.get(), sc.row_sum.get(), first ? nullptr : o_t, Dv,
                                p_pairs);
             }
@@ -723,28 +735,16 @@ struct LaneForward {
     // softmax step; P (with dropout) in their place.
     static void row_softmax_step(const SdpaForwardArgs& a, const DropoutPlan& dropout, Scratch& sc, int r, int64_t j0,
                                    int kv, float* p_row, float* o_row, int Dvp) {
-        const TensorView& m = a.mask;
         const int vectors = (kv + kLanes - 1) / kLanes;
-        const VecF neg_inf = splat(-__builtin_inff());
-        const VecF lanes = lane_index();
         float* mask = sc.mask_row.get();
-        if (a.mask_kind != MaskKind::none)
-            load_block(element_ptr(m.data, m.dtype, sc.m_off[r] + j0 * m.strides[4]), m.dtype, 0, m.strides[4], 1, kv, mask,
-                       kv, 1);
-        const VisibleLanes seen(a.window, int64_t(sc.query_index.get()[r]), j0, kv);
+        const int64_t qi = int64_t(sc.query_index.get()[r]);
+        mask_key_lanes<kRowLayoutKeyVectors>(a, p_row, mask, &sc.m_off[r], &qi, 1, kv, j0,
+                                             KeyLaneMods{sc.slope_lanes.get()[r]}, vectors);
         VecF score[kRowLayoutKeyVectors];
-        VecF block_max = neg_inf;
+        VecF block_max = splat(-__builtin_inff());
         for (int t = 0; t < vectors; ++t) {
-            VecF s = load(p_row + t * kLanes);
-            const VecF key = lanes + float(t * kLanes);  // key j0 + key of this lane
-            if (a.mask_kind == MaskKind::additive) s += to_log2_units(load(mask + t * kLanes));
-            else if (a.mask_kind == MaskKind::select)
-                s = load(mask + t * kLanes) == splat(a.select_keep_value ? 1.0f : 0.0f) ? s : splat(to_log2_units(a.select_fill));
-            if (a.window.limited())
-                s = (key >= splat(seen.first)) & (key < splat(seen.end)) ? s : splat(to_log2_units(a.window.fill));
-            s = key < float(kv) ? s : neg_inf;
-            score[t] = s;
-            block_max = max_ignoring_nan(s, block_max);
+            score[t] = load(p_row + t * kLanes);
+            block_max = max_ignoring_nan(score[t], block_max);
         }
         float* row_max = sc.row_max.get();
         float* row_sum = sc.row_sum.get();

@@ -6,6 +6,7 @@
 #include "sdpa_backward_select.hpp"
 #include "sdpa_forward_select.hpp"
 #include "isa_entry_points.hpp"
+#include "sink_gradients.hpp"
 
 namespace graphattn {
 struct ForwardPortableShape {
@@ -23,4 +24,5 @@ struct BackwardPortableShape {
 using BackwardPortable = isa_portable::BackwardBuild<BackwardPortableShape>;
 Status sdpa_backward_portable(const SdpaBackwardArgs& args) { return BackwardPortable::run(args); }
 std::string sdpa_backward_plan_portable(const SdpaBackwardArgs& args) { return BackwardPortable::describe(args); }
+void sdpa_sink_gradients(const SdpaBackwardArgs& args) { isa_portable::sink_gradients(args); }
 }  // namespace graphattn

@@ -158,6 +158,27 @@ inline VecF vexp2(VecF x) {
 }
 
 constexpr float kLog2e = 1.44269504088896341f;
+
+// tanh(x) per lane as m / (m + 2), m = e^2x - 1: one exp2, one division.
+// Near 0 (|2x| < 1/2) m comes from its Taylor series to degree 8 instead,
+// as e^2x - 1 would cancel there: a few ulps of relative error everywhere,
+// since the softcap's factor c scales any error of tanh into the scores.  +-1
+// where e^2x leaves the f32 range; NaN stays NaN.
+inline VecF vtanh(VecF x) {
+    const VecF y = x + x;
+    VecF series = splat(1.0f / 40320.0f);  // sum of y^k / k!, k = 1..8, by Horner
+    series = series * y + (1.0f / 5040.0f);
+    series = series * y + (1.0f / 720.0f);
+    series = series * y + (1.0f / 120.0f);
+    series = series * y + (1.0f / 24.0f);
+    series = series * y + (1.0f / 6.0f);
+    series = series * y + 0.5f;
+    series = series * y + 1.0f;
+    series = series * y;
+    const VecF m = (y < 0.5f) & (y > -0.5f) ? series : vexp2(y * kLog2e) - 1.0f;
+    // m = +inf: tanh = 1 (inf / inf would be NaN)
+    return m == __builtin_inff() ? splat(1.0f) : m / (m + 2.0f);
+}
 constexpr float kLn2 = 0.693147180559945309f;
 constexpr float kMaxFloat = 3.40282347e+38f;
 

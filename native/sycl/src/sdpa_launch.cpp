@@ -107,7 +107,8 @@ ForwardChoice choose_forward(sycl::queue& q, const SdpaForwardArgs& a) {
 }
 
 // The SYCL rules on top of the common checks: head sizes the lanes hold, one
-// input dtype for Q, K, V (and dO), which selects the compiled variant.
+// input dtype for Q, K, V (and dO), which selects the compiled variant, and no
+// score modifiers (graphattn/score_mods.hpp) yet.
 Status check_sycl_args(const SdpaForwardArgs& a) {
     Status s = check_forward_args(a);
     if (!s.ok) return s;
@@ -115,6 +116,8 @@ Status check_sycl_args(const SdpaForwardArgs& a) {
         return Status::error("head sizes above " + std::to_string(kMaxHeadDim) + " are not supported by the SYCL kernels");
     if (a.key.dtype != a.query.dtype || a.value.dtype != a.query.dtype)
         return Status::error("query, key and value must share one dtype on the SYCL kernels");
+    if (a.softcap > 0.0f || a.alibi.slopes.data || a.sinks.data)
+        return Status::error("softcap, alibi_slopes and sinks are not supported by the SYCL kernels yet");
     return Status::success();
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "graphattn/key_window.hpp"
+#include "graphattn/score_mods.hpp"
 
 namespace graphattn {
 
@@ -48,6 +49,15 @@ struct TensorView {
     BufferExtent buffer;
 };
 
+// ALiBi (graphattn/score_mods.hpp): scores -= slope * |i' - j|, one slope
+// per batch index (f32; strides[0..2] walk the batch, the row and column
+// strides are unused).  slopes.data null: no ALiBi.
+struct Alibi {
+    TensorView slopes;
+    bool bottom_right = false;  // i' = i + seq_kv - seq_q, else i' = i
+    int64_t row_shift(int64_t seq_q, int64_t seq_kv) const { return bottom_right ? seq_kv - seq_q : 0; }
+};
+
 enum class MaskKind : int32_t {
     none = 0,
     additive = 1,  // scores + mask
@@ -73,6 +83,15 @@ struct SdpaForwardArgs {
     bool has_scale = false;
     bool scale_is_divisor = false;
     float scale = 1.0f;
+
+    // Score modifiers, after the scale and before the mask, in this order
+    // (graphattn/score_mods.hpp).  softcap > 0: scores = softcap *
+    // tanh(scores / softcap); 0: none.  sinks: one f32 logit per batch index
+    // (strides as the ALiBi slopes'), added to every row's softmax sum as
+    // exp(sink) with no value; data null: none.  The stats include it.
+    float softcap = 0.0f;
+    Alibi alibi;
+    TensorView sinks;
 
     MaskKind mask_kind = MaskKind::none;
     bool select_keep_value = true;   // keep where mask == this value
@@ -117,6 +136,10 @@ struct SdpaBackwardArgs {
     TensorView grad_key;      // written
     TensorView grad_value;    // written
     TensorView grad_mask;     // written when data != nullptr
+    // Written when data != nullptr (needs forward.sinks): f32, laid out as the
+    // sinks, d sigma = -sum over rows of exp(sigma - stats_i) * rowsum(dO_i * O_i),
+    // summed over the batch dims where its stride is 0.
+    TensorView grad_sinks;
 };
 
 // Result of a kernel call: ok, or a message naming the offending argument.
