@@ -127,6 +127,13 @@ FUNCTIONAL_CASES = {
                                           causal_alignment="bottom_right"),
     "window_more_rows": dict(shape_q=(1, 2, 40, 64), shape_kv=(1, 2, 17, 64), window=(2, 1)),
     "window_float_mask": dict(shape_q=(1, 2, 17, 64), shape_kv=(1, 2, 33, 64), mask="float", window=(6, -1)),
+    # the score modifiers (score_mods.py)
+    "softcap": dict(shape_q=(1, 2, 17, 64), shape_kv=(1, 2, 33, 64), softcap=2.0, is_causal=True),
+    "alibi_per_batch": dict(shape_q=(2, 2, 17, 64), shape_kv=(2, 2, 33, 64), alibi_slopes=(2, 2),
+                            causal_alignment="bottom_right", is_causal=True),
+    "sinks_window": dict(shape_q=(1, 2, 40, 64), shape_kv=(1, 2, 17, 64), sinks=2, window=(2, 1)),
+    "modifiers_gqa_float_mask": dict(shape_q=(2, 8, 17, 64), shape_kv=(2, 2, 33, 64), enable_gqa=True, softcap=3.0,
+                                     alibi_slopes=(8,), sinks=8, mask="float"),
 }
 
 
@@ -135,6 +142,10 @@ def _functional_inputs(case, dtype, rng):
     q = random_array(c.pop("shape_q"), dtype, rng)
     shape_kv = c.pop("shape_kv")
     k, v = random_array(shape_kv, dtype, rng), random_array(shape_kv, dtype, rng)
+    if "alibi_slopes" in c:
+        c["alibi_slopes"] = (rng.random(c["alibi_slopes"]) * 0.5).astype(np.float32)
+    if "sinks" in c:
+        c["sinks"] = rng.standard_normal(c["sinks"]).astype(np.float32)
     mask = c.pop("mask", None)
     if mask == "float":
         c["attn_mask"] = random_array((q.shape[-2], k.shape[-2]), dtype, rng)
@@ -161,12 +172,14 @@ def test_functional_dpnp_in_dpnp_out(queue, case, dtype, rng):
     assert_close(host(stats), expected_stats, "f32", "stats", STATS_TOLERANCE)
 
     grad_out = random_array(expected.shape, dtype, rng)
+    sinks = "sinks" in kw
     grads = ga.scaled_dot_product_attention_backward(
         to_device(grad_out, queue), to_device(q, queue), to_device(k, queue), to_device(v, queue), out, stats,
-        return_mask_grad=True, **kw_device)
+        return_mask_grad=True, return_sinks_grad=sinks, **kw_device)
     expected_grads = ga.scaled_dot_product_attention_backward(grad_out, q, k, v, expected, expected_stats,
-                                                              return_mask_grad=True, **kw)
-    for name, got, want in zip(("dq", "dk", "dv", "dmask"), grads, expected_grads):
+                                                              return_mask_grad=True, return_sinks_grad=sinks, **kw)
+    assert len(grads) == len(expected_grads)
+    for name, got, want in zip(("dq", "dk", "dv", "dmask", "dsinks"), grads, expected_grads):
         if want is None:
             assert got is None
             continue
@@ -260,6 +273,18 @@ def test_xmx_forward_matches_cpu(xmx_forced, case, rng):
     assert_close(on_device[spec.ids["output"]], on_cpu[spec.ids["output"]], "bf16", "output")
     if spec.stats:
         assert_close(on_device[spec.ids["stats"]], on_cpu[spec.ids["stats"]], "f32", "stats", STATS_TOLERANCE)
+
+
+def test_xmx_forward_takes_the_score_modifiers(xmx_forced, rng):
+    """f16 through the joint_matrix kernel with softcap, ALiBi, sinks, GQA and a window, against the CPU path."""
+    q, k, v = (random_array(shape, "f16", rng) for shape in ((1, 8, 24, 64), (1, 2, 40, 64), (1, 2, 40, 64)))
+    kw = dict(enable_gqa=True, softcap=2.5, alibi_slopes=(rng.random(8) * 0.5).astype(np.float32),
+              sinks=rng.standard_normal(8).astype(np.float32), window=(9, 0), causal_alignment="bottom_right")
+    out, stats = ga.scaled_dot_product_attention(to_device(q, xmx_forced), to_device(k, xmx_forced),
+                                                 to_device(v, xmx_forced), return_stats=True, **kw)
+    expected, expected_stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True, **kw)
+    assert_close(host(out), expected, "f16", "output")
+    assert_close(host(stats), expected_stats, "f32", "stats", STATS_TOLERANCE)
 
 
 def test_matrix_kernel_modes(queue, rng):

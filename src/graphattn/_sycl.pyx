@@ -70,19 +70,21 @@ cdef class ForwardPlan:
 
     def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
             uintptr_t stats=0, float scale=1.0, int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit,
-            float select_fill=float("-inf"), float window_fill=float("-inf"), uint64_t dropout_seed=0, uint64_t dropout_offset=0, extents=None):
+            float select_fill=float("-inf"), float window_fill=float("-inf"), uint64_t dropout_seed=0,
+            uint64_t dropout_offset=0, extents=None, uintptr_t alibi_slopes=0, uintptr_t sinks=0):
         """Submit the kernel on the plan's queue for these USM addresses; raises ValueError on bad arguments.
-        extents: None, or the (shape, element strides, itemsize) of the USM array at each address, for query, key,
-        value, output, mask and stats (FORWARD_VIEWS; None for one not known): the views' reach is checked
-        against them."""
+        extents: None, or the (shape, element strides, itemsize) of the USM array at each address, in
+        FORWARD_VIEWS' order (None for one not known): the views' reach is checked against them."""
         cdef SdpaForwardArgs local = self.args
         cdef Status status
         cdef void* q = _queue_ref(self.queue)
         _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, window_left, window_right,
                               select_fill, window_fill, dropout_seed, dropout_offset)
+        local.alibi.slopes.data = <const void*>alibi_slopes
+        local.sinks.data = <const void*>sinks
         cdef int i
         if extents is not None:
-            for i in range(6):
+            for i in range(len(extents)):
                 _set_extent(_forward_view(&local, i), extents[i])
         with nogil:
             status = sdpa_forward(q, local)

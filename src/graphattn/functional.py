@@ -315,7 +315,7 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
     seq_q, seq_kv, head_dim, head_dim_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     dt = dtype_of(q.dtype)
     if queue is not None:
-        check_sycl_usable({dt}, head_dim, head_dim_v, mods is not None)
+        check_sycl_usable({dt}, head_dim, head_dim_v)
     # V's batch dims may broadcast the output beyond the scores, as in PyTorch: the output and stats take
     # them all, and lower() walks Q over them with stride 0.
     batch = broadcast_shapes([q2[0][:-2], k2[0][:-2], v2[0][:-2]], "batch")
@@ -481,39 +481,43 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     else:
         out = _empty_like_kind(q, entry.out_shape, entry.out_dtype, queue)
         stats = _empty_like_kind(q, entry.stats_shape, np.float32, queue) if return_stats else None
-    if mods is not None:
-        entry.runner(q, k, v, out, mask, stats, scale_value, seed, offset, mods.alibi_slopes, mods.sinks)
-    elif verbose.enabled():
-        _run_logged(entry, q, k, v, out, mask, stats, scale_value, seed, offset, queue)
+    if verbose.enabled():
+        _run_logged(entry, q, k, v, out, mask, stats, scale_value, seed, offset, queue, mods)
     elif entry.runner is not None:
         # The signature pins every layout this plan was made for: the kernel is called directly.
-        entry.runner(q, k, v, out, mask, stats, scale_value, seed, offset)
+        if mods is None:
+            entry.runner(q, k, v, out, mask, stats, scale_value, seed, offset)
+        else:
+            entry.runner(q, k, v, out, mask, stats, scale_value, seed, offset, mods.alibi_slopes, mods.sinks)
     else:
-        _run_sycl(entry, q, k, v, out, mask, stats, scale_value, seed, offset, queue)
+        _run_sycl(entry, q, k, v, out, mask, stats, scale_value, seed, offset, queue, mods)
     return _results(out, stats, torch_direct, kind)
 
 
-def _run_sycl(entry: _ForwardPlan, q, k, v, out, mask, stats, scale, seed, offset, queue) -> None:
-    """The SYCL kernel on USM arrays; their results are ready on return (dpnp does not know the kernel's
-    event)."""
-    arrays = [q, k, v, out, mask, stats]
+def _run_sycl(entry: _ForwardPlan, q, k, v, out, mask, stats, scale, seed, offset, queue, mods=None) -> None:
+    """The SYCL kernel on USM arrays (the modifiers' host arrays copied to the queue); their results are ready on
+    return (dpnp does not know the kernel's event)."""
+    per_head = {} if mods is None else mods.arrays(queue)
+    arrays = [q, k, v, out, mask, stats, per_head.get("alibi_slopes"), per_head.get("sinks")]
     sycl_runtime.wait_for_producers([a for a in arrays if a is not None])
     address = [0 if a is None else sycl_runtime.usm_address(a) for a in arrays]
     extents = [None if a is None else sycl_runtime.usm_layout(a) for a in arrays]
     left, right = entry.window
-    entry.plan.run(*address, scale, left, right, _NEG_INF, _NEG_INF, bits64(seed), bits64(offset), extents=extents)
+    entry.plan.run(*address[:6], scale, left, right, _NEG_INF, _NEG_INF, bits64(seed), bits64(offset),
+                   extents=extents, alibi_slopes=address[6], sinks=address[7])
     queue.wait()
 
 
-def _run_logged(entry: _ForwardPlan, q, k, v, out, mask, stats, scale, seed, offset, queue) -> None:
+def _run_logged(entry: _ForwardPlan, q, k, v, out, mask, stats, scale, seed, offset, queue, mods=None) -> None:
     """A kernel call with its verbose exec line: the kernel, the call's shape and its time."""
     import time
 
     start = time.perf_counter()
     if entry.runner is not None:
-        entry.runner(q, k, v, out, mask, stats, scale, seed, offset)
+        per_head = () if mods is None else (mods.alibi_slopes, mods.sinks)
+        entry.runner(q, k, v, out, mask, stats, scale, seed, offset, *per_head)
     else:
-        _run_sycl(entry, q, k, v, out, mask, stats, scale, seed, offset, queue)
+        _run_sycl(entry, q, k, v, out, mask, stats, scale, seed, offset, queue, mods)
     verbose.log("exec", "functional", "sdpa_forward_cpu" if queue is None else "sdpa_forward_sycl",
                 entry.shape_text, f"{(time.perf_counter() - start) * 1e3:.4f}ms")
 

@@ -258,8 +258,6 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
                  None if mods is None else mods.signature(), bool(return_sinks_grad))
     plan = _plans.get(signature)
     if plan is None:
-        if mods is not None and queue is not None:
-            raise NotImplementedError("softcap, alibi_slopes and sinks are not in the SYCL backward yet")
         plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
                      return_mask_grad, bounds, kind, mods, return_sinks_grad)
         _plans.put(signature, plan)
@@ -283,10 +281,11 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         v_in = xp.ascontiguousarray(xp.broadcast_to(v.reshape(v_shape2), plan.kv_copy[1]))
     dq_full, dk_own, dv_own = (empty(shape, a.dtype) for shape, a in zip(plan.grad_shapes, (q, k, v)))
     dmask_full = None if plan.grad_mask_shape is None else empty(plan.grad_mask_shape, np.float32)
-    dsinks = np.empty(mods.sinks.shape, np.float32) if return_sinks_grad else None
+    dsinks = empty(mods.sinks.shape, np.float32) if return_sinks_grad else None
+    per_head = {} if mods is None else mods.arrays(queue)  # held here until the kernels are done
     arrays = {"query": q_in, "key": k_in, "value": v_in, "output": o, "stats": st, "grad_output": do,
               "grad_query": dq_full, "grad_key": dk_own, "grad_value": dv_own, "mask": mask_in, "grad_mask": dmask_full,
-              "grad_sinks": dsinks, **({} if mods is None else mods.arrays())}
+              "grad_sinks": dsinks, **per_head}
     if not plan.has_scores:
         for a in (dq_full, dk_own, dv_own, dmask_full, dsinks):
             if a is not None:

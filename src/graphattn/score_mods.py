@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import arguments
+from . import arguments, sycl_runtime
 from .interop import to_numpy
 from .tensor import array_strides
 
@@ -35,9 +35,13 @@ class ScoreMods:
         """What of the modifiers fixes a plan: the softcap and the per-head arrays' shapes."""
         return (self.softcap, *(None if a is None else a.shape for a in (self.alibi_slopes, self.sinks)))
 
-    def arrays(self) -> dict:
-        """role -> array, for the per-head operands the call has."""
-        return {role: a for role, a in zip(PER_HEAD, (self.alibi_slopes, self.sinks)) if a is not None}
+    def arrays(self, queue=None) -> dict:
+        """role -> array, for the per-head operands the call has: the host arrays, or their copies on a SYCL
+        queue."""
+        arrays = {role: a for role, a in zip(PER_HEAD, (self.alibi_slopes, self.sinks)) if a is not None}
+        if queue is None:
+            return arrays
+        return {role: sycl_runtime.to_device(a, queue) for role, a in arrays.items()}
 
 
 def softcap_value(value) -> float:
@@ -66,7 +70,7 @@ def checked(softcap, alibi_slopes, sinks, query_shape: tuple, kind: str) -> Scor
         if value is None:
             arrays[name] = None
             continue
-        array, _ = to_numpy(value, name)
+        array = sycl_runtime.to_host(value) if sycl_runtime.is_usm_array(value) else to_numpy(value, name)[0]
         if array.dtype != np.float32:
             raise TypeError(f"{name} dtype {arguments.dtype_text(array.dtype, kind)} is not supported; it must be "
                             f"{arguments.dtype_text(np.float32, kind)}")

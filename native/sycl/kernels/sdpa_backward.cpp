@@ -6,6 +6,7 @@
 //     every query row of every batch entry that shares it (the heads of a GQA
 //     group), so dK_j and dV_j are summed without atomics;
 //   graphattn_sdpa_backward_q: one query row i, walking its keys, for dQ_i.
+//   graphattn_sdpa_sink_grad: d(sinks) from the stats and D (score_mods.hpp).
 // dS = P (dP - D), with dP = dO V^T through the dropout multipliers; a Select
 // or window fill takes no gradient; grad_mask (if asked) receives dS itself.
 #include "sdpa_device.hpp"
@@ -27,13 +28,16 @@ inline float lse_log2(const ForwardParams& p, int64_t fb, int64_t i) {
     return lse == -kInf ? kInf : lse * kLog2e;  // a fully masked row: P = 0
 }
 
-inline ScoreGrad score_grad(const ForwardParams& p, float score_log2, float dp, float lse2, float delta, int64_t m_off,
-                            uint64_t drop_base, int64_t i, int64_t j) {
+// slope_log2: the batch entry's ALiBi slope; a softcap's 1 - tanh^2 carries dS to Q K^T.
+inline ScoreGrad score_grad(const ForwardParams& p, float score_log2, float slope_log2, float dp, float lse2,
+                            float delta, int64_t m_off, uint64_t drop_base, int64_t i, int64_t j) {
     const float mask_value = mask_element(p, m_off, j);
-    const float prob = sycl::exp2(masked_score_log2(p, score_log2, mask_value, i, j) - lse2);
+    float cap_tanh;
+    const float modified = modified_score_log2(p, score_log2, slope_log2, i, j, cap_tanh);
+    const float prob = sycl::exp2(masked_score_log2(p, modified, mask_value, i, j) - lse2);
     const float z = dropout_multiplier(p, drop_base + uint64_t(j));
     const float ds = prob * (dp * z - delta);
-    return {prob, prob * z, ds, score_replaced(p, mask_value, i, j) ? 0.0f : ds};
+    return {prob, prob * z, ds, score_replaced(p, mask_value, i, j) ? 0.0f : ds * (1.0f - cap_tanh * cap_tanh)};
 }
 
 inline float* grad_mask_ptr(const BackwardParams& b) { return static_cast<float*>(const_cast<void*>(b.grad_mask.data)); }
@@ -110,7 +114,8 @@ void graphattn_sdpa_backward_kv(BackwardParams b, int64_t outer_items, int32_t s
             }
             const float s = sycl::reduce_over_group(sg, s_part, sycl::plus<float>());
             const float dp = sycl::reduce_over_group(sg, dp_part, sycl::plus<float>());
-            const ScoreGrad sgrad = score_grad(p, s, dp, lse_log2(p, fb, i), b.row_delta[fb * p.seq_q + i],
+            const ScoreGrad sgrad = score_grad(p, s, per_index(p.alibi_slopes, p.batch, fb, kLog2e), dp,
+                                               lse_log2(p, fb, i), b.row_delta[fb * p.seq_q + i],
                                                m_base + i * p.mask.strides[3], uint64_t((fb * p.seq_q + i) * p.seq_kv),
                                                i, j);
             if (b.grad_mask.data && lane == 0)
@@ -147,6 +152,7 @@ void graphattn_sdpa_backward_q(BackwardParams b) {
     load_row_chunks(b.grad_output, g_off, Dv, lane, 1.0f, go);
     for (int t = 0; t < GA_QK_CHUNKS; ++t) dq[t] = 0.0f;
     const float lse2 = lse_log2(p, fb, i), delta = b.row_delta[row];
+    const float slope = per_index(p.alibi_slopes, p.batch, fb, kLog2e);
     const uint64_t drop_base = uint64_t((fb * p.seq_q + i) * p.seq_kv);
     const int64_t end = key_end(p, i);
     for (int64_t j = key_begin(p, i); j < end; ++j) {
@@ -163,12 +169,37 @@ void graphattn_sdpa_backward_q(BackwardParams b) {
         }
         const float s = sycl::reduce_over_group(sg, s_part, sycl::plus<float>());
         const float dp = sycl::reduce_over_group(sg, dp_part, sycl::plus<float>());
-        const ScoreGrad sgrad = score_grad(p, s, dp, lse2, delta, m_off, drop_base, i, j);
+        const ScoreGrad sgrad = score_grad(p, s, slope, dp, lse2, delta, m_off, drop_base, i, j);
         for (int t = 0; t < GA_QK_CHUNKS; ++t) dq[t] += sgrad.grad_qk * k[t];
     }
     const int64_t dq_off = batch_offset(b.grad_query, p.batch, fb) + i * b.grad_query.strides[3];
     for (int t = 0; t < GA_QK_CHUNKS; ++t) {
         const int d = lane + t * kSubGroup;
         if (d < D) store_f32_as(b.grad_query, dq_off + d * b.grad_query.strides[4], dq[t] * p.score_scale);
+    }
+}
+
+// d sigma = -sum over rows of exp(sigma - stats_i) D_i per batch entry, summed into grad_sinks where entries share
+// an element (stride 0).  One sub-group walks the entries in order: no atomics, the same sum on every run.
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::nd_range_kernel<1>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclex::sub_group_size<kSubGroup>))
+void graphattn_sdpa_sink_grad(BackwardParams b) {
+    const ForwardParams& p = b.forward;
+    const auto [sg, lane, row, outer, inner] = row_item(1);
+    if (row >= 1) return;
+    float* out = static_cast<float*>(const_cast<void*>(b.grad_sinks.data));
+    const int64_t batch = batch_count(p);
+    if (lane == 0)
+        for (int64_t fb = 0; fb < batch; ++fb) out[batch_offset(b.grad_sinks, p.batch, fb)] = 0.0f;
+    const float* stats = static_cast<const float*>(p.stats.data);
+    for (int64_t fb = 0; fb < batch; ++fb) {
+        const float sink = per_index(p.sinks, p.batch, fb);
+        float partial = 0.0f;
+        for (int64_t i = lane; i < p.seq_q; i += kSubGroup) {
+            const float lse = stats[batch_offset(p.stats, p.batch, fb) + i * p.stats.strides[3]];
+            partial += sycl::exp(sink - lse) * b.row_delta[fb * p.seq_q + i];
+        }
+        const float total = sycl::reduce_over_group(sg, partial, sycl::plus<float>());
+        if (lane == 0) out[batch_offset(b.grad_sinks, p.batch, fb)] -= total;
     }
 }

@@ -8,6 +8,7 @@
 #include <sycl/sycl.hpp>
 
 #include "graphattn/philox.hpp"
+#include "graphattn/score_mods.hpp"
 #include "sdpa_params.hpp"
 
 namespace graphattn_sycl {
@@ -15,7 +16,6 @@ namespace graphattn_sycl {
 namespace syclex = sycl::ext::oneapi::experimental;
 
 constexpr int kSubGroup = 16;
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kInf = __builtin_inff();
 constexpr float kNaN = __builtin_nanf("");
@@ -101,6 +101,45 @@ inline float masked_score_log2(const ForwardParams& p, float score_log2, float m
     if (p.mask_kind == 2 && (mask_value != 0.0f) != (p.select_keep_value != 0)) score_log2 = to_log2_units(p.select_fill);
     if (!p.window.sees(i, j)) score_log2 = to_log2_units(p.window.fill);
     return score_log2;
+}
+
+// A per-batch-index f32 operand (the ALiBi slopes, the sinks) of batch entry fb, times `units`; 0 without one.
+inline float per_index(const KernelView& v, const int64_t batch[3], int64_t fb, float units = 1.0f) {
+    return v.data ? static_cast<const float*>(v.data)[batch_offset(v, batch, fb)] * units : 0.0f;
+}
+
+// The score modifiers (graphattn/score_mods.hpp) on the scaled score of (i, j) in log2 units, before the mask:
+// softcap, then ALiBi with the batch entry's slope (log2 units).  cap_tanh receives the softcap's tanh, whose
+// 1 - tanh^2 the backward's dS takes (0 without a softcap).
+inline float modified_score_log2(const ForwardParams& p, float score_log2, float slope_log2, int64_t i, int64_t j,
+                                 float& cap_tanh) {
+    cap_tanh = 0.0f;
+    if (p.softcap_log2 > 0.0f) {
+        cap_tanh = sycl::tanh(score_log2 / p.softcap_log2);
+        score_log2 = p.softcap_log2 * cap_tanh;
+    }
+    if (p.alibi_slopes.data) score_log2 -= slope_log2 * graphattn::alibi_distance(i, j, p.alibi_row_shift);
+    return score_log2;
+}
+
+// A finished row: the factor of its unnormalised output and its stats (natural log), from its running max
+// and sum (base 2) with batch entry fb's sink folded in.  sum > 0: a normal row; 0: every score masked (0 and
+// -inf in SoftMax mode inf_as_zero, else NaN); NaN: a NaN score.
+struct RowFinish {
+    float factor, lse;
+};
+inline RowFinish finish_row(const ForwardParams& p, int64_t fb, float row_max, float row_sum) {
+    float out_scale = 1.0f;
+    if (p.sinks.data) {
+        const graphattn::SinkFold f = graphattn::fold_sink(row_max, row_sum, per_index(p.sinks, p.batch, fb, kLog2e),
+                                                           [](float x) { return sycl::exp2(x); });
+        row_max = f.max;
+        row_sum = f.sum;
+        out_scale = f.output_factor;
+    }
+    if (row_sum > 0.0f) return {out_scale / row_sum, row_max * kLn2 + sycl::log(row_sum)};
+    if (row_sum == 0.0f && p.inf_as_zero) return {0.0f, -kInf};
+    return {kNaN, kNaN};
 }
 
 inline float mask_element(const ForwardParams& p, int64_t mask_row_offset, int64_t j) {

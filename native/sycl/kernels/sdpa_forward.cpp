@@ -18,6 +18,7 @@ void graphattn_sdpa_forward(ForwardParams p) {
     const int64_t v_base = batch_offset(p.value, p.batch, fb);
     const int64_t m_off = p.mask_kind ? batch_offset(p.mask, p.batch, fb) + i * p.mask.strides[3] : 0;
     const uint64_t drop_base = uint64_t((fb * p.seq_q + i) * p.seq_kv);
+    const float slope = per_index(p.alibi_slopes, p.batch, fb, kLog2e);
 
     float q[GA_QK_CHUNKS], acc[GA_V_CHUNKS];
     const float q_scale = p.score_scale * kLog2e;
@@ -40,7 +41,10 @@ void graphattn_sdpa_forward(ForwardParams p) {
             if (lane == c) score = s;
         }
         const int64_t j = j0 + lane;
-        if (lane < count) score = masked_score_log2(p, score, mask_element(p, m_off, j), i, j);
+        float cap_tanh;
+        if (lane < count)
+            score = masked_score_log2(p, modified_score_log2(p, score, slope, i, j, cap_tanh), mask_element(p, m_off, j),
+                                      i, j);
         // NaN scores stay out of the max (they still poison the sum, as they should).
         const float chunk_max = sycl::reduce_over_group(sg, sycl::isnan(score) ? -kInf : score, sycl::maximum<float>());
         const float new_max = sycl::fmax(row_max, chunk_max);
@@ -61,18 +65,14 @@ void graphattn_sdpa_forward(ForwardParams p) {
         }
     }
 
-    // row_sum > 0: a normal row; 0: every score masked; NaN: a NaN score.
-    const float fully_masked = p.inf_as_zero ? 0.0f : kNaN;
-    const float factor = row_sum > 0.0f ? 1.0f / row_sum : (row_sum == 0.0f ? fully_masked : kNaN);
+    const RowFinish finish = finish_row(p, fb, row_max, row_sum);
     const int64_t o_off = batch_offset(p.output, p.batch, fb) + i * p.output.strides[3];
     for (int t = 0; t < GA_V_CHUNKS; ++t) {
         const int d = lane + t * kSubGroup;
-        if (d < Dv) store_f32_as(p.output, o_off + d * p.output.strides[4], acc[t] * factor);
+        if (d < Dv) store_f32_as(p.output, o_off + d * p.output.strides[4], acc[t] * finish.factor);
     }
     if (p.stats.data != nullptr && lane == 0) {
-        const float lse = row_sum > 0.0f ? row_max * kLn2 + sycl::log(row_sum)
-                                         : (row_sum == 0.0f && p.inf_as_zero ? -kInf : kNaN);
         float* stats = static_cast<float*>(const_cast<void*>(p.stats.data));
-        stats[batch_offset(p.stats, p.batch, fb) + i * p.stats.strides[3]] = lse;
+        stats[batch_offset(p.stats, p.batch, fb) + i * p.stats.strides[3]] = finish.lse;
     }
 }

@@ -82,6 +82,7 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
     const int64_t my_row = i0 + lane;
     const int64_t m_off = p.mask_kind && lane < rows ? batch_offset(p.mask, p.batch, fb) + my_row * p.mask.strides[3] : 0;
     const int64_t k_base = batch_offset(p.key, p.batch, fb), v_base = batch_offset(p.value, p.batch, fb);
+    const float slope = per_index(p.alibi_slopes, p.batch, fb, kLog2e);
     const int64_t end = key_end(p, i0 + rows - 1);
     sycl::group_barrier(sg);
 
@@ -111,7 +112,11 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
             for (int n = 0; n < kTileKeys; ++n) {
                 const int64_t j = j0 + n;
                 float s = -kInf;
-                if (lane < rows && n < keys) s = masked_score_log2(p, s_tile[lane * kTileKeys + n] * score_scale, mask_element(p, m_off, j), my_row, j);
+                float cap_tanh;
+                if (lane < rows && n < keys)
+                    s = masked_score_log2(p, modified_score_log2(p, s_tile[lane * kTileKeys + n] * score_scale, slope,
+                                                                 my_row, j, cap_tanh),
+                                          mask_element(p, m_off, j), my_row, j);
                 scores[n] = s;
                 if (!sycl::isnan(s)) block_max = sycl::fmax(block_max, s);
             }
@@ -150,15 +155,13 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
     }
 
     if (lane < rows) {
-        const float fully_masked = p.inf_as_zero ? 0.0f : kNaN;
-        const float factor = row_sum > 0.0f ? 1.0f / row_sum : (row_sum == 0.0f ? fully_masked : kNaN);
+        const RowFinish finish = finish_row(p, fb, row_max, row_sum);
         const int64_t o_off = batch_offset(p.output, p.batch, fb) + my_row * p.output.strides[3];
-        for (int d = 0; d < dim_v; ++d) store_f32_as(p.output, o_off + d * p.output.strides[4], o_tile[lane * Dv + d] * factor);
+        for (int d = 0; d < dim_v; ++d)
+            store_f32_as(p.output, o_off + d * p.output.strides[4], o_tile[lane * Dv + d] * finish.factor);
         if (p.stats.data != nullptr) {
-            const float lse = row_sum > 0.0f ? row_max * kLn2 + sycl::log(row_sum)
-                                             : (row_sum == 0.0f && p.inf_as_zero ? -kInf : kNaN);
             float* stats = static_cast<float*>(const_cast<void*>(p.stats.data));
-            stats[batch_offset(p.stats, p.batch, fb) + my_row * p.stats.strides[3]] = lse;
+            stats[batch_offset(p.stats, p.batch, fb) + my_row * p.stats.strides[3]] = finish.lse;
         }
     }
 }

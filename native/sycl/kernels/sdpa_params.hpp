@@ -11,6 +11,7 @@
 namespace graphattn_sycl {
 
 constexpr int kViewDims = 5;  // 3 batch dims, row, column
+constexpr float kLog2e = 1.4426950408889634f;  // the kernels' scores are in base 2
 
 struct KernelView {
     const void* data;
@@ -34,11 +35,17 @@ struct ForwardParams {
     uint64_t dropout_seed, dropout_offset;
     float dropout_scale;     // 1 / (1 - p)
     int32_t dropout_active;
+    // Score modifiers (graphattn/score_mods.hpp): the softcap in log2 units (0: none), ALiBi's row shift, and
+    // the ALiBi slopes and sinks, one f32 per batch index (data null: none).
+    float softcap_log2;
+    int64_t alibi_row_shift;
+    KernelView alibi_slopes, sinks;
 };
 
 struct BackwardParams {
     ForwardParams forward;   // output and stats are read
     KernelView grad_output, grad_query, grad_key, grad_value, grad_mask;  // grad_mask.data may be null
+    KernelView grad_sinks;   // data may be null; summed over the batch dims where its stride is 0
     float* row_delta;        // (flat batch, Sq): rowsum(dO * O), written by the first kernel
 };
 

@@ -60,6 +60,10 @@ graphattn_sycl::ForwardParams forward_params(const SdpaForwardArgs& a) {
     p.dropout_seed = a.dropout_seed;
     p.dropout_offset = a.dropout_offset;
     p.dropout_scale = a.dropout_p > 0.0f ? 1.0f / (1.0f - a.dropout_p) : 1.0f;
+    p.softcap_log2 = a.softcap * graphattn_sycl::kLog2e;
+    p.alibi_row_shift = a.alibi.row_shift(a.seq_q, a.seq_kv);
+    p.alibi_slopes = kernel_view(a.alibi.slopes);
+    p.sinks = kernel_view(a.sinks);
     return p;
 }
 
@@ -107,8 +111,7 @@ ForwardChoice choose_forward(sycl::queue& q, const SdpaForwardArgs& a) {
 }
 
 // The SYCL rules on top of the common checks: head sizes the lanes hold, one
-// input dtype for Q, K, V (and dO), which selects the compiled variant, and no
-// score modifiers (graphattn/score_mods.hpp) yet.
+// input dtype for Q, K, V (and dO), which selects the compiled variant.
 Status check_sycl_args(const SdpaForwardArgs& a) {
     Status s = check_forward_args(a);
     if (!s.ok) return s;
@@ -116,8 +119,6 @@ Status check_sycl_args(const SdpaForwardArgs& a) {
         return Status::error("head sizes above " + std::to_string(kMaxHeadDim) + " are not supported by the SYCL kernels");
     if (a.key.dtype != a.query.dtype || a.value.dtype != a.query.dtype)
         return Status::error("query, key and value must share one dtype on the SYCL kernels");
-    if (a.softcap > 0.0f || a.alibi.slopes.data || a.sinks.data)
-        return Status::error("softcap, alibi_slopes and sinks are not supported by the SYCL kernels yet");
     return Status::success();
 }
 
@@ -206,6 +207,7 @@ Status sdpa_backward(void* queue, const SdpaBackwardArgs& args) {
         p.grad_key = kernel_view(args.grad_key);
         p.grad_value = kernel_view(args.grad_value);
         p.grad_mask = kernel_view(args.grad_mask);
+        p.grad_sinks = kernel_view(args.grad_sinks);
         const int64_t query_rows = batch * a.seq_q;
         p.row_delta = sycl::malloc_device<float>(size_t(std::max<int64_t>(query_rows, 1)), q);
         if (p.row_delta == nullptr) return Status::error("SYCL: out of device memory for the row deltas");
@@ -222,10 +224,13 @@ Status sdpa_backward(void* queue, const SdpaBackwardArgs& args) {
         sycl::event kv = launch(q, bundle.ext_oneapi_get_kernel("graphattn_sdpa_backward_kv"), outer_items * a.seq_kv, p,
                                 outer_items, shared, {delta});
         sycl::event dq = launch(q, bundle.ext_oneapi_get_kernel("graphattn_sdpa_backward_q"), query_rows, p, {delta});
+        sycl::event sinks = args.grad_sinks.data
+                                ? launch(q, bundle.ext_oneapi_get_kernel("graphattn_sdpa_sink_grad"), 1, p, {delta})
+                                : delta;
         float* scratch = p.row_delta;
         const sycl::context context = q.get_context();
         q.submit([&](sycl::handler& h) {
-            h.depends_on({kv, dq});
+            h.depends_on({kv, dq, sinks});
             h.host_task([scratch, context] { sycl::free(scratch, context); });
         });
         if (!q.is_in_order()) queue_barrier(q);

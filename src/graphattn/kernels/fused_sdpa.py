@@ -138,11 +138,8 @@ def usm_address(array, name: str) -> int:
     return sycl_runtime.usm_address(array)
 
 
-def check_sycl_usable(input_dtypes: set, head_dim: int, head_dim_v: int, modified: bool = False) -> None:
-    """The SYCL kernels' limits beyond the CPU kernels' (one input dtype; head sizes the lanes hold; no score
-    modifiers yet)."""
-    if modified:
-        raise NotUsable("softcap, ALiBi slopes and sinks are not in the SYCL kernels yet")
+def check_sycl_usable(input_dtypes: set, head_dim: int, head_dim_v: int) -> None:
+    """The SYCL kernels' limits beyond the CPU kernels' (one input dtype; head sizes the lanes hold)."""
     limit = sycl_runtime.plugin().MAX_HEAD_DIM
     if len(input_dtypes) != 1:
         raise NotUsable(f"inputs of dtypes {sorted(d.value for d in input_dtypes)}; the SYCL kernels take one")
