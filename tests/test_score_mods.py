@@ -1,14 +1,17 @@
 """Score modifiers (softcap, ALiBi slopes, attention sinks; score_mods.py) on every route: the functional forward,
 stats and backward (dsinks included) against the float64 reference, alone and together with windows, causal, GQA
-and masks, in each dtype; each kernel candidate forced in its own process; torch autograd; bad arguments."""
+and masks, in each dtype; each kernel candidate forced in its own process; torch autograd; bad arguments; the
+graph API's softcap pattern as one fused partition."""
 import itertools
 
 import numpy as np
 import pytest
 
 import graphattn as ga
-from graphattn.testing import assert_close, assert_grad_close, random_array, sdpa_reference, sdpa_reference_backward
+from graphattn.testing import (SdpaGraphSpec, assert_close, assert_grad_close, random_array, sdpa_reference,
+                               sdpa_reference_backward)
 from subprocess_helpers import run_python
+from test_sdpa_fusion import check_fused
 
 # (query shape, key shape): square, fewer and more rows than keys, decode under GQA, a long GQA call, 3-D.
 SHAPES = {
@@ -203,3 +206,46 @@ def test_torch_autograd_gives_every_gradient(rng):
     assert_close(out.detach().numpy(), want_out.detach().numpy(), "f32", "output")
     for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
         assert_grad_close(g.numpy(), w.numpy(), "f32", name)
+
+
+# The graph API's softcap: Divide(c) -> Tanh -> Multiply(c) after the scale, in every pattern with a scale.
+GRAPH_SOFTCAP = {
+    "multiply_scale": SdpaGraphSpec(softcap=2.0, seq_q=17, seq_kv=33, head_dim=64, stats=True),
+    "divide_scale_causal": SdpaGraphSpec(softcap=5.0, scale="divide", mask="causal_top_left", seq_q=33, seq_kv=33),
+    "add_mask_bottom_right": SdpaGraphSpec(softcap=3.0, mask="causal_bottom_right", seq_q=9, seq_kv=40,
+                                           window_left=6, stats=True),
+    "float_mask": SdpaGraphSpec(softcap=1.5, mask="add", seq_q=17, seq_kv=17),
+    "bool_mask_gqa_5d": SdpaGraphSpec(softcap=4.0, mask="select", gqa="5d", heads_q=8, heads_kv=2, seq_q=12,
+                                      seq_kv=30, mask_shape=(1, 1, 1, 12, 30)),
+    "gqa_4d_reorder": SdpaGraphSpec(softcap=50.0, gqa="4d", heads_q=4, heads_kv=1, seq_q=16, seq_kv=64,
+                                    reorder="transpose"),
+    "no_scale_decode": SdpaGraphSpec(softcap=2.5, scale=None, seq_q=1, seq_kv=70),
+}
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("variant", sorted(GRAPH_SOFTCAP))
+def test_graph_softcap_is_one_fused_partition(variant, dtype, rng):
+    check_fused(GRAPH_SOFTCAP[variant].with_(dtype=dtype), rng)
+
+
+def test_graph_softcap_values_must_agree_and_be_positive(rng):
+    spec = GRAPH_SOFTCAP["multiply_scale"]
+    graph = spec.build()
+    (partition,) = graph.get_partitions()
+    for divisor, multiplier, words in ((2.0, 3.0, "divides by 2.0 and multiplies by 3.0"),
+                                       (-1.0, -1.0, "finite value > 0")):
+        inputs = spec.random_inputs(rng)
+        inputs[spec.ids["softcap_divisor"]] = np.array([divisor], np.float32)
+        inputs[spec.ids["softcap"]] = np.array([multiplier], np.float32)
+        with pytest.raises(ValueError, match=words):
+            ga.run_graph(graph, inputs, partitions=[partition])
+
+
+def test_tanh_reference_op(rng):
+    x = random_array((3, 5), "f32", rng, 4.0)
+    graph = ga.Graph("cpu")
+    src, dst = ga.LogicalTensor(0, "f32", (3, 5)), ga.LogicalTensor(1, "f32", (3, 5))
+    graph.add_op(ga.Op(0, "Tanh", [src], [dst]))
+    graph.finalize()
+    np.testing.assert_allclose(ga.run_graph(graph, {0: x}, policy="debug")[1], np.tanh(x), rtol=1e-6)

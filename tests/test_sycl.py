@@ -45,6 +45,8 @@ GRAPH_CASES = {
     "bshd_reorder": SdpaGraphSpec(layout="bshd", reorder="transpose_reshape", seq_q=17, seq_kv=33, head_dim=80),
     "dropout": SdpaGraphSpec(dropout=0.25, seq_q=17, seq_kv=33, head_dim=80, stats=True),
     "head_dim_256": SdpaGraphSpec(seq_q=17, seq_kv=20, head_dim=256),
+    "softcap_causal": SdpaGraphSpec(softcap=2.0, mask="causal_bottom_right", seq_q=17, seq_kv=33, head_dim=80,
+                                    stats=True),
 }
 
 

@@ -116,6 +116,13 @@ cdef class ForwardPlan:
                              dropout_p, softcap, alibi_bottom_right)
         _set_forward_views(&self.args, query, key, value, output, mask, stats, alibi_slopes, sinks)
 
+    def with_softcap(self, float softcap):
+        """A copy of this plan with another softcap value (the graph API's comes with each call)."""
+        cdef ForwardPlan plan = ForwardPlan.__new__(ForwardPlan)
+        plan.args = self.args
+        plan.args.softcap = softcap
+        return plan
+
     def isa(self):
         """Name of the kernel build the run will use (for the verbose log)."""
         return sdpa_forward_isa_for(self.args).decode()

@@ -64,6 +64,14 @@ cdef class ForwardPlan:
                              dropout_p, softcap, alibi_bottom_right)
         _set_forward_views(&self.args, query, key, value, output, mask, stats, alibi_slopes, sinks)
 
+    def with_softcap(self, float softcap):
+        """A copy of this plan with another softcap value (the graph API's comes with each call)."""
+        cdef ForwardPlan plan = ForwardPlan.__new__(ForwardPlan)
+        plan.args = self.args
+        plan.args.softcap = softcap
+        plan.queue = self.queue
+        return plan
+
     def kernel_name(self):
         """The kernel this plan runs on its device, with the reason when it is not the XMX one."""
         return sdpa_forward_kernel(_queue_ref(self.queue), self.args).decode()

@@ -126,6 +126,8 @@ class SdpaGraphSpec:
                  left an s32 input (None = none); row' is shifted as the causal mask's (bottom-right aligns
                  to the keys' end)
     window_alignment: the row shift of a left bound without a causal mask: "top_left" or "bottom_right"
+    softcap: c of a logit softcap after the scale, Divide(c) -> Tanh -> Multiply(c), c two f32 inputs
+             (softcap_divisor, softcap) (None = none; forward graphs only)
     """
     batch: int = 1
     heads_q: int = 2
@@ -148,6 +150,7 @@ class SdpaGraphSpec:
     dropout: float = 0.0
     window_left: int | None = None
     window_alignment: str = "top_left"
+    softcap: float | None = None
     ids: dict = field(default_factory=dict, init=False, repr=False)
 
     def with_(self, **changes) -> "SdpaGraphSpec":
@@ -200,6 +203,10 @@ class SdpaGraphSpec:
             score = op("Multiply", [score, tensor("scale", dt, (1,))], [tensor(None, f32, score_shape)])
         elif self.scale == "divide":
             score = op("Divide", [score, tensor("scale", dt, (1,))], [tensor(None, f32, score_shape)])
+        if self.softcap is not None:
+            capped = op("Divide", [score, tensor("softcap_divisor", f32, (1,))], [tensor(None, f32, score_shape)])
+            capped = op("Tanh", [capped], [tensor(None, f32, score_shape)])
+            score = op("Multiply", [capped, tensor("softcap", f32, (1,))], [tensor(None, f32, score_shape)])
         masked_shape = score_shape
         if self.mask == "add":
             mask = tensor("mask", dt, shapes["mask"])
@@ -293,6 +300,8 @@ class SdpaGraphSpec:
         """The spec's training-backward graph for the same variant: inputs Q, K, V, [mask], stats,
         grad_output (and scale, fill, seed, offset as the forward); outputs grad_query, grad_key,
         grad_value and, with grad_mask, dS marked by End.  self.ids maps those roles to tensor ids."""
+        if self.softcap is not None:
+            raise ValueError("build_backward: the training graph of a softcap (its Tanh's derivative) is not built")
         dt = as_data_type(self.dtype)
         f32 = DataType.f32
         b = GraphBuilder()
@@ -365,6 +374,8 @@ class SdpaGraphSpec:
             data[ids["mask"]] = rng.random(shapes["mask"]) < 0.7
         if "fill" in ids:
             data[ids["fill"]] = np.array([-np.inf], np.float32)
+        if "softcap" in ids:
+            data[ids["softcap_divisor"]] = data[ids["softcap"]] = np.array([self.softcap], np.float32)
         if "seq_kv" in ids:
             data[ids["seq_kv"]] = np.array([self.skv], np.int32)
             data[ids["seq_q"]] = np.array([self.seq_q], np.int32)

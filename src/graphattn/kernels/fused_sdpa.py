@@ -179,6 +179,10 @@ class FusedSdpaForward:
             stats = lts[m.stats_id]
             operands["stats"] = operand(stats.dtype, _View(stats.shape, stats.strides))
         self.scale = _scalar_chain(m.scale, lts, "scale")
+        self.softcap = None if m.softcap_divisor is None else (
+            _scalar_chain(m.softcap_divisor, lts, "softcap divisor"),
+            _scalar_chain(m.softcap_multiplier, lts, "softcap multiplier"))
+        self._capped_plans = {}  # softcap value -> the plan with it (the value comes per call)
         self.select_fill = _scalar_chain(m.select_fill, lts, "Select fill value")
         self.window = WindowOperands(m.bounds, lts)
         spec = AttentionSpec(
@@ -186,7 +190,8 @@ class FusedSdpaForward:
             select_keep_value=m.select_keep_value, has_scale=m.scale is not None,
             scale_is_divisor=m.scale_op is not None and m.scale_op.kind == OpKind.Divide, window=plan_window(m.bounds),
             inf_as_zero=m.softmax.attrs["mode"] == "inf_as_zero",
-            dropout_p=m.dropout_op.attrs["p"] if m.dropout_op is not None else 0.0)
+            dropout_p=m.dropout_op.attrs["p"] if m.dropout_op is not None else 0.0,
+            softcap=0.0 if self.softcap is None else 1.0)  # a placeholder > 0: the call's value replaces it
         call = lower(spec)
         input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value)}
         self.on_sycl = engine is not None and engine.is_sycl
@@ -202,6 +207,24 @@ class FusedSdpaForward:
             self.isa = self.plan.isa()
         self.shape_text = call.shape_text
 
+    def plan_for(self, inputs: dict):
+        """The kernel plan for a call with these inputs: the compiled one, or, with a softcap, its copy for the
+        call's softcap value (the Divide's and the Multiply's, which must agree)."""
+        if self.softcap is None:
+            return self.plan
+        divisor, multiplier = (float(_scalar(inputs[c.tensor_id])) for c in self.softcap)
+        if divisor != multiplier:
+            raise ValueError(f"the softcap divides by {divisor} and multiplies by {multiplier}; the fused kernel "
+                             "takes one value for both")
+        if not (divisor > 0.0 and np.isfinite(divisor)):
+            raise ValueError(f"the softcap value must be a finite value > 0 for the fused kernel, got {divisor}")
+        plan = self._capped_plans.get(divisor)
+        if plan is None:
+            if len(self._capped_plans) >= 16:
+                self._capped_plans.clear()
+            plan = self._capped_plans[divisor] = self.plan.with_softcap(divisor)
+        return plan
+
     def dispatch_text(self) -> str:
         """isa=<build> and, on the CPU, why=<the rule that chose it> and the work layout (for the verbose log)."""
         return f"isa={self.isa}" if self.on_sycl else self.plan.dispatch_text()
@@ -214,11 +237,12 @@ class FusedSdpaForward:
             return None
         left, right, window_fill = self.window.values(fixed_inputs)
         select_fill = _scalar(fixed_inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF
-        return self.plan.bound(left, right, select_fill, window_fill).run
+        return self.plan_for(fixed_inputs).bound(left, right, select_fill, window_fill).run
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match
         left, right, window_fill = self.window.values(inputs)
+        plan = self.plan_for(inputs)
         if self.on_sycl:
             operands = {"query": inputs[m.query.tensor_id], "key": inputs[m.key.tensor_id],
                         "value": inputs[m.value.tensor_id], "output": outputs[m.output_id]}
@@ -229,9 +253,9 @@ class FusedSdpaForward:
             buffers = list(operands.values()) + [inputs[m.mask.tensor_id] if m.mask is not None else None,
                                                  outputs[m.stats_id] if m.stats_id is not None else None]
             extents = [None if a is None else sycl_runtime.usm_layout(a) for a in buffers]
-            run = functools.partial(self.plan.run, extents=extents)
+            run = functools.partial(plan.run, extents=extents)
         else:
-            run = self.plan.run_arrays
+            run = plan.run_arrays
             data = [inputs[m.query.tensor_id], inputs[m.key.tensor_id], inputs[m.value.tensor_id], outputs[m.output_id]]
             mask = inputs[m.mask.tensor_id] if m.mask is not None else None
             stats = outputs[m.stats_id] if m.stats_id is not None else None

@@ -69,9 +69,11 @@ def reference_select(attrs, ins, outs):
     return [cast_output(np.where(ins[0], to_compute(ins[1]), to_compute(ins[2])), outs[0])]
 
 
-def reference_exp(attrs, ins, outs):
-    with np.errstate(all="ignore"):
-        return [cast_output(np.exp(to_compute(ins[0])), outs[0])]
+def _unary(fn):
+    def reference(attrs, ins, outs):
+        with np.errstate(all="ignore"):
+            return [cast_output(fn(to_compute(ins[0])), outs[0])]
+    return reference
 
 
 def reference_typecast(attrs, ins, outs):
@@ -86,5 +88,6 @@ for kind, fn in ((OpKind.GreaterEqual, np.greater_equal), (OpKind.GreaterThan, n
     register(OpSchema(kind, (2, 2), (1, 1), BROADCAST_ATTR, infer_broadcast, check_compare, _binary(fn)))
 
 register(OpSchema(OpKind.Select, (3, 3), (1, 1), BROADCAST_ATTR, infer_broadcast, check_select, reference_select))
-register(OpSchema(OpKind.Exp, (1, 1), (1, 1), {}, infer_same, check_float_unary, reference_exp))
+for kind, fn in ((OpKind.Exp, np.exp), (OpKind.Tanh, np.tanh)):
+    register(OpSchema(kind, (1, 1), (1, 1), {}, infer_same, check_float_unary, _unary(fn)))
 register(OpSchema(OpKind.TypeCast, (1, 1), (1, 1), {}, infer_same, check_float_unary, reference_typecast))

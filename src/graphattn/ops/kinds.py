@@ -12,6 +12,7 @@ class OpKind(enum.Enum):
     SoftMax = "SoftMax"
     SoftMaxBackward = "SoftMaxBackward"
     Exp = "Exp"
+    Tanh = "Tanh"
     TypeCast = "TypeCast"
     ReduceSum = "ReduceSum"
     StaticReshape = "StaticReshape"

@@ -1,6 +1,7 @@
 """The SDPA forward pattern of the oneDNN Graph spec, matched around each SoftMax:
 
     MatMul(Q, K) -> [Multiply | Divide by scale]
+                 -> [softcap: Divide by c -> Tanh -> Multiply by c]
                  -> [Add float mask | Select bool mask]
                  -> [key window bound Select]...
                  -> SoftMax[+stats] -> [Dropout] -> MatMul(P, V) -> [StaticTranspose] [StaticReshape]
@@ -57,6 +58,9 @@ class SdpaMatch:
     value: InputChain
     scale_op: Op | None = None
     scale: InputChain | None = None
+    softcap_ops: list[Op] = field(default_factory=list)  # Divide, Tanh, Multiply (graphattn/score_mods.hpp)
+    softcap_divisor: InputChain | None = None
+    softcap_multiplier: InputChain | None = None
     mask_op: Op | None = None
     mask_kind: str = "none"          # none | additive | select
     mask: InputChain | None = None
@@ -72,15 +76,15 @@ class SdpaMatch:
 
     def all_ops(self) -> list[Op]:
         ops = [self.qk, self.softmax, self.pv]
-        ops += [op for op in (self.scale_op, self.mask_op, self.dropout_op) if op is not None]
+        ops += [op for op in (self.scale_op, self.mask_op, self.dropout_op) if op is not None] + self.softcap_ops
         for chain in self.input_chains():
             ops += chain.ops
         ops += [op for bound in self.bounds for op in [bound.select] + bound.ops]
         return unique_ops(ops + self.output_ops)
 
     def input_chains(self) -> list[InputChain]:
-        chains = [self.query, self.key, self.value, self.scale, self.mask, self.select_fill, self.dropout_seed,
-                  self.dropout_offset]
+        chains = [self.query, self.key, self.value, self.scale, self.softcap_divisor, self.softcap_multiplier,
+                  self.mask, self.select_fill, self.dropout_seed, self.dropout_offset]
         for bound in self.bounds:
             chains += [bound.fill] + [c for c, _ in bound.terms]
         return [c for c in chains if c is not None]
@@ -124,8 +128,29 @@ def _output_chain(graph, tensor_id: int) -> tuple[list[Op], int]:
     return ops, current
 
 
+def _trace_softcap(graph, tensor_id: int, match_parts: dict) -> int:
+    """A softcap Multiply(Tanh(Divide(s, c)), c) that produces tensor_id: recorded in match_parts; returns the id
+    of s (tensor_id itself without a softcap)."""
+    multiply = graph.producer(tensor_id)
+    if multiply is None or multiply.kind != OpKind.Multiply:
+        return tensor_id
+    for side in (0, 1):
+        tanh = graph.producer(multiply.inputs[side].id)
+        if tanh is None or tanh.kind != OpKind.Tanh:
+            continue
+        divide = graph.producer(tanh.inputs[0].id)
+        if divide is None or divide.kind != OpKind.Divide:
+            raise NoMatch(f"{tanh.where} does not take the scores divided by a softcap")
+        match_parts.update(softcap_ops=[divide, tanh, multiply],
+                           softcap_divisor=_input_chain(graph, divide.inputs[1].id),
+                           softcap_multiplier=_input_chain(graph, multiply.inputs[1 - side].id))
+        return divide.inputs[0].id
+    return tensor_id
+
+
 def _trace_scores(graph, tensor_id: int, match_parts: dict) -> None:
-    """From the masked-score tensor up to MatMul(Q, K): optional scale, then the MatMul."""
+    """From the masked-score tensor up to MatMul(Q, K): optional softcap, optional scale, then the MatMul."""
+    tensor_id = _trace_softcap(graph, tensor_id, match_parts)
     producer = graph.producer(tensor_id)
     if producer is not None and producer.kind in SCALE_KINDS:
         scale_op = producer
@@ -248,7 +273,8 @@ def match_masked_scores(graph, masked: int, parts: dict) -> None:
         _trace_scores(graph, masked, parts)
     # GenIndex must index scores of the pattern: the MatMul's, or those of a later op before SoftMax.
     score_ids = {op.outputs[0].id for op in (parts["qk"], parts.get("scale_op"), parts.get("mask_op"))
-                 if op is not None} | {b.select.outputs[0].id for b in bounds}
+                 if op is not None} | {b.select.outputs[0].id for b in bounds} | \
+        {op.outputs[0].id for op in parts.get("softcap_ops", [])[-1:]}
     for bound in bounds:
         for op in bound.ops:
             if op.kind == OpKind.GenIndex and op.inputs[0].id not in score_ids:
