@@ -249,3 +249,15 @@ def test_tanh_reference_op(rng):
     graph.add_op(ga.Op(0, "Tanh", [src], [dst]))
     graph.finalize()
     np.testing.assert_allclose(ga.run_graph(graph, {0: x}, policy="debug")[1], np.tanh(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("softcap", [0.5, 5.0, 50.0, 500.0])
+def test_softcap_keeps_the_precision_of_the_plain_call(softcap, rng):
+    """The kernels' tanh near 0 (a large cap) and near +-1 (a small one) adds about no error to f32 scores: the
+    softcapped output's error stays within twice the plain call's."""
+    q, k, v = (random_array(shape, "f32", rng, 3.0) for shape in ((1, 8, 256, 64), (1, 2, 256, 64), (1, 2, 256, 64)))
+    errors = {}
+    for cap in (None, softcap):
+        out = ga.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal=True, softcap=cap)
+        errors[cap] = np.abs(out - sdpa_reference(q, k, v, enable_gqa=True, is_causal=True, softcap=cap)).max()
+    assert errors[softcap] <= 2 * errors[None] + 1e-6, errors

@@ -51,9 +51,12 @@ inline float per_index_log2(const TensorView& t, const int64_t b[kBatchDims]) {
 
 // c tanh(s / c); with grad set, also 1 - tanh^2, the softcap's derivative (the backward's dS factor).
 inline VecF softcapped(VecF s, const ScoreMods& m, VecF* grad = nullptr) {
-    const VecF t = vtanh(s * m.inv_cap);
-    if (grad) *grad = 1.0f - t * t;
-    return m.cap * t;
+    const VecF capped = vsoftcap(s, m.cap, m.inv_cap);
+    if (grad) {
+        const VecF t = capped * m.inv_cap;
+        *grad = 1.0f - t * t;
+    }
+    return capped;
 }
 
 // What mask_key_lanes takes of the modifiers for rows of one batch index.
@@ -151,6 +154,50 @@ void mask_query_lanes(const SdpaForwardArgs& a, float* s_t, float* mask_t, const
     }
 }
 
+// The rule on the key lanes of one query row i, keys j0 + lane: the
+// modifiers, the mask, the window; lanes past kv_rows -inf.  Built once per
+// row and block, applied one vector at a time (mask_key_lanes, and the row
+// layout's softmax step, which keeps the scores in registers).
+struct KeyLaneRule {
+    const SdpaForwardArgs& a;
+    ScoreMods mods;
+    VecF keep, select_fill, window_fill, first, end, valid, distance, slope;
+
+    KeyLaneRule(const SdpaForwardArgs& args, const ScoreMods& m, int64_t i, int64_t j0, int lanes, int kv_rows,
+                float slope_log2)
+        : a(args),
+          mods(m),
+          keep(splat(args.select_keep_value ? 1.0f : 0.0f)),
+          select_fill(splat(to_log2_units(args.select_fill))),
+          window_fill(splat(to_log2_units(args.window.fill))),
+          valid(splat(float(kv_rows))),
+          distance(splat(float(i + m.row_shift - j0))),  // i' - j0: ALiBi's distance is |that - lane|
+          slope(splat(slope_log2)) {
+        const VisibleLanes seen(args.window, i, j0, lanes);
+        first = splat(seen.first);
+        end = splat(seen.end);
+    }
+
+    // Vector v's scores x (scaled), its mask values where there is a mask; cap_grad (or null) receives the
+    // softcap's derivative.
+    __attribute__((always_inline)) VecF apply(VecF x, int v, const float* mask, float* cap_grad) const {
+        const VecF l = lane_index() + float(v * kLanes);
+        if (mods.capped) {
+            VecF grad;
+            x = softcapped(x, mods, cap_grad ? &grad : nullptr);
+            if (cap_grad) store(cap_grad, grad);
+        }
+        if (mods.alibi) {
+            const VecF d = distance - l;
+            x -= slope * (d < 0.0f ? -d : d);
+        }
+        if (a.mask_kind == MaskKind::additive) x += to_log2_units(load(mask));
+        if (a.mask_kind == MaskKind::select) x = load(mask) == keep ? x : select_fill;
+        if (a.window.limited()) x = (l >= first) & (l < end) ? x : window_fill;
+        return l < valid ? x : splat(-__builtin_inff());
+    }
+};
+
 // Key lanes.  s[r][lanes] for keys j0 + lane, first multiplied by
 // score_scale; row r reads its mask at m_off[r] and has query index qi[r];
 // every row has the modifiers `row_mods` (one batch index).  Lanes past
@@ -163,33 +210,16 @@ void mask_key_lanes(const SdpaForwardArgs& a, float* s, float* mask_rows, const 
     constexpr int kRow = RV * kLanes;
     const ScoreMods mods(a);
     const TensorView& m = a.mask;
-    const VecF lanes = lane_index(), keep = splat(a.select_keep_value ? 1.0f : 0.0f);
-    const VecF select_fill = splat(to_log2_units(a.select_fill)), window_fill = splat(to_log2_units(a.window.fill));
-    const VecF neg_inf = splat(-__builtin_inff());
     for (int r = 0; r < rows; ++r) {
         float* row = s + r * kRow;
         float* mask_row = mask_rows + r * kRow;
         if (a.mask_kind != MaskKind::none)
             load_block(element_ptr(m.data, m.dtype, m_off[r] + j0 * m.strides[4]), m.dtype, 0, m.strides[4], 1, kv_rows,
                        mask_row, kRow, 1);
-        const VisibleLanes seen(a.window, qi[r], j0, kRow);
-        for (int v = 0; v < vecs; ++v) {
-            const VecF l = lanes + float(v * kLanes);
-            VecF x = load(row + v * kLanes) * score_scale;
-            if (mods.capped) {
-                VecF grad;
-                x = softcapped(x, mods, row_mods.cap_grad ? &grad : nullptr);
-                if (row_mods.cap_grad) store(row_mods.cap_grad + r * kRow + v * kLanes, grad);
-            }
-            if (mods.alibi) {
-                const VecF d = (float(qi[r] + mods.row_shift - j0) - l);
-                x -= row_mods.slope * (d < 0.0f ? -d : d);
-            }
-            if (a.mask_kind == MaskKind::additive) x += to_log2_units(load(mask_row + v * kLanes));
-            if (a.mask_kind == MaskKind::select) x = load(mask_row + v * kLanes) == keep ? x : select_fill;
-            if (a.window.limited()) x = (l >= seen.first) & (l < seen.end) ? x : window_fill;
-            store(row + v * kLanes, l < float(kv_rows) ? x : neg_inf);
-        }
+        const KeyLaneRule rule(a, mods, qi[r], j0, kRow, kv_rows, row_mods.slope);
+        for (int v = 0; v < vecs; ++v)
+            store(row + v * kLanes, rule.apply(load(row + v * kLanes) * score_scale, v, mask_row + v * kLanes,
+                                               row_mods.cap_grad ? row_mods.cap_grad + r * kRow + v * kLanes : nullptr));
     }
 }
 

@@ -231,16 +231,22 @@ void accumulate_on_tiles(const Scratch& sc, int m, const uint16_t* p, int kv_row
 // probabilities are rounded to bf16, or split into two parts good to 2^-17,
 // so the coarse exp2 serves; three parts (f32) take the full-precision one.
 // Scores are rows kScoresLd apart, P rows p_ld and accumulator rows o_ld.
-template <int Parts, int R>
+// Capped: the softcap (cap, base-2 units) is taken here, on the scaled
+// scores, so that a softcap alone needs no pass of its own; -inf (a hidden
+// key) stays -inf, and as the softcap is monotonic the max is the softcap of
+// the raw max.
+template <int Parts, int R, bool Capped = false>
 void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load_scale, uint16_t* p_rows,
-                  float* o_rows) {
+                  float* o_rows, float cap = 0.0f) {
     constexpr bool kCoarseExp = Parts < 3;
+    const float inv_cap = Capped ? 1.0f / cap : 0.0f;
     float new_max[R], base[R], old_max[R];
     for (int i = 0; i < R; ++i) {
         VecF m = splat(-__builtin_inff());
         for (int v = 0; v < vecs; ++v) m = max_ignoring_nan(load(s_rows + i * kScoresLd + v * kLanes), m);
         old_max[i] = sc.row_max[r0 + i];
-        const float block_max = _mm512_reduce_max_ps((__m512)m) * load_scale;
+        float block_max = _mm512_reduce_max_ps((__m512)m) * load_scale;
+        if (Capped && block_max != -__builtin_inff()) block_max = vsoftcap(splat(block_max), cap, inv_cap)[0];
         new_max[i] = block_max > old_max[i] ? block_max : old_max[i];
         base[i] = new_max[i] == -__builtin_inff() ? 0.0f : new_max[i];  // no finite score yet: 2^-inf = 0
     }
@@ -254,7 +260,10 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
     constexpr float kExactFmaBase = 0x1p24f;
     const __m512 scale = _mm512_set1_ps(load_scale);
     auto exponents = [&](auto rounded_product, const float* x, __m512 b) {
-        if constexpr (decltype(rounded_product)::value)
+        if constexpr (Capped) {
+            const VecF s = (VecF)_mm512_mul_ps(_mm512_loadu_ps(x), scale);
+            return (s == -__builtin_inff() ? s : vsoftcap(s, cap, inv_cap)) - (VecF)b;
+        } else if constexpr (decltype(rounded_product)::value)
             return (VecF)_mm512_sub_ps(
                 _mm512_mul_round_ps(_mm512_loadu_ps(x), scale, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), b);
         else
@@ -276,7 +285,7 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
                     _mm512_storeu_si512(p_row + part * kBlockKV + v * kLanes, parts[part]);
             }
         };
-        if (std::fabs(base[i]) < kExactFmaBase)
+        if (Capped || std::fabs(base[i]) < kExactFmaBase)  // capped scores are under the cap
             row(std::false_type{});
         else
             row(std::true_type{});
@@ -386,13 +395,15 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             if (window.key_begin(i0 + m * 16, a.seq_kv) >= j0 + kv_rows) return 0;  // keys before the window
             return int(std::clamp<int64_t>(window.key_end(last_row, a.seq_kv) - j0, 0, kv_rows));
         };
-        // Without a mask, with a positive scale and hidden keys at -inf (if
-        // any), scores only need -inf outside each row's visible keys (window,
-        // padding) and keep the scale for the softmax; the other calls'
-        // scores are scaled and masked first.
-        const bool only_cut =
-            !has_score_pass(a) && scale_log2 > 0.0f && (!window.limited() || skip_hidden_blocks);
+        // Without a mask or ALiBi, with a positive scale and hidden keys at
+        // -inf (if any), scores only need -inf outside each row's visible keys
+        // (window, padding) and keep the scale (and any softcap) for the
+        // softmax; the other calls' scores are scaled and masked first.
+        const bool only_cut = a.mask_kind == MaskKind::none && !a.alibi.slopes.data && scale_log2 > 0.0f &&
+                              (!window.limited() || skip_hidden_blocks);
         const float load_scale = only_cut ? scale_log2 : 1.0f;
+        const bool capped_softmax = only_cut && a.softcap > 0.0f;
+        const float cap = ScoreMods(a).cap;
         float* s = sc.s_store.get();
         uint16_t* p = sc.p();
         for (int m = 0; m < row_tiles; m += 2) {
@@ -414,8 +425,14 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
                                                    r1 - r0, keys, j0, KeyLaneMods{slope}, cols / kLanes, scale_log2);
             }
             auto softmax_at = [&](auto rows, int r) {
-                softmax_rows<Parts, rows.value>(sc, s + (r - r0) * kScoresLd, cols / kLanes, r, load_scale,
-                                                p + size_t(r - r0) * sc.p_ld, sc.o_store.get() + size_t(r) * sc.o_ld);
+                uint16_t* p_rows = p + size_t(r - r0) * sc.p_ld;
+                float* o_rows = sc.o_store.get() + size_t(r) * sc.o_ld;
+                if (capped_softmax)
+                    softmax_rows<Parts, rows.value, true>(sc, s + (r - r0) * kScoresLd, cols / kLanes, r, load_scale,
+                                                          p_rows, o_rows, cap);
+                else
+                    softmax_rows<Parts, rows.value>(sc, s + (r - r0) * kScoresLd, cols / kLanes, r, load_scale, p_rows,
+                                                    o_rows);
             };
             int r = r0;
             for (; r + 4 <= r1; r += 4) softmax_at(std::integral_constant<int, 4>{}, r);

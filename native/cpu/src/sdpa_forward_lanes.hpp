@@ -115,8 +115,9 @@ struct LaneForward {
     struct Scratch {
         KeyReads keys;    // the row layout's; first, as the buffers below are sized by it
         bool pair_dots;   // the lane layout's products on bf16 pairs (uses_pair_dots)
+        ScoreMods mods;   // the call's softcap and ALiBi (lane_masks.hpp)
         AlignedFloats q_t, k_rows, v_rows, s_t, mask_t, o_t, row_max, row_sum, query_index, out_rows, drop_t;
-        // Per lane, in base-2 units: the ALiBi slope and the sink logit of its batch index (0 without them).
+        // Per lane, in base-2 units: the ALiBi slope and the sink logit of its batch index (calls with them).
         AlignedFloats slope_lanes, sink_lanes;
         // Row layout (attend_rows): rows of Q and O padded to whole vectors (Q's padding cleared
         // per row), K/V rows likewise (padding zero); P rows, the row-key partials and K^T, each written
@@ -138,6 +139,7 @@ struct LaneForward {
         Scratch(const SdpaForwardArgs& a, int64_t item_rows, int64_t v_blocks)
             : keys(RowLayout ? key_reads(a, item_rows) : KeyReads{}),
               pair_dots(uses_pair_dots(a)),
+              mods(a),
               q_t(AlignedFloats::uninitialized(f32_lanes() ? size_t(a.head_dim_qk) * kBlockQ : 0)),  // attend's
               k_rows(AlignedFloats::uninitialized(f32_lanes() ? size_t(kTileBlockKV) * a.head_dim_qk : 0)),
               v_rows(AlignedFloats::uninitialized(f32_lanes() ? size_t(kTileBlockKV) * a.head_dim_v : 0)),
@@ -149,8 +151,8 @@ struct LaneForward {
               query_index(AlignedFloats::uninitialized(kBlockQ)),
               out_rows(AlignedFloats::uninitialized(size_t(kTransposedRowsAtOnce) * a.head_dim_v)),
               drop_t(!RowLayout && DropoutPlan(a).active ? size_t(kBlockKV) * kBlockQ : 0),
-              slope_lanes(AlignedFloats::uninitialized(kBlockQ)),
-              sink_lanes(AlignedFloats::uninitialized(kBlockQ)),
+              slope_lanes(AlignedFloats::uninitialized(a.alibi.slopes.data ? kBlockQ : 0)),
+              sink_lanes(AlignedFloats::uninitialized(a.sinks.data ? kBlockQ : 0)),
               q_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_qk) : 0)),
               o_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_v) : 0)),
               k_pad(keys.copied ? size_t(kRowLayoutKeys) * padded(a.head_dim_qk) : 0),
@@ -330,8 +332,8 @@ struct LaneForward {
             sc.m_off[r] = m_base + i * a.mask.strides[3];
             sc.st_off[r] = st_base + i * a.stats.strides[3];
             sc.query_index.get()[r] = float(i);
-            sc.slope_lanes.get()[r] = slope;
-            sc.sink_lanes.get()[r] = sink;
+            if (a.alibi.slopes.data) sc.slope_lanes.get()[r] = slope;
+            if (a.sinks.data) sc.sink_lanes.get()[r] = sink;
             sc.drop_base[r] = uint64_t(flat * a.seq_q + i) * uint64_t(a.seq_kv);
         }
         return rows;
@@ -487,6 +489,12 @@ struct LaneForward {
         const int D = int(a.head_dim_qk);
         int64_t k_stride;
         const float* k_rows = rows_as_f32(a.key, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
+        if (a.softcap > 0.0f) {
+            TileSoftmax<RV, true> softmax(sc.s_t.get(), sc.row_max.get(), sc.row_sum.get(), ScoreMods(a).cap);
+            lane_gemm_to<RV, NT>(sc.q_t.get(), D, k_rows, k_stride, 1, kv_rows, softmax);
+            softmax.finish(o_t, Dv);
+            return;
+        }
         TileSoftmax<RV> softmax(sc.s_t.get(), sc.row_max.get(), sc.row_sum.get());
         lane_gemm_to<RV, NT>(sc.q_t.get(), D, k_rows, k_stride, 1, kv_rows, softmax);
         softmax.finish(o_t, Dv);
@@ -564,9 +572,12 @@ struct LaneForward {
             key_begin = std::max(key_begin, key_begin + (first_key - key_begin) / kBlockKV * kBlockKV);
             key_end = std::min(key_end, a.window.key_end(last_row, a.seq_kv));
         }
-        // Keys that every row of the item sees need no mask pass when there is no explicit mask or modifier.
+        // Keys that every row of the item sees need no mask pass when there is no explicit mask or ALiBi; a
+        // softcap is taken in the f32 lanes' tiles (score_softmax_block), the pair products' pass otherwise.
+        const bool per_score = a.mask_kind != MaskKind::none || a.alibi.slopes.data;
+        const bool capped_pass = a.softcap > 0.0f && sc.pair_dots;
         const int64_t unmasked_begin = a.window.key_begin(last_row, a.seq_kv);
-        const int64_t unmasked_end = has_score_pass(a) ? 0 : a.window.key_end(first_row, a.seq_kv);
+        const int64_t unmasked_end = per_score || capped_pass ? 0 : a.window.key_end(first_row, a.seq_kv);
         const int64_t k_base = view_batch_offset(a.key, outer_b), v_base = view_batch_offset(a.value, outer_b);
         // O^T is not cleared up front: the first key block sets it, unscaled, instead of clearing it,
         // rescaling the zeros and adding to them.
@@ -737,13 +748,16 @@ struct LaneForward {
                                    int kv, float* p_row, float* o_row, int Dvp) {
         const int vectors = (kv + kLanes - 1) / kLanes;
         float* mask = sc.mask_row.get();
-        const int64_t qi = int64_t(sc.query_index.get()[r]);
-        mask_key_lanes<kRowLayoutKeyVectors>(a, p_row, mask, &sc.m_off[r], &qi, 1, kv, j0,
-                                             KeyLaneMods{sc.slope_lanes.get()[r]}, vectors);
+        const TensorView& m = a.mask;
+        if (a.mask_kind != MaskKind::none)
+            load_block(element_ptr(m.data, m.dtype, sc.m_off[r] + j0 * m.strides[4]), m.dtype, 0, m.strides[4], 1, kv,
+                       mask, kv, 1);
+        const KeyLaneRule rule(a, sc.mods, int64_t(sc.query_index.get()[r]), j0, kv, kv,
+                               a.alibi.slopes.data ? sc.slope_lanes.get()[r] : 0.0f);
         VecF score[kRowLayoutKeyVectors];
         VecF block_max = splat(-__builtin_inff());
         for (int t = 0; t < vectors; ++t) {
-            score[t] = load(p_row + t * kLanes);
+            score[t] = rule.apply(load(p_row + t * kLanes), t, mask + t * kLanes, nullptr);
             block_max = max_ignoring_nan(score[t], block_max);
         }
         float* row_max = sc.row_max.get();

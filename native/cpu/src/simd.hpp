@@ -159,26 +159,47 @@ inline VecF vexp2(VecF x) {
 
 constexpr float kLog2e = 1.44269504088896341f;
 
-// tanh(x) per lane as m / (m + 2), m = e^2x - 1: one exp2, one division.
-// Near 0 (|2x| < 1/2) m comes from its Taylor series to degree 8 instead,
-// as e^2x - 1 would cancel there: a few ulps of relative error everywhere,
-// since the softcap's factor c scales any error of tanh into the scores.  +-1
-// where e^2x leaves the f32 range; NaN stays NaN.
-inline VecF vtanh(VecF x) {
-    const VecF y = x + x;
-    VecF series = splat(1.0f / 40320.0f);  // sum of y^k / k!, k = 1..8, by Horner
-    series = series * y + (1.0f / 5040.0f);
-    series = series * y + (1.0f / 720.0f);
-    series = series * y + (1.0f / 120.0f);
-    series = series * y + (1.0f / 24.0f);
-    series = series * y + (1.0f / 6.0f);
-    series = series * y + 0.5f;
-    series = series * y + 1.0f;
-    series = series * y;
-    const VecF m = (y < 0.5f) & (y > -0.5f) ? series : vexp2(y * kLog2e) - 1.0f;
-    // m = +inf: tanh = 1 (inf / inf would be NaN)
-    return m == __builtin_inff() ? splat(1.0f) : m / (m + 2.0f);
+// s clamped to [-edge, edge] per lane; NaN stays NaN.
+inline VecF clamp_keeping_nan(VecF s, float edge) {
+#if defined(__AVX512F__)
+    if constexpr (kLanes == 16)  // max and min return their second operand, s, where it is NaN
+        return (VecF)_mm512_min_ps(_mm512_set1_ps(edge), _mm512_max_ps(_mm512_set1_ps(-edge), (__m512)s));
+#endif
+    return s > edge ? splat(edge) : (s < -edge ? splat(-edge) : s);  // comparisons keep NaN
 }
+
+// The softcap c tanh(s / c) per lane, cap = c and inv_cap = 1 / c, as
+// s' P(x^2) / Q(x^2) with s' = s clamped to +-9c and x = s' / c: P and Q of
+// degree 4, a rational fit of tanh(x) / x on |x| <= 9 (beyond it tanh rounds
+// to +-1 in f32) to the relative error (reweighted least squares), max
+// relative error 3.4e-7 in f32, near 0 included, so that a cap of any size
+// adds no more error to the scores than their own rounding.  NaN stays NaN.
+// ByReciprocal: 1 / Q from rcp14 and a Newton step instead of the division,
+// which benchmarks/softcap_cost.cpp times against it (the division won).
+template <bool ByReciprocal = false>
+inline VecF vsoftcap(VecF s, float cap, float inv_cap) {
+    const VecF c = clamp_keeping_nan(s, 9.0f * cap);
+    const VecF x = c * inv_cap;
+    const VecF t = x * x;
+    VecF p = splat(1.3355956e-08f);
+    p = p * t + 2.0610109e-05f;
+    p = p * t + 0.0034956546f;
+    p = p * t + 0.13381083f;
+    p = p * t + 1.0f;
+    VecF q = splat(7.7771153e-07f);
+    q = q * t + 0.00032857407f;
+    q = q * t + 0.02587724f;
+    q = q * t + 0.46714398f;
+    q = q * t + 1.0f;
+#if defined(__AVX512F__)
+    if constexpr (ByReciprocal && kLanes == 16) {
+        const VecF r = (VecF)_mm512_rcp14_ps((__m512)q);
+        return c * p * (r * (2.0f - q * r));
+    }
+#endif
+    return c * p / q;
+}
+
 constexpr float kLn2 = 0.693147180559945309f;
 constexpr float kMaxFloat = 3.40282347e+38f;
 

@@ -9,7 +9,9 @@
 // at any scale), and the sum, the block's earlier P^T and O^T are rescaled
 // only on such a raise (every row's first tile; later ones where the scores
 // climb).  -inf, +inf and NaN scores follow online_softmax's rules: the max
-// ignores NaN, a row with no finite score yet subtracts 0.
+// ignores NaN, a row with no finite score yet subtracts 0.  Capped: the
+// softcap (graphattn/score_mods.hpp) is taken on each tile first, so that a
+// softcap alone keeps this path.
 #pragma once
 
 #include "isa_namespace.hpp"
@@ -34,7 +36,7 @@ void rescale_lane_rows(float* o_t, const VecF (&factor)[RV], int Dv) {
         }
 }
 
-template <int RV>
+template <int RV, bool Capped = false>
 struct TileSoftmax {
     static constexpr float kStaleRange = 8.0f;  // log2 units
     static constexpr int kRows = RV * kLanes;   // floats per row of P^T
@@ -46,8 +48,10 @@ struct TileSoftmax {
     VecF sum[RV];          // running sum, relative to max
     VecF correction[RV];   // factor for the O^T of earlier blocks
     bool raised = false;   // some lane's max moved in this block
+    float cap = 0.0f, inv_cap = 0.0f;  // Capped: the softcap in base-2 units, and its inverse
 
-    TileSoftmax(float* p_t_, float* row_max_, float* row_sum_) : p_t(p_t_), row_max(row_max_), row_sum(row_sum_) {
+    TileSoftmax(float* p_t_, float* row_max_, float* row_sum_, float cap_ = 0.0f)
+        : p_t(p_t_), row_max(row_max_), row_sum(row_sum_), cap(cap_), inv_cap(Capped ? 1.0f / cap_ : 0.0f) {
         for (int v = 0; v < RV; ++v) {
             max[v] = load(row_max + v * kLanes);
             sum[v] = load(row_sum + v * kLanes);
@@ -60,9 +64,12 @@ struct TileSoftmax {
     __attribute__((always_inline)) void tile(const VecF (&acc)[NT][RV], int n) {
 #pragma GCC unroll 16
         for (int v = 0; v < RV; ++v) {
+            VecF s[NT];
+#pragma GCC unroll 16
+            for (int t = 0; t < NT; ++t) s[t] = Capped ? vsoftcap(acc[t][v], cap, inv_cap) : acc[t][v];
             VecF tile_max = max[v];
 #pragma GCC unroll 16
-            for (int t = 0; t < NT; ++t) tile_max = max_ignoring_nan(acc[t][v], tile_max);
+            for (int t = 0; t < NT; ++t) tile_max = max_ignoring_nan(s[t], tile_max);
             const VecF raise_above = max[v] + kStaleRange;
             if (__builtin_expect(any_greater(tile_max, raise_above), 0))
                 raise(v, tile_max > raise_above ? tile_max : max[v], n);
@@ -70,7 +77,7 @@ struct TileSoftmax {
             VecF tile_sum{};
 #pragma GCC unroll 16
             for (int t = 0; t < NT; ++t) {
-                const VecF p = vexp2(acc[t][v] - base);
+                const VecF p = vexp2(s[t] - base);
                 store(p_t + (n + t) * kRows + v * kLanes, p);
                 tile_sum += p;
             }
