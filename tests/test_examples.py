@@ -66,7 +66,7 @@ def test_cpp_examples_build_and_match(tmp_path):
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     binaries = sorted((tmp_path / "examples" / "cpp").glob("example_*"))
-    assert [b.name for b in binaries] == ["example_gqa_bf16_causal", "example_sdpa"]
+    assert [b.name for b in binaries] == ["example_gqa_bf16_causal", "example_score_modifiers", "example_sdpa"]
     for binary in binaries:
         result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stdout + result.stderr

@@ -18,16 +18,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = graphattn.torch.register_transformers()
 
 
-def _models(family: str = "Llama", **extra):
-    """The same random model of this family (GQA: 8 query heads over 2 K/V heads) as graphattn and as sdpa."""
+def _models(family: str = "Llama", peer: str = "sdpa", **extra):
+    """The same random model of this family (GQA: 8 query heads over 2 K/V heads) as graphattn and as the peer
+    implementation."""
     config = getattr(transformers, f"{family}Config")(
         vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
         num_key_value_heads=2, max_position_embeddings=128, **extra)
     torch.manual_seed(0)
     ours = getattr(transformers, f"{family}ForCausalLM")(config)
+    for module in ours.modules():  # gpt-oss's sinks start at 0: random ones test them
+        if isinstance(getattr(module, "sinks", None), torch.nn.Parameter):
+            with torch.no_grad():
+                module.sinks.normal_()
     theirs = copy.deepcopy(ours)
     ours.config._attn_implementation = NAME
-    theirs.config._attn_implementation = "sdpa"
+    theirs.config._attn_implementation = peer
     return ours, theirs
 
 
@@ -120,3 +125,56 @@ def test_a_bad_sliding_window_is_refused():
     q = torch.zeros(1, 2, 3, 8)
     with pytest.raises(ValueError, match="sliding_window must be a positive int"):
         graphattn.torch.attention_forward(None, q, q, q, None, sliding_window=0)
+
+
+# Models whose attention needs the score modifiers (issue: softcap, ALiBi and sinks on the spine), against
+# transformers' eager attention, which applies them itself (sdpa takes neither).
+MODIFIER_MODELS = {
+    "gemma2_softcap_window": ("Gemma2", dict(sliding_window=4, attn_logit_softcapping=2.0, query_pre_attn_scalar=16,
+                                             head_dim=16), {"softcap": 2.0}),
+    "gpt_oss_sinks_window": ("GptOss", dict(sliding_window=4, num_local_experts=4, num_experts_per_tok=2,
+                                            head_dim=16), {"sinks": True}),
+}
+
+
+@pytest.mark.parametrize("model", sorted(MODIFIER_MODELS))
+def test_modifier_models_match_eager(model, monkeypatch):
+    """Gemma 2's softcap and gpt-oss's sinks reach graphattn as its own arguments (not as a mask), with their
+    sliding windows; logits and greedy generation with left padding, and every parameter's gradient (the
+    sinks' included), match eager."""
+    family, extra, expected = MODIFIER_MODELS[model]
+    seen = []
+    call = graphattn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return call(*args, **kwargs)
+
+    monkeypatch.setattr(graphattn.functional, "scaled_dot_product_attention", spy)
+    ours, theirs = _models(family, peer="eager", **extra)
+    ids, mask = _inputs(padding=True)
+    with torch.no_grad():
+        got = ours(input_ids=ids, attention_mask=mask).logits
+        want = theirs(input_ids=ids, attention_mask=mask).logits
+    assert seen and all(kw.get("softcap") == expected.get("softcap") for kw in seen), seen
+    assert all((kw.get("sinks") is not None) == bool(expected.get("sinks")) for kw in seen)
+    assert any(kw.get("window") == (3, -1) for kw in seen), "the sliding layers pass their window"
+    kept = mask.bool()
+    assert_close(got[kept].numpy(), want[kept].numpy(), DataType.f32, "logits")
+    settings = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(ours.generate(ids, **settings), theirs.generate(ids, **settings))
+    # Training without padding: eager's rows that see no key (the left padding's) take a different loss than
+    # sdpa's, whose graphattn matches on a model both take (Gemma 2 without a softcap).
+    ids, _ = _inputs(padding=False)
+    for m in (ours, theirs):
+        m.train()
+        m(input_ids=ids, labels=ids).loss.backward()
+    rtol, atol = GRAD_TOLERANCES[DataType.f32]
+    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
+        if q.grad is None:  # experts no token was routed to
+            assert p.grad is None or not p.grad.any(), name
+            continue
+        assert p.grad is not None, f"{name} got no gradient"
+        scale = float(q.grad.abs().max()) or 1.0
+        assert_close(p.grad.numpy(), q.grad.numpy(), DataType.f32, name, (rtol, atol * scale))

@@ -37,26 +37,36 @@ inline float from_bf16(uint16_t h) {
     return f;
 }
 
+// The score modifiers of one head (graphattn/score_mods.hpp), for the
+// reference: softcap 0 and slope 0 for none, a sink only where has_sink.
+struct Modifiers {
+    double softcap = 0.0, slope = 0.0, sink = 0.0;
+    bool has_sink = false;
+};
+
 // One head of attention in double: q (sq x d), k (skv x d), v (skv x dv),
 // optional additive mask (sq x skv), keys j > i + causal_offset dropped when
-// causal.  Fully masked rows give 0.
+// causal, the modifiers (ALiBi's rows aligned as the causal offset says).
+// Fully masked rows give 0.
 inline std::vector<double> attention_reference(const float* q, const float* k, const float* v, const float* mask,
                                                int sq, int skv, int d, int dv, double scale, bool causal,
-                                               int64_t causal_offset) {
+                                               int64_t causal_offset, const Modifiers& mods = {}) {
     std::vector<double> out(size_t(sq) * dv, 0.0), scores(skv);
     for (int i = 0; i < sq; ++i) {
-        double max_score = -std::numeric_limits<double>::infinity();
+        double max_score = mods.has_sink ? mods.sink : -std::numeric_limits<double>::infinity();
         for (int j = 0; j < skv; ++j) {
             double s = 0.0;
             for (int c = 0; c < d; ++c) s += double(q[i * d + c]) * k[j * d + c];
             s *= scale;
+            if (mods.softcap > 0.0) s = mods.softcap * std::tanh(s / mods.softcap);
+            s -= mods.slope * std::abs(double(i + causal_offset - j));
             if (mask) s += mask[i * skv + j];
             if (causal && j - i > causal_offset) s = -std::numeric_limits<double>::infinity();
             scores[j] = s;
             max_score = std::max(max_score, s);
         }
         if (std::isinf(max_score)) continue;
-        double sum = 0.0;
+        double sum = mods.has_sink ? std::exp(mods.sink - max_score) : 0.0;
         for (int j = 0; j < skv; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
         for (int j = 0; j < skv; ++j)
             for (int c = 0; c < dv; ++c) out[i * dv + c] += scores[j] / sum * v[j * dv + c];
