@@ -9,7 +9,8 @@ tensors of shape (1, 1, 1, 16) (torch) and, for scale, PyTorch's own
 F.scaled_dot_product_attention on them (torch_sdpa).
 Also decode calls whose K/V length S is new on each call (new_length: the plan of an earlier length is
 re-made for it) against the same lengths again (repeat_length), on NumPy and, where importable, torch
-inputs, with K/V contiguous and as views of one preallocated buffer (static_); and a graph API partition
+inputs, with K/V contiguous and as views of one preallocated buffer (static_), and with sinks and a softcap
+(sinks_, NumPy, contiguous); and a graph API partition
 compiled once with the K/V length unknown (-1), executed on new lengths and then on the same again (graph_).
 Prints one JSON line per case and a table.
 """
@@ -74,6 +75,15 @@ def length_cases(rng) -> dict:
                         ga.scaled_dot_product_attention(query, kv, kv, enable_gqa=True)
                     seconds = (time.perf_counter() - start) / len(keys)
                     times.setdefault(prefix + layout + name, []).append(seconds)
+    # gpt-oss's decode: sinks and a softcap on NumPy, contiguous K/V
+    sinks = rng.standard_normal(4).astype(np.float32)
+    for r in range(ROUNDS):
+        keys = [np.ascontiguousarray(buffer[:, :, :n]) for n in range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS)]
+        for name in ("sinks_new_length", "sinks_repeat_length"):
+            start = time.perf_counter()
+            for kv in keys:
+                ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True, sinks=sinks, softcap=30.0)
+            times.setdefault(name, []).append((time.perf_counter() - start) / len(keys))
     times.update(graph_length_times(rng))
     shape = (1, 2, "S", 32)
     return {name: (shape, float(np.median(t))) for name, t in times.items()}

@@ -155,3 +155,16 @@ def test_the_replay_declines_where_a_batch_fold_no_longer_holds(rng):
     assert replay.plan_for(n + 1, n + 1, dense, dense, dense, None, open_side, open_side) is not None
     broken = (dense[0] + 1,) + dense[1:]  # the outermost dim no longer steps over the next ones
     assert replay.plan_for(n + 1, n + 1, broken, dense, dense, None, open_side, open_side) is None
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_score_modifiers_keep_the_replay(dtype, rng, capsys):
+    """gpt-oss-like decode (sinks, a window), Gemma-2-like (softcap) and ALiBi bottom-right: the per-head
+    operands keep their strides at every length, and ALiBi's row shift follows the lengths."""
+    q = random_array((1, 8, 3, 16), dtype, rng)
+    keys = {n: (random_array((1, 2, n, 16), dtype, rng), random_array((1, 2, n, 16), dtype, rng))
+            for n in range(5, 11)}
+    modifiers = dict(softcap=3.0, alibi_slopes=(rng.random(8) * 0.5).astype(np.float32),
+                     sinks=rng.standard_normal(8).astype(np.float32))
+    _run_lengths(lambda n: (q,) + keys[n] + (None,), list(keys), dtype, capsys, enable_gqa=True, is_causal=True,
+                 causal_alignment="bottom_right", window=(4, 0), return_stats=True, **modifiers)

@@ -26,6 +26,7 @@ cdef enum:
     kViewDims = 5
     kMaxArrayDims = 16
     kMaxFolds = 96
+    kReplayedViews = 6  # FORWARD_VIEWS from query to stats, whose strides follow the lengths
 
 
 cdef struct StrideSource:
@@ -167,11 +168,13 @@ cdef class ForwardPlan:
         replay.batch_dims = len(batch_steps)
         for i in range(replay.batch_dims):
             replay.batch_steps[i] = batch_steps[i]
-        for view in range(6):
+        for view in range(kReplayedViews):
             role_sources = sources.get(FORWARD_VIEWS[view])
             replay.has_view[view] = role_sources is not None
             for i in range(kViewDims):
                 _set_source(&replay.sources[view][i], None if role_sources is None else role_sources[i])
+        # The per-index views (ALiBi slopes, sinks) keep their strides at any length: only the others replay.
+        folds = tuple(fold for fold in folds if FORWARD_VIEWS.index(fold[0]) < kReplayedViews)
         if len(folds) > kMaxFolds:
             raise ValueError(f"more than {kMaxFolds} batch folds")
         replay.fold_count = len(folds)
@@ -220,8 +223,8 @@ cdef class LengthFreeForward:
     and where the lowering folded batch dims, the fold must still hold (the outer stride is the inner one times
     its size), else the replay declines and the caller lowers the call anew."""
     cdef SdpaForwardArgs args
-    cdef bint has_view[6]
-    cdef StrideSource sources[6][kViewDims]  # per view of FORWARD_VIEWS
+    cdef bint has_view[kReplayedViews]
+    cdef StrideSource sources[kReplayedViews][kViewDims]  # per view of FORWARD_VIEWS
     cdef int batch_dims
     cdef int64_t batch_steps[kMaxArrayDims]
     cdef int fold_count
@@ -234,7 +237,7 @@ cdef class LengthFreeForward:
                  int64_t window_right):
         """The ForwardPlan for these lengths, given the element strides of query, key, value and mask (None
         without one) and the window about the row; None where a fold of the lowering no longer holds."""
-        cdef int64_t own[6][kMaxArrayDims]  # strides of each array, by FORWARD_VIEWS index
+        cdef int64_t own[kReplayedViews][kMaxArrayDims]  # strides of each array, by FORWARD_VIEWS index
         _load_strides(query, own[0])
         _load_strides(key, own[1])
         _load_strides(value, own[2])
@@ -261,7 +264,7 @@ cdef class LengthFreeForward:
         plan.args.window.left = window_left
         plan.args.window.right = window_right
         cdef TensorView* target
-        for view in range(6):
+        for view in range(kReplayedViews):
             if self.has_view[view]:
                 target = _forward_view(&plan.args, view)
                 for i in range(kViewDims):

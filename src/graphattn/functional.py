@@ -436,7 +436,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     entry = _cache.get(signature)
     if entry is None:
         # New lengths of a planned call re-make its plan; anything else is checked and lowered anew.
-        free = None if mods is not None else _length_free_signature(q, k, v, mask, layouts, signature)
+        free = _length_free_signature(q, k, v, mask, layouts, signature)
         template = None if free is None else _by_length_free.get(free)
         if template is not None:
             entry = template.remade(q, k, v, mask, _element_strides(q, k, v, mask, layouts), torch_direct)
