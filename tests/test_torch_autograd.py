@@ -104,6 +104,46 @@ def test_dropout_draws_its_seed_from_torch_and_the_backward_reuses_it():
     torch.testing.assert_close(q.grad, dq, rtol=0, atol=0)
 
 
+def test_torch_compile_fullgraph_takes_dropout_without_a_seed():
+    """dropout_p > 0 and no seed under torch.compile(fullgraph=True): the seed is drawn in the graph as a
+    tensor (no graph break), the backward reuses it, and torch.manual_seed repeats the result."""
+    def attend(q, k, v):
+        return ga.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+
+    # fallback_random: the compiled graph draws from torch's eager generator, so the eager call below can
+    # rebuild the seed it drew
+    from torch._inductor import config as inductor_config
+
+    compiled = torch.compile(attend, fullgraph=True)
+    q, k, v = (torch.randn(1, 2, 12, 16, requires_grad=True) for _ in range(3))
+    with inductor_config.patch(fallback_random=True):
+        _check_compiled_dropout(compiled, q, k, v)
+
+
+def _check_compiled_dropout(compiled, q, k, v):
+    """The compiled dropout call: repeatable under torch.manual_seed, and equal (output and gradients) to the
+    eager call given the seed the compiled graph drew."""
+    torch.manual_seed(7)
+    first = compiled(q, k, v)
+    torch.manual_seed(7)
+    again = compiled(q, k, v)
+    assert torch.equal(first, again)
+    with torch.no_grad():
+        assert not torch.allclose(first, ga.scaled_dot_product_attention(q, k, v)), "dropout dropped nothing"
+    grad = torch.randn_like(first)
+    first.backward(grad)
+    # the same seed through the eager ops gives the same output and gradients
+    dq, dk, dv = q.grad.clone(), k.grad.clone(), v.grad.clone()
+    q.grad = k.grad = v.grad = None
+    torch.manual_seed(7)
+    seed = int(torch.randint(0, 1 << 62, (), dtype=torch.int64))
+    eager = ga.scaled_dot_product_attention(q, k, v, dropout_p=0.3, dropout_seed=seed)
+    assert torch.equal(eager, first)
+    eager.backward(grad)
+    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_torch_compile_fullgraph_traces_forward_and_backward_at_any_length():
     """One graph serves every length (dynamic=True): each call's output and gradient match torch's SDPA."""
     torch._dynamo.reset()
@@ -134,22 +174,26 @@ def test_custom_ops_pass_opcheck():
     mask = torch.randn(1, 1, 9, 11)
     window = [4, 2]  # a key window (left, right), as scaled_dot_product_attention's window=
     torch.library.opcheck(torch_autograd.sdpa_forward,
-                          (q, k, v, mask, 0.0, False, None, False, "top_left", 0, 0, window, None, None, None))
+                          (q, k, v, mask, 0.0, False, None, False, "top_left", 0, 0, window, None, None, None, None))
     out, stats = torch_autograd.sdpa_forward(q.detach(), k, v, mask, 0.0, False, None, False, "top_left", 0, 0, window,
-                                             None, None, None)
+                                             None, None, None, None)
     torch.library.opcheck(torch_autograd.sdpa_backward, (torch.randn(out.shape), q.detach(), k, v, out, stats, mask,
                                                          0.0, False, None, False, "top_left", 0, 0, window, None, None,
-                                                         None, True, False))
+                                                         None, None, True, False))
     # with the score modifiers: softcap, ALiBi slopes and sinks that require grad
     slopes = torch.rand(2) * 0.3
     sinks = torch.randn(2, requires_grad=True)
-    modified = (q, k, v, None, 0.0, True, None, False, "top_left", 0, 0, [-1, -1], 4.0, slopes, sinks)
+    modified = (q, k, v, None, 0.0, True, None, False, "top_left", 0, 0, [-1, -1], 4.0, slopes, sinks, None)
     torch.library.opcheck(torch_autograd.sdpa_forward, modified)
     out, stats = torch_autograd.sdpa_forward(q.detach(), k, v, None, 0.0, True, None, False, "top_left", 0, 0,
-                                             [-1, -1], 4.0, slopes, sinks.detach())
+                                             [-1, -1], 4.0, slopes, sinks.detach(), None)
     torch.library.opcheck(torch_autograd.sdpa_backward, (torch.randn(out.shape), q.detach(), k, v, out, stats, None,
                                                          0.0, True, None, False, "top_left", 0, 0, [-1, -1], 4.0,
-                                                         slopes, sinks.detach(), False, True))
+                                                         slopes, sinks.detach(), None, False, True))
+    # dropout with its seed as a tensor (as a traced call draws it)
+    seed = torch.tensor(1234, dtype=torch.int64)
+    dropped = (q, k, v, None, 0.2, False, None, False, "top_left", 0, 0, [-1, -1], None, None, None, seed)
+    torch.library.opcheck(torch_autograd.sdpa_forward, dropped)
 
 
 @pytest.mark.parametrize("window, alignment", [((3, 0), "top_left"), ((5, 2), "bottom_right"), ((-1, 4), "top_left")])

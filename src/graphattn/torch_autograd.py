@@ -20,13 +20,14 @@ from .interop import torch_random_seed
 def sdpa_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
                  dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool, causal_alignment: str,
                  dropout_seed: int, dropout_offset: int, window: list[int], softcap: Optional[float],
-                 alibi_slopes: Optional[torch.Tensor],
-                 sinks: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, stats) of the functional forward (on detached operands: they take its direct route)."""
+                 alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                 seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, stats) of the functional forward (on detached operands: they take its direct route).  seed, where
+    given, is dropout's seed as an int64 tensor (drawn in the traced graph) in place of dropout_seed."""
     return functional.scaled_dot_product_attention(
         query.detach(), key.detach(), value.detach(), _detached(attn_mask), dropout_p,
         is_causal, scale, enable_gqa, causal_alignment=causal_alignment, return_stats=True,
-        dropout_seed=dropout_seed, dropout_offset=dropout_offset, window=tuple(window), softcap=softcap,
+        dropout_seed=_seed(dropout_seed, seed), dropout_offset=dropout_offset, window=tuple(window), softcap=softcap,
         alibi_slopes=_detached(alibi_slopes), sinks=_detached(sinks))
 
 
@@ -34,9 +35,15 @@ def _detached(x):
     return None if x is None else x.detach()
 
 
+def _seed(dropout_seed: int, seed) -> int:
+    """The dropout seed: the seed tensor's value where there is one (read here, inside the op, so that tracing
+    needs no Python int of it), else dropout_seed."""
+    return dropout_seed if seed is None else int(seed)
+
+
 @sdpa_forward.register_fake
 def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment, dropout_seed,
-      dropout_offset, window, softcap, alibi_slopes, sinks):
+      dropout_offset, window, softcap, alibi_slopes, sinks, seed):
     lead = 3 if enable_gqa else 2  # under GQA the heads are Q's, and K/V's batch dims stop before theirs
     batch = torch.broadcast_shapes(query.shape[:-lead], key.shape[:-lead], value.shape[:-lead])
     batch = tuple(batch) + (tuple(query.shape[-3:-2]) if enable_gqa else ())
@@ -49,12 +56,13 @@ def sdpa_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor
                   out: torch.Tensor, stats: torch.Tensor, attn_mask: Optional[torch.Tensor], dropout_p: float,
                   is_causal: bool, scale: Optional[float], enable_gqa: bool, causal_alignment: str, dropout_seed: int,
                   dropout_offset: int, window: list[int], softcap: Optional[float],
-                  alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor], mask_grad: bool,
+                  alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor], seed: Optional[torch.Tensor],
+                  mask_grad: bool,
                   sinks_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dmask, dsinks) of the functional backward; dmask and dsinks are empty unless asked for."""
     grads = functional_backward.scaled_dot_product_attention_backward(
         grad_out.contiguous(), query, key, value, out, stats, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-        causal_alignment=causal_alignment, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+        causal_alignment=causal_alignment, dropout_seed=_seed(dropout_seed, seed), dropout_offset=dropout_offset,
         return_mask_grad=mask_grad, window=tuple(window), softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
         return_sinks_grad=sinks_grad)
     grads = list(grads)
@@ -65,7 +73,7 @@ def sdpa_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor
 
 @sdpa_backward.register_fake
 def _(grad_out, query, key, value, out, stats, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_alignment,
-      dropout_seed, dropout_offset, window, softcap, alibi_slopes, sinks, mask_grad, sinks_grad):
+      dropout_seed, dropout_offset, window, softcap, alibi_slopes, sinks, seed, mask_grad, sinks_grad):
     dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else query.new_empty(0)
     dsinks = sinks.new_empty(sinks.shape) if sinks_grad else query.new_empty(0, dtype=torch.float32)
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask, dsinks
@@ -73,26 +81,27 @@ def _(grad_out, query, key, value, out, stats, attn_mask, dropout_p, is_causal, 
 
 _OPTIONS = ("dropout_p", "is_causal", "scale", "enable_gqa", "causal_alignment", "dropout_seed", "dropout_offset",
             "window", "softcap")
-_SINKS_INPUT = 4 + len(_OPTIONS) + 1  # sdpa_forward's inputs: q, k, v, mask, the options, alibi_slopes, sinks
+_SINKS_INPUT = 4 + len(_OPTIONS) + 1  # sdpa_forward's inputs: q, k, v, mask, the options, alibi_slopes, sinks, seed
 
 
 def _setup_context(ctx, inputs, output):
     query, key, value, attn_mask, *rest = inputs
-    options, (alibi_slopes, sinks) = rest[:len(_OPTIONS)], rest[len(_OPTIONS):]
-    ctx.save_for_backward(query, key, value, attn_mask, alibi_slopes, sinks, *output)
+    options, (alibi_slopes, sinks, seed) = rest[:len(_OPTIONS)], rest[len(_OPTIONS):]
+    ctx.save_for_backward(query, key, value, attn_mask, alibi_slopes, sinks, seed, *output)
     ctx.options = dict(zip(_OPTIONS, options))
     ctx.mark_non_differentiable(output[1])
 
 
 def _backward(ctx, grad_out, _grad_stats):
-    query, key, value, attn_mask, alibi_slopes, sinks, out, stats = ctx.saved_tensors
+    query, key, value, attn_mask, alibi_slopes, sinks, seed, out, stats = ctx.saved_tensors
     wants = ctx.needs_input_grad
     mask_grad = attn_mask is not None and bool(wants[3])
     sinks_grad = sinks is not None and bool(wants[_SINKS_INPUT])
     dq, dk, dv, dmask, dsinks = sdpa_backward(grad_out, query, key, value, out, stats, attn_mask,
-                                              *ctx.options.values(), alibi_slopes, sinks, mask_grad, sinks_grad)
+                                              *ctx.options.values(), alibi_slopes, sinks, seed, mask_grad,
+                                              sinks_grad)
     return (dq if wants[0] else None, dk if wants[1] else None, dv if wants[2] else None,
-            dmask if mask_grad else None) + (None,) * (len(_OPTIONS) + 1) + (dsinks if sinks_grad else None,)
+            dmask if mask_grad else None) + (None,) * (len(_OPTIONS) + 1) + (dsinks if sinks_grad else None, None)
 
 
 sdpa_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -113,8 +122,12 @@ def attention(query, key, value, attn_mask, return_stats: bool, dropout_p, is_ca
     """The call through sdpa_forward: out, or (out, stats) with stats not differentiable.  NumPy operands are
     taken as tensors (the ops take tensors only)."""
     dropout_p = arguments.dropout_probability(dropout_p)
-    if dropout_p and dropout_seed is None:  # one seed for the forward and the backward
-        dropout_seed = torch_random_seed()
+    seed = None
+    if dropout_p and dropout_seed is None:  # one seed for the forward and the backward, from torch's generator
+        if torch.compiler.is_dynamo_compiling():  # a tensor the graph draws: no Python int, no graph break
+            seed = torch.randint(0, 1 << 62, (), dtype=torch.int64)
+        else:
+            dropout_seed = torch_random_seed()
     query, key, value = (x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in (query, key, value))
     attn_mask, alibi_slopes, sinks = (x if x is None or isinstance(x, torch.Tensor) else torch.as_tensor(x)
                                       for x in (attn_mask, alibi_slopes, sinks))
@@ -124,5 +137,5 @@ def attention(query, key, value, attn_mask, return_stats: bool, dropout_p, is_ca
                               arguments.integer(dropout_offset, "dropout_offset"),
                               list(key_window.checked_window(window)),
                               None if softcap is None else arguments.real_number(softcap, "softcap"), alibi_slopes,
-                              sinks)
+                              sinks, seed)
     return (out, stats) if return_stats else out
