@@ -80,6 +80,16 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         bool ok
         string message
 
+    cdef struct MergeAttentionArgs:
+        int64_t rows
+        int64_t head_dim_v
+        float* out
+        float* stats
+        const float* part_out
+        const float* part_stats
+
+    Status merge_attention(const MergeAttentionArgs& args) nogil
+
     Status sdpa_forward(const SdpaForwardArgs& args) nogil
     Status sdpa_backward(const SdpaBackwardArgs& args) nogil
     const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, int64_t batch, bint causal,

@@ -8,13 +8,15 @@ runtime scalars and calls the kernel with the GIL released.
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
 cimport numpy as cnp
+import numpy as np
 
 cnp.import_array()
 
-from graphattn._cpu cimport (BufferExtent, DType, MaskKind, Pass, SdpaBackwardArgs, SdpaForwardArgs, Status,
+from graphattn._cpu cimport (BufferExtent, DType, MaskKind, MergeAttentionArgs, Pass, SdpaBackwardArgs, SdpaForwardArgs, Status,
                              TensorView, cpu_features_string, force_kernel, forced_kernel, kernel_candidate_count,
                              kernel_candidate_name, kernel_candidate_unavailable, set_scratch_poisoning, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_plan,
-                             sdpa_dtype_class, sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan)
+                             sdpa_dtype_class, sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan,
+                             merge_attention as c_merge_attention)
 
 
 include "_sdpa_args.pxi"
@@ -313,6 +315,33 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
         _extent_of(array, &view.buffer)
     with nogil:
         status = sdpa_backward(args)
+    if not status.ok:
+        raise ValueError(status.message.decode())
+
+
+def merge_attention(out, stats, part_out, part_stats):
+    """Merges a partial result (part_out, part_stats) of other keys into (out, stats), in place, by their
+    log-sum-exp (sdpa.hpp's merge_attention): C-contiguous float32 arrays, out and part_out (..., L, Dv), stats
+    and part_stats (..., L, 1), of matching shapes."""
+    for name, a in (("out", out), ("stats", stats), ("part_out", part_out), ("part_stats", part_stats)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError(f"merge_attention: {name} must be a C-contiguous float32 NumPy array")
+    if part_out.shape != out.shape or stats.shape != part_stats.shape or out.ndim < 2 or \
+            stats.shape != out.shape[:-1] + (1,):
+        raise ValueError(f"merge_attention: shapes out {out.shape}, stats {stats.shape}, part_out "
+                         f"{part_out.shape}, part_stats {part_stats.shape} do not match")
+    if not out.flags.writeable or not stats.flags.writeable:
+        raise ValueError("merge_attention: out and stats must be writeable")
+    cdef MergeAttentionArgs args
+    args.rows = stats.size
+    args.head_dim_v = out.shape[out.ndim - 1]
+    args.out = <float*>cnp.PyArray_DATA(<cnp.ndarray>out)
+    args.stats = <float*>cnp.PyArray_DATA(<cnp.ndarray>stats)
+    args.part_out = <const float*>cnp.PyArray_DATA(<cnp.ndarray>part_out)
+    args.part_stats = <const float*>cnp.PyArray_DATA(<cnp.ndarray>part_stats)
+    cdef Status status
+    with nogil:
+        status = c_merge_attention(args)
     if not status.ok:
         raise ValueError(status.message.decode())
 

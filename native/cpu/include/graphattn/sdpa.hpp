@@ -180,6 +180,22 @@ const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv);
 // threads and order.  Data addresses are not read.
 std::string sdpa_backward_plan(const SdpaBackwardArgs& args);
 
+// Partial attention results over disjoint key sets (a ring's hops), merged
+// by their log-sum-exp, in place: rows of head_dim_v f32 values and one f32
+// stat each.  Per row, with m = max(stats, part_stats) and
+// w = e^(stats - m), w' = e^(part_stats - m):
+//     out = (w out + w' part_out) / (w + w'),   stats = m + log(w + w').
+// A part whose stat is -inf (no key seen) leaves the row as it is.
+struct MergeAttentionArgs {
+    int64_t rows = 0;
+    int64_t head_dim_v = 0;
+    float* out = nullptr;              // rows x head_dim_v, contiguous; read and written
+    float* stats = nullptr;            // rows; read and written
+    const float* part_out = nullptr;   // rows x head_dim_v, contiguous
+    const float* part_stats = nullptr; // rows
+};
+Status merge_attention(const MergeAttentionArgs& args);
+
 // Testing aid: with poisoning on, kernel scratch that is not cleared starts
 // as NaN in every later call, so that reading what was never written shows.
 void set_scratch_poisoning(bool on);

@@ -1,0 +1,167 @@
+"""Ring attention (graphattn.distributed) on R ranks of T threads against one process of R*T threads.
+
+    python benchmarks/ring_bench.py [--ranks 4] [--threads 4] [--seq 32768] [--heads 16] [--head-dim 128]
+                                    [--dtypes bf16,f32] [--repeats 3]
+
+Causal attention at (1, H, S, D), forward and backward, median of --repeats after a warm-up: the ring under
+mpiexec (each rank bound to its T cores), the single process with R*T threads, and the ring's two halves
+apart: its compute alone (the same kernel calls with the exchanges left out) and its communication alone (the
+same hops with no kernel calls).  overlap = (compute + communication - ring) / communication: 1 where the
+exchanges hide behind the kernels, 0 where they add up.  Prints one JSON line per case and a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+class _NoExchange:
+    """A communicator whose hops move nothing: the ring's compute alone (its results are not the attention's)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def Get_rank(self):
+        return self.comm.Get_rank()
+
+    def Get_size(self):
+        return self.comm.Get_size()
+
+    def Sendrecv(self, sendbuf, dest, recvbuf, source):
+        pass
+
+    def Abort(self, code):
+        self.comm.Abort(code)
+
+
+def _median_ms(comm, fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        fn()
+        comm.Barrier()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
+def ring_worker(args) -> None:
+    from mpi4py import MPI
+
+    import graphattn as ga
+    from graphattn import distributed as gd
+    from graphattn.testing import random_array
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    for dtype in args.dtypes.split(","):
+        rng = np.random.default_rng(rank)  # each rank makes its own shard: no full tensor is built
+        local_rows = args.seq // size
+        q, k, v, grad = (random_array((1, args.heads, local_rows, args.head_dim), dtype, rng) for _ in range(4))
+        options = dict(is_causal=True)
+        out, stats = gd.ring_attention(q, k, v, comm=comm, return_stats=True, **options)
+        idle = _NoExchange(comm)
+        kv_bytes = k.nbytes + v.nbytes
+        hops = np.empty(kv_bytes, np.uint8), np.empty(kv_bytes, np.uint8)
+        grad_hops = np.empty(kv_bytes + 4 * (k.size + v.size), np.uint8), np.empty(kv_bytes + 4 * (k.size + v.size),
+                                                                                   np.uint8)
+
+        def exchange(buffers, count):
+            for _ in range(count):
+                comm.Sendrecv(buffers[0], dest=(rank + 1) % size, recvbuf=buffers[1], source=(rank - 1) % size)
+
+        row = {"bench": "ring_attention", "ranks": size, "threads_per_rank": ga.thread_count(), "seq": args.seq,
+               "heads": args.heads, "head_dim": args.head_dim, "dtype": dtype}
+        row["forward_ms"] = _median_ms(comm, lambda: gd.ring_attention(q, k, v, comm=comm, **options), args.repeats)
+        row["forward_compute_ms"] = _median_ms(comm, lambda: gd.ring_attention(q, k, v, comm=idle, **options),
+                                               args.repeats)
+        row["forward_comm_ms"] = _median_ms(comm, lambda: exchange(hops, size - 1), args.repeats)
+        row["backward_ms"] = _median_ms(comm, lambda: gd.ring_attention_backward(grad, q, k, v, out, stats,
+                                                                                  comm=comm, **options), args.repeats)
+        row["backward_compute_ms"] = _median_ms(comm, lambda: gd.ring_attention_backward(
+            grad, q, k, v, out, stats, comm=idle, **options), args.repeats)
+        row["backward_comm_ms"] = _median_ms(comm, lambda: exchange(grad_hops, size), args.repeats)
+        if rank == 0:
+            print(json.dumps(row), flush=True)
+
+
+def single_worker(args) -> None:
+    import graphattn as ga
+    from graphattn.testing import random_array
+
+    class _Local:
+        def Barrier(self):
+            pass
+
+    for dtype in args.dtypes.split(","):
+        rng = np.random.default_rng(0)
+        q, k, v, grad = (random_array((1, args.heads, args.seq, args.head_dim), dtype, rng) for _ in range(4))
+        out, stats = ga.scaled_dot_product_attention(q, k, v, is_causal=True, return_stats=True)
+        row = {"bench": "single_process", "threads": ga.thread_count(), "seq": args.seq, "heads": args.heads,
+               "head_dim": args.head_dim, "dtype": dtype}
+        row["forward_ms"] = _median_ms(_Local(), lambda: ga.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                       args.repeats)
+        row["backward_ms"] = _median_ms(_Local(), lambda: ga.scaled_dot_product_attention_backward(
+            grad, q, k, v, out, stats, is_causal=True), args.repeats)
+        print(json.dumps(row), flush=True)
+
+
+def _launch(command: list, threads: int) -> list:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=os.pathsep.join(
+        [str(HERE)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}")
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=32768)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--dtypes", default="bf16,f32")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--worker", choices=["ring", "single"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker == "ring":
+        return ring_worker(args)
+    if args.worker == "single":
+        return single_worker(args)
+    from bench_common import cpu_model
+
+    common = ["--seq", str(args.seq), "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--dtypes",
+              args.dtypes, "--repeats", str(args.repeats)]
+    mpiexec = pathlib.Path(sys.executable).parent / "mpiexec"
+    ring = _launch([str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.ranks), "-bind-to",
+                    f"core:{args.threads}", sys.executable, __file__, "--worker", "ring", *common], args.threads)
+    single = _launch([sys.executable, __file__, "--worker", "single", *common], args.ranks * args.threads)
+    print(f"ring attention, causal (1, {args.heads}, {args.seq}, {args.head_dim}): {args.ranks} ranks x "
+          f"{args.threads} threads against 1 x {args.ranks * args.threads} ({cpu_model()})")
+    print(f"  {'dtype':<5} {'pass':<8} {'single ms':>10} {'ring ms':>10} {'single/ring':>11} {'compute ms':>10} "
+          f"{'comm ms':>9} {'comm share':>10} {'overlap':>8}")
+    for r, s in zip(ring, single):
+        for name in ("forward", "backward"):
+            total, compute, comm = r[f"{name}_ms"], r[f"{name}_compute_ms"], r[f"{name}_comm_ms"]
+            row = dict(r, bench=f"ring_{name}", single_ms=s[f"{name}_ms"], ratio=s[f"{name}_ms"] / total,
+                       comm_share=comm / total, overlap=(compute + comm - total) / comm if comm else 1.0,
+                       cpu=cpu_model())
+            print(json.dumps(row), flush=True)
+            print(f"  {r['dtype']:<5} {name:<8} {s[f'{name}_ms']:>10.1f} {total:>10.1f} {row['ratio']:>11.2f} "
+                  f"{compute:>10.1f} {comm:>9.1f} {row['comm_share']:>10.2f} {row['overlap']:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()

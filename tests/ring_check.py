@@ -1,0 +1,80 @@
+"""Run by tests/test_distributed.py under mpiexec (or, with --torch, as the ranks of a gloo process group): each
+rank's shard of ring_attention and of its backward against the single-process call on the full tensors."""
+import itertools
+import os
+import sys
+
+import numpy as np
+
+import graphattn as ga
+from graphattn import distributed as gd
+from graphattn.testing import assert_close, assert_grad_close, random_array
+
+STATS_TOLERANCE = (1e-5, 1e-4)
+
+
+def check(comm, rank, size, dtypes, wrap=lambda x: x, unwrap=np.asarray) -> int:
+    """Every case on this rank (rank of size); returns the number checked."""
+    cases = 0
+    for dtype, causal, layout, gqa in itertools.product(dtypes, [False, True], ["zigzag", "contiguous"],
+                                                        [False, True]):
+        rng = np.random.default_rng(0)  # the same full tensors on every rank
+        length = 2 * size * 12
+        hq, hkv = (4, 2) if gqa else (2, 2)
+        q, k = random_array((2, hq, length, 32), dtype, rng), random_array((2, hkv, length, 32), dtype, rng)
+        v, grad = random_array((2, hkv, length, 16), dtype, rng), random_array((2, hq, length, 16), dtype, rng)
+        want, want_stats = ga.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa, return_stats=True)
+        want_grads = ga.scaled_dot_product_attention_backward(grad, q, k, v, want, want_stats, is_causal=causal,
+                                                              enable_gqa=gqa)
+        what = f"rank {rank} of {size}, {dtype}, causal={causal}, {layout}, gqa={gqa}"
+        local = [gd.shard(wrap(x), comm, layout) for x in (q, k, v, grad)]
+        options = dict(comm=comm, is_causal=causal, enable_gqa=gqa, layout=layout)
+        out, stats = gd.ring_attention(*local[:3], return_stats=True, **options)
+        assert_close(unwrap(out), gd.shard(want, comm, layout), dtype, f"output {what}")
+        assert_close(unwrap(stats), gd.shard(want_stats, comm, layout), "f32", f"stats {what}", STATS_TOLERANCE)
+        grads = gd.ring_attention_backward(local[3], *local[:3], out, stats, **options)
+        magnitude = max(float(np.abs(g).max()) for g in want_grads)
+        for name, got, expected in zip(("dq", "dk", "dv"), grads, want_grads):
+            assert_grad_close(unwrap(got), gd.shard(expected, comm, layout), dtype, f"{name} {what}", magnitude)
+        full = gd.unshard(out, comm, layout)
+        assert_close(unwrap(full), want, dtype, f"unsharded output {what}")
+        cases += 1
+    return cases
+
+
+def main() -> None:
+    if "--torch" in sys.argv:  # the torch.distributed adapter on gloo, with autograd
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        group = dist.group.WORLD
+        rank, size = dist.get_rank(), dist.get_world_size()
+        cases = check(group, rank, size, ["f32"], wrap=torch.from_numpy, unwrap=lambda t: t.detach().numpy())
+        rng = np.random.default_rng(1)
+        q, k, v = (torch.from_numpy(random_array((1, 2, 8 * size, 16), "f32", rng)) for _ in range(3))
+        local = [gd.shard(x, group).requires_grad_() for x in (q, k, v)]
+        out = gd.ring_attention(*local, comm=group, is_causal=True)
+        out.backward(torch.ones_like(out))
+        full = [x.clone().requires_grad_() for x in (q, k, v)]
+        ga.scaled_dot_product_attention(*full, is_causal=True).backward(torch.ones(1, 2, 8 * size, 16))
+        for name, mine, whole in zip(("dq", "dk", "dv"), local, full):
+            assert_grad_close(mine.grad.numpy(), gd.shard(whole.grad, group).numpy(), "f32", f"autograd {name}")
+        dist.destroy_process_group()
+        print(f"rank {rank}: {cases} cases and autograd ok", flush=True)
+        return
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    if "--fail-on-rank-1" in sys.argv:  # a bad argument on one rank: every rank must exit with an error
+        layout = "diagonal" if comm.Get_rank() == 1 else "zigzag"
+        x = np.ones((1, 1, 4 * comm.Get_size(), 8), np.float32)
+        gd.ring_attention(x, x, x, comm=comm, layout=layout)
+        print(f"rank {comm.Get_rank()} finished", flush=True)
+        return
+    cases = check(comm, comm.Get_rank(), comm.Get_size(), os.environ.get("RING_DTYPES", "f32,bf16").split(","))
+    print(f"rank {comm.Get_rank()}: {cases} cases ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()

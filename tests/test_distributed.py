@@ -1,0 +1,117 @@
+"""graphattn.distributed: ring attention over MPI with 2, 3 and 4 ranks of one OpenMP thread each (each rank's
+shard against the single-process call, f32 and bf16, causal or not, zigzag and contiguous, GQA, forward and
+backward), a rank that fails, the torch.distributed adapter on gloo, and the layouts' row maps."""
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from graphattn import distributed as gd
+
+HERE = pathlib.Path(__file__).resolve().parent
+pytest.importorskip("mpi4py")
+
+
+def mpiexec() -> str:
+    """mpiexec of this environment (the mpich wheel of the mpi extra), else from PATH."""
+    local = pathlib.Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else "mpiexec"
+
+
+def run_ranks(count: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE))
+    return subprocess.run([mpiexec(), "-n", str(count), sys.executable, str(HERE / "ring_check.py"), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_ring_shards_match_the_single_process_call(ranks):
+    result = run_ranks(ranks)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # ranks print at once, so lines may interleave: each rank's report is found on its own
+    assert sorted(int(r) for r in re.findall(r"rank (\d+): \d+ cases ok", result.stdout)) == list(range(ranks)), \
+        result.stdout
+
+
+def test_a_rank_that_fails_ends_every_rank_with_an_error():
+    start = time.monotonic()
+    result = run_ranks(3, "--fail-on-rank-1", timeout=60)
+    assert result.returncode != 0
+    assert "rank 1 of 3 failed: ValueError: layout must be one of" in result.stderr, result.stderr
+    assert "finished" not in result.stdout
+    assert time.monotonic() - start < 30
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torch_process_group_adapter_with_autograd():
+    pytest.importorskip("torch")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
+    ranks = [subprocess.Popen([sys.executable, str(HERE / "ring_check.py"), "--torch"], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outputs = [p.communicate(timeout=300) for p in ranks]
+    for p, (out, err) in zip(ranks, outputs):
+        assert p.returncode == 0, out + err
+        assert "cases and autograd ok" in out
+
+
+class _Ranks:
+    """A communicator stand-in for the row maps: rank r of `size`, allgather over precomputed shards."""
+
+    def __init__(self, rank, size, shards=None):
+        self.rank, self.size, self.shards = rank, size, shards
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def Sendrecv(self, *args, **kwargs):
+        raise AssertionError("not used by the row maps")
+
+    def allgather(self, _value):
+        return self.shards
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_shard_positions_and_unshard_cover_the_sequence(layout):
+    size, length = 3, 24
+    x = np.arange(2 * length * 5, dtype=np.float32).reshape(2, length, 5)
+    rows = [gd.positions(length, _Ranks(r, size), layout) for r in range(size)]
+    assert sorted(np.concatenate(rows).tolist()) == list(range(length))
+    if layout == "zigzag":
+        assert rows[0].tolist() == [0, 1, 2, 3, 20, 21, 22, 23]  # chunks 0 and 5 of 6
+    shards = [gd.shard(x, _Ranks(r, size), layout) for r in range(size)]
+    for r in range(size):
+        np.testing.assert_array_equal(shards[r], x[:, rows[r], :])
+    np.testing.assert_array_equal(gd.unshard(shards[1], _Ranks(1, size, shards), layout), x)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="does not cut into 6 equal chunks"):
+        gd.positions(25, _Ranks(0, 3))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        gd.positions(24, _Ranks(0, 3), layout="striped")
+    with pytest.raises(TypeError, match="comm must be an mpi4py communicator"):
+        gd.positions(24, object())
+
+
+def test_example_runs_on_two_ranks():
+    example = HERE.parent / "examples" / "ring_attention.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run([mpiexec(), "-n", "2", sys.executable, str(example), "--seq", "512"], capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(re.findall(r"rank \d of 2: .*? matches the single-process call", result.stdout)) == 2, result.stdout
