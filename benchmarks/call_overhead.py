@@ -10,7 +10,7 @@ F.scaled_dot_product_attention on them (torch_sdpa).
 Also decode calls whose K/V length S is new on each call (new_length: the plan of an earlier length is
 re-made for it) against the same lengths again (repeat_length), on NumPy and, where importable, torch
 inputs, with K/V contiguous and as views of one preallocated buffer (static_), and with sinks and a softcap
-(sinks_, NumPy, contiguous); and a graph API partition
+(sinks_, NumPy, contiguous); their backward (backward_, NumPy, contiguous); and a graph API partition
 compiled once with the K/V length unknown (-1), executed on new lengths and then on the same again (graph_).
 Prints one JSON line per case and a table.
 """
@@ -83,6 +83,15 @@ def length_cases(rng) -> dict:
             start = time.perf_counter()
             for kv in keys:
                 ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True, sinks=sinks, softcap=30.0)
+            times.setdefault(name, []).append((time.perf_counter() - start) / len(keys))
+    # the backward of such decode calls (training with dynamic padding plans each new length the same way)
+    for r in range(ROUNDS):
+        keys = [np.ascontiguousarray(buffer[:, :, :n]) for n in range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS)]
+        forwards = [ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True, return_stats=True) for kv in keys]
+        for name in ("backward_new_length", "backward_repeat_length"):
+            start = time.perf_counter()
+            for kv, (out, stats) in zip(keys, forwards):
+                ga.scaled_dot_product_attention_backward(out, q, kv, kv, out, stats, enable_gqa=True)
             times.setdefault(name, []).append((time.perf_counter() - start) / len(keys))
     times.update(graph_length_times(rng))
     shape = (1, 2, "S", 32)

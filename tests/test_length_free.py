@@ -8,7 +8,8 @@ import pytest
 import graphattn as ga
 from graphattn import _cpu, functional
 from graphattn.attention_spec import lower
-from graphattn.testing import STATS_TOLERANCE, assert_close, random_array, sdpa_reference
+from graphattn.testing import (STATS_TOLERANCE, assert_close, assert_grad_close, random_array, sdpa_reference,
+                               sdpa_reference_backward)
 
 
 REPLAYED = "plan=new lengths"
@@ -168,3 +169,38 @@ def test_score_modifiers_keep_the_replay(dtype, rng, capsys):
                      sinks=rng.standard_normal(8).astype(np.float32))
     _run_lengths(lambda n: (q,) + keys[n] + (None,), list(keys), dtype, capsys, enable_gqa=True, is_causal=True,
                  causal_alignment="bottom_right", window=(4, 0), return_stats=True, **modifiers)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("options", [dict(enable_gqa=True), dict(enable_gqa=True, is_causal=True,
+                                                                 causal_alignment="bottom_right"),
+                                     dict(window=(3, 0)), dict(enable_gqa=True, sinks="yes", softcap=4.0)],
+                         ids=["gqa", "gqa_causal_bottom_right", "window", "sinks_softcap"])
+def test_backward_replays_its_plan_for_new_lengths(options, dtype, rng, monkeypatch):
+    """The functional backward re-makes a direct plan for new K/V lengths (functional_backward's
+    _LengthFreeBackward): one plan for ten lengths, each call's gradients (dsinks included) against the
+    reference."""
+    from graphattn import functional_backward
+
+    functional_backward._plans._entries.clear()
+    functional_backward._by_length_free._entries.clear()
+    planned = []
+    plan = functional_backward._plan
+    monkeypatch.setattr(functional_backward, "_plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
+    kw = dict(options)
+    if kw.get("sinks") == "yes":
+        kw["sinks"] = rng.standard_normal(8).astype(np.float32)
+    heads_kv = 2 if kw.get("enable_gqa") else 8
+    q = random_array((2, 8, 5, 16), dtype, rng)
+    for n in range(20, 30):
+        k, v = random_array((2, heads_kv, n, 16), dtype, rng), random_array((2, heads_kv, n, 16), dtype, rng)
+        out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True, **kw)
+        grad = random_array(out.shape, dtype, rng)
+        got = ga.scaled_dot_product_attention_backward(grad, q, k, v, out, stats, return_sinks_grad="sinks" in kw,
+                                                       **kw)
+        want = sdpa_reference_backward(grad, q, k, v, **kw)
+        want = want[:3] + want[4:]
+        magnitude = max(float(np.abs(w).max()) for w in want[:3])
+        for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
+            assert_grad_close(g, w, dtype, f"{name} at length {n}", magnitude)
+    assert len(planned) == 1, f"{len(planned)} plans for 10 lengths"

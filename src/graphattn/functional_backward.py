@@ -9,6 +9,7 @@ ways (5D batch broadcasting) are summed here after the kernel.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import numpy as np
 from . import _cpu
 from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
-from .functional import (SignatureCache, _check_inputs, _layout, _normalize_mask, _s64, _sycl_inputs,
+from .functional import (SignatureCache, _check_inputs, _free, _layout, _normalize_mask, _s64, _sycl_inputs,
                          grouped_shapes)
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
@@ -65,6 +66,54 @@ class _BackwardPlan:
 
 
 _plans = SignatureCache()
+_by_length_free = SignatureCache()  # _LengthFreeBackward by signature with the sequence lengths left out
+_REPLAYED_ROLES = ("query", "key", "value", "output", "stats", "grad_output", "grad_query", "grad_key",
+                   "grad_value")  # the roles whose strides follow the lengths (the per-index ones do not)
+
+
+def _length_free_signature(arrays: tuple, signature: tuple) -> tuple | None:
+    """A backward signature with each sequence length of 2 or more left out, for plain NumPy arrays of a call
+    without a mask; None for other calls."""
+    if any(type(a) is not np.ndarray or not a.size for a in arrays) or signature[1] is not None:
+        return None
+    return tuple((a.shape[:-2], _free(a.shape[-2]), a.shape[-1], a.dtype.str) for a in arrays) + signature[2:]
+
+
+class _LengthFreeBackward:
+    """A direct backward plan (no copies) that calls differing from it only in sequence lengths re-make for
+    theirs: each kernel stride is the lowering's multiple of one of their arrays' strides (KernelCall.sources),
+    where the batch dims it folded still fold; the checks passed with the template's."""
+
+    def __init__(self, plan: _BackwardPlan, gqa: bool, bounds: tuple, alignment: str):
+        self.plan, self.gqa, self.bounds, self.alignment = plan, gqa, bounds, alignment
+
+    def remade(self, q, k, v, o, do, st) -> _BackwardPlan | None:
+        plan, call = self.plan, self.plan.call
+        seq_q, seq_kv = q.shape[-2], k.shape[-2]
+        if v.shape[-2] != seq_kv or o.shape[-2] != seq_q or do.shape[-2] != seq_q or st.shape[-2] != seq_q:
+            return None  # a length rule broken: the full checks name it
+        q_shape, k_shape, v_shape, _ = plan.grouped
+        grouped = (q_shape[:-2] + (seq_q, q_shape[-1]), k_shape[:-2] + (seq_kv, k_shape[-1]),
+                   v_shape[:-2] + (seq_kv, v_shape[-1]))
+        views = [a.reshape(shape) for a, shape in zip((q, k, v), grouped)]
+        views += [a.reshape(a.shape[:-3] + grouped[0][-4:-2] + a.shape[-2:]) if self.gqa else a for a in (o, st, do)]
+        strides = dict(zip(_REPLAYED_ROLES, [array_strides(a) for a in views] +
+                           [dense_strides(shape) for shape in grouped]))
+
+        def stride(role, source):
+            return 0 if source is None else strides[role][source[0]] * source[1]
+
+        for role, outer, inner, size in call.folds:
+            if role in strides and stride(role, outer) != stride(role, inner) * size:
+                return None
+        roles = {role: (code, tuple(stride(role, source) for source in call.sources[role]) if role in strides
+                        else spec) for role, (code, spec) in call.roles.items()}
+        left, right = (_cpu.NO_KEY_LIMIT if w is None else w
+                       for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
+        new_call = dataclasses.replace(call, seq_q=seq_q, seq_kv=seq_kv, roles=roles,
+                                       options=dict(call.options, window_left=left, window_right=right))
+        return dataclasses.replace(plan, call=new_call, grouped=grouped + (None,), grad_shapes=grouped,
+                                   operand_shapes=(q.shape, k.shape, v.shape))
 
 
 def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad,
@@ -258,8 +307,17 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
                  None if mods is None else mods.signature(), bool(return_sinks_grad))
     plan = _plans.get(signature)
     if plan is None:
-        plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
-                     return_mask_grad, bounds, kind, mods, return_sinks_grad)
+        # New lengths of a planned call re-make its plan; anything else is checked and planned anew.
+        free = _length_free_signature((q, k, v, o, do, st), signature) if queue is None else None
+        template = None if free is None else _by_length_free.get(free)
+        if template is not None:
+            plan = template.remade(q, k, v, o, do, st)
+        if plan is None:
+            plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
+                         return_mask_grad, bounds, kind, mods, return_sinks_grad)
+            if free is not None and plan.direct:
+                gqa = bool(enable_gqa) and q.shape[-3] != k.shape[-3]
+                _by_length_free.put(free, _LengthFreeBackward(plan, gqa, bounds, causal_alignment))
         _plans.put(signature, plan)
         if torch_signature is not None and plan.direct:
             _plans.put(torch_signature, plan)
