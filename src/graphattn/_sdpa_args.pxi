@@ -44,6 +44,13 @@ cdef void _set_shape_and_flags(SdpaForwardArgs* args, object batch, int64_t seq_
 
 
 
+cdef SdpaForwardArgs _with_softcap(const SdpaForwardArgs* args, float softcap) noexcept:
+    # A plan's arguments with another softcap value (the graph API's comes with each call).
+    cdef SdpaForwardArgs copy = args[0]
+    copy.softcap = softcap
+    return copy
+
+
 cdef void _set_forward_views(SdpaForwardArgs* args, object query, object key, object value, object output,
                              object mask, object stats, object alibi_slopes=None, object sinks=None) except *:
     # The views of a forward plan (mask, stats, ALiBi slopes and sinks optional), in both bindings.

@@ -67,8 +67,7 @@ cdef class ForwardPlan:
     def with_softcap(self, float softcap):
         """A copy of this plan with another softcap value (the graph API's comes with each call)."""
         cdef ForwardPlan plan = ForwardPlan.__new__(ForwardPlan)
-        plan.args = self.args
-        plan.args.softcap = softcap
+        plan.args = _with_softcap(&self.args, softcap)
         plan.queue = self.queue
         return plan
 

@@ -175,7 +175,7 @@ inline VecF clamp_keeping_nan(VecF s, float edge) {
 // relative error 3.4e-7 in f32, near 0 included, so that a cap of any size
 // adds no more error to the scores than their own rounding.  NaN stays NaN.
 // ByReciprocal: 1 / Q from rcp14 and a Newton step instead of the division,
-// which benchmarks/softcap_cost.cpp times against it (the division won).
+// which benchmarks/softcap_cost.cpp times against it (docs/performance.md).
 template <bool ByReciprocal = false>
 inline VecF vsoftcap(VecF s, float cap, float inv_cap) {
     const VecF c = clamp_keeping_nan(s, 9.0f * cap);
