@@ -403,8 +403,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                                        alibi_slopes, sinks)
     # torch Q, K, V without a mask go to the kernel as they are (no NumPy views): on decode-sized calls the
     # views cost more than torch's whole call.  New signatures are still checked and built through NumPy.
-    mods = None if softcap is None and alibi_slopes is None and sinks is None else \
-        score_mods.checked(softcap, alibi_slopes, sinks, query.shape, "torch" if is_torch_tensor(query) else "numpy")
+    mods = score_mods.checked(softcap, alibi_slopes, sinks, query)
     torch_direct = attn_mask is None and mods is None and plain_torch_tensors(query, key, value)
     layouts = torch_layout(query, key, value) if torch_direct else None
     torch_direct = layouts is not None

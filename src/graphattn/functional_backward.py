@@ -22,7 +22,7 @@ from .functional import (SignatureCache, _check_inputs, _free, _layout, _normali
                          grouped_shapes)
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
-from .interop import from_numpy, is_torch_tensor, plain_torch_tensors, to_numpy, torch_empty, torch_layout
+from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
 from .logical_tensor import dense_strides
 from .ops.broadcast import broadcast_shapes
 from .ops.philox import bits64
@@ -256,8 +256,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     return_sinks_grad=True appends the f32 gradient of sinks, of its shape.
     """
     dropout_p = arguments.dropout_probability(dropout_p)
-    mods = None if softcap is None and alibi_slopes is None and sinks is None else \
-        score_mods.checked(softcap, alibi_slopes, sinks, query.shape, "torch" if is_torch_tensor(query) else "numpy")
+    mods = score_mods.checked(softcap, alibi_slopes, sinks, query)
     if return_sinks_grad and sinks is None:
         raise ValueError("return_sinks_grad=True needs sinks")
     bounds = key_window.effective_window(window, is_causal)

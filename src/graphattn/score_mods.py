@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import arguments, sycl_runtime
-from .interop import to_numpy
+from .interop import is_torch_tensor, to_numpy
 from .tensor import array_strides
 
 # The per-head operands and their kernel roles.
@@ -54,11 +54,12 @@ def softcap_value(value) -> float:
     return c
 
 
-def checked(softcap, alibi_slopes, sinks, query_shape: tuple, kind: str) -> ScoreMods | None:
-    """The modifiers of a call whose query has query_shape (..., H_q, L, E), or None where it has none.  The slopes
-    and sinks become contiguous f32 host arrays (tiny: one value per head)."""
+def checked(softcap, alibi_slopes, sinks, query) -> ScoreMods | None:
+    """The modifiers of a call with this query (..., H_q, L, E), or None where it has none.  The slopes and sinks
+    become contiguous f32 host arrays (tiny: one value per head); errors speak query's framework."""
     if softcap is None and alibi_slopes is None and sinks is None:
         return None
+    query_shape, kind = tuple(query.shape), "torch" if is_torch_tensor(query) else "numpy"
     if len(query_shape) < 3:
         raise ValueError(f"softcap, alibi_slopes and sinks need a query with a heads dim (..., H, L, E), got shape "
                          f"{tuple(query_shape)}")

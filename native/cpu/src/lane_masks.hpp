@@ -35,13 +35,14 @@ struct ScoreMods {
           cap(a.softcap * kLog2e),
           inv_cap(capped ? 1.0f / (a.softcap * kLog2e) : 0.0f),
           row_shift(a.alibi.row_shift(a.seq_q, a.seq_kv)) {}
-    bool any() const { return capped || alibi; }
 };
 
-// Whether scores need a pass between the product and the softmax: an explicit
-// mask or a modifier (the key window alone is cut by block bounds).
-inline bool has_score_pass(const SdpaForwardArgs& a) {
-    return a.mask_kind != MaskKind::none || ScoreMods(a).any();
+// Whether scores need a pass of their own between the product and the
+// softmax: an explicit mask or ALiBi (the key window alone is cut by block
+// bounds).  A softcap alone needs none in the forwards, whose fast paths take
+// it (TileSoftmax, the AMX softmax_rows); the backward's tiles do not.
+inline bool needs_score_pass(const SdpaForwardArgs& a) {
+    return a.mask_kind != MaskKind::none || a.alibi.slopes.data != nullptr;
 }
 
 // A per-batch-index f32 operand (the ALiBi slopes, the sinks) in base-2 units; 0 where the call has none.

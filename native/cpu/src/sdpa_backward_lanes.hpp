@@ -386,7 +386,8 @@ struct LaneBackward {
     // products, no mask, dropout or mask gradient, every key of the block visible to every row): P and
     // dS are then taken in the products' register tiles (ProbTiles, GradScoreTiles).
     bool unmasked_f32_block(const KeyBlock& kb, int64_t i0, int rows) const {
-        if (pair_dots || has_score_pass(a) || dropout.active || args.grad_mask.data) return false;
+        if (pair_dots || needs_score_pass(a) || a.softcap > 0.0f || dropout.active || args.grad_mask.data)
+            return false;
         if (kb.kv_rows != kLaneBlock) return false;  // padding lanes take -inf in the mask pass
         return !a.window.limited() ||
                a.window.block(i0, i0 + rows, kb.j0, kb.j0 + kb.kv_rows) == KeyWindow::Block::all_visible;

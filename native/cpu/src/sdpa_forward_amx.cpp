@@ -363,6 +363,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
 
     const KeyWindow& window = a.window;
     const float slope = per_index_log2(a.alibi.slopes, b);
+    const ScoreMods mods(a);
     const int64_t kv_end = skip_hidden_blocks ? std::min(key_end, window.key_end(i0 + rows - 1, a.seq_kv)) : key_end;
     const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
     const bool keeps = sc.keeps_blocks();
@@ -399,11 +400,9 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         // -inf (if any), scores only need -inf outside each row's visible keys
         // (window, padding) and keep the scale (and any softcap) for the
         // softmax; the other calls' scores are scaled and masked first.
-        const bool only_cut = a.mask_kind == MaskKind::none && !a.alibi.slopes.data && scale_log2 > 0.0f &&
-                              (!window.limited() || skip_hidden_blocks);
+        const bool only_cut = !needs_score_pass(a) && scale_log2 > 0.0f && (!window.limited() || skip_hidden_blocks);
         const float load_scale = only_cut ? scale_log2 : 1.0f;
-        const bool capped_softmax = only_cut && a.softcap > 0.0f;
-        const float cap = ScoreMods(a).cap;
+        const bool capped_softmax = only_cut && mods.capped;
         float* s = sc.s_store.get();
         uint16_t* p = sc.p();
         for (int m = 0; m < row_tiles; m += 2) {
@@ -429,7 +428,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
                 float* o_rows = sc.o_store.get() + size_t(r) * sc.o_ld;
                 if (capped_softmax)
                     softmax_rows<Parts, rows.value, true>(sc, s + (r - r0) * kScoresLd, cols / kLanes, r, load_scale,
-                                                          p_rows, o_rows, cap);
+                                                          p_rows, o_rows, mods.cap);
                 else
                     softmax_rows<Parts, rows.value>(sc, s + (r - r0) * kScoresLd, cols / kLanes, r, load_scale, p_rows,
                                                     o_rows);

@@ -490,7 +490,7 @@ struct LaneForward {
         int64_t k_stride;
         const float* k_rows = rows_as_f32(a.key, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
         if (a.softcap > 0.0f) {
-            TileSoftmax<RV, true> softmax(sc.s_t.get(), sc.row_max.get(), sc.row_sum.get(), ScoreMods(a).cap);
+            TileSoftmax<RV, true> softmax(sc.s_t.get(), sc.row_max.get(), sc.row_sum.get(), sc.mods.cap);
             lane_gemm_to<RV, NT>(sc.q_t.get(), D, k_rows, k_stride, 1, kv_rows, softmax);
             softmax.finish(o_t, Dv);
             return;
@@ -574,10 +574,10 @@ struct LaneForward {
         }
         // Keys that every row of the item sees need no mask pass when there is no explicit mask or ALiBi; a
         // softcap is taken in the f32 lanes' tiles (score_softmax_block), the pair products' pass otherwise.
-        const bool per_score = a.mask_kind != MaskKind::none || a.alibi.slopes.data;
-        const bool capped_pass = a.softcap > 0.0f && sc.pair_dots;
+        const bool capped_pass = sc.mods.capped && sc.pair_dots;
         const int64_t unmasked_begin = a.window.key_begin(last_row, a.seq_kv);
-        const int64_t unmasked_end = per_score || capped_pass ? 0 : a.window.key_end(first_row, a.seq_kv);
+        const int64_t unmasked_end =
+            needs_score_pass(a) || capped_pass ? 0 : a.window.key_end(first_row, a.seq_kv);
         const int64_t k_base = view_batch_offset(a.key, outer_b), v_base = view_batch_offset(a.value, outer_b);
         // O^T is not cleared up front: the first key block sets it, unscaled, instead of clearing it,
         // rescaling the zeros and adding to them.
