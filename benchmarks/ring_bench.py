@@ -4,9 +4,10 @@
                                     [--dtypes bf16,f32] [--repeats 3]
 
 Causal attention at (1, H, S, D), forward and backward, median of --repeats after a warm-up: the ring under
-mpiexec (each rank bound to its T cores), the single process with R*T threads, and the ring's two halves
-apart: its compute alone (the same kernel calls with the exchanges left out) and its communication alone (the
-same hops with no kernel calls).  overlap = (compute + communication - ring) / communication: 1 where the
+mpiexec (this environment's, else PATH's, which must be the MPI mpi4py runs on; each rank bound to its T cores
+by Hydra's or Open MPI's options), the single process with R*T threads, and the ring's two halves apart: its
+compute alone (the same kernel calls, each hop a copy on its own rank) and its communication alone (the same
+hops with no kernel calls).  overlap = (compute + communication - ring) / communication: 1 where the
 exchanges hide behind the kernels, 0 where they add up.  Prints one JSON line per case and a table.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -25,7 +27,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 class _NoExchange:
-    """A communicator whose hops move nothing: the ring's compute alone (its results are not the attention's)."""
+    """A communicator whose hops stay on this rank (a local copy of what would be sent): the ring's compute
+    alone, on real data (its results are not the attention's)."""
 
     def __init__(self, comm):
         self.comm = comm
@@ -37,7 +40,7 @@ class _NoExchange:
         return self.comm.Get_size()
 
     def Sendrecv(self, sendbuf, dest, recvbuf, source):
-        pass
+        recvbuf[...] = sendbuf
 
     def Abort(self, code):
         self.comm.Abort(code)
@@ -64,6 +67,9 @@ def ring_worker(args) -> None:
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    if size != args.ranks:  # a launcher of another MPI than mpi4py's starts singletons, each a world of 1
+        raise SystemExit(f"ring_bench: the world has {size} rank(s), not --ranks {args.ranks}: mpiexec must come "
+                         f"from the MPI mpi4py uses ({MPI.Get_library_version().splitlines()[0]})")
     for dtype in args.dtypes.split(","):
         rng = np.random.default_rng(rank)  # each rank makes its own shard: no full tensor is built
         local_rows = args.seq // size
@@ -125,6 +131,24 @@ def _launch(command: list, threads: int) -> list:
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
+def _mpiexec(ranks: int, threads: int) -> list:
+    """This environment's mpiexec (the mpich wheel's), else PATH's, with its own way of binding each rank to
+    `threads` cores: Hydra's (MPICH, Intel MPI) or Open MPI's."""
+    local = pathlib.Path(sys.executable).parent / "mpiexec"
+    mpiexec = str(local) if local.exists() else shutil.which("mpiexec")
+    if mpiexec is None:
+        raise SystemExit("ring_bench: no mpiexec next to this Python or on PATH")
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True)
+    version = version.stdout + version.stderr
+    if "open mpi" in version.lower() or "openrte" in version.lower():
+        binding = ["--bind-to", "core", "--map-by", f"slot:PE={threads}"]
+    elif "hydra" in version.lower():
+        binding = ["-bind-to", f"core:{threads}"]
+    else:
+        binding = []  # another launcher: ranks go where it puts them
+    return [mpiexec, "-n", str(ranks), *binding]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4)
@@ -144,9 +168,8 @@ def main() -> None:
 
     common = ["--seq", str(args.seq), "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--dtypes",
               args.dtypes, "--repeats", str(args.repeats)]
-    mpiexec = pathlib.Path(sys.executable).parent / "mpiexec"
-    ring = _launch([str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.ranks), "-bind-to",
-                    f"core:{args.threads}", sys.executable, __file__, "--worker", "ring", *common], args.threads)
+    ring = _launch([*_mpiexec(args.ranks, args.threads), sys.executable, __file__, "--worker", "ring",
+                    "--ranks", str(args.ranks), *common], args.threads)
     single = _launch([sys.executable, __file__, "--worker", "single", *common], args.ranks * args.threads)
     print(f"ring attention, causal (1, {args.heads}, {args.seq}, {args.head_dim}): {args.ranks} ranks x "
           f"{args.threads} threads against 1 x {args.ranks * args.threads} ({cpu_model()})")

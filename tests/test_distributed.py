@@ -99,6 +99,29 @@ def test_shard_positions_and_unshard_cover_the_sequence(layout):
     np.testing.assert_array_equal(gd.unshard(shards[1], _Ranks(1, size, shards), layout), x)
 
 
+@pytest.mark.parametrize("size", [2, 3, 4, 5])
+def test_calls_cover_each_visible_key_once_in_one_call_per_zigzag_step(size):
+    """Each step's calls, expanded to (query row, key row) pairs of a chunk length of 3, are the causal pairs of
+    the shards' global rows; a zigzag rank makes one call per step."""
+    chunk, length = 3, 2 * size * 3
+    for rank in range(size):
+        mine = gd.positions(length, _Ranks(rank, size))
+        seen = set()
+        for step in range(size):
+            source = (rank - step) % size
+            theirs = gd.positions(length, _Ranks(source, size))
+            calls = list(gd._calls(rank, source, size, "zigzag", True))
+            assert len(calls) == 1, calls
+            for first, count, keys, causal in calls:
+                q_rows, k_rows = mine[first * chunk:(first + count) * chunk], theirs[:keys * chunk]
+                for x, qr in enumerate(q_rows):  # bottom-right: row x sees keys up to x + len(k) - len(q)
+                    for y, kr in enumerate(k_rows):
+                        if not causal or y <= x + len(k_rows) - len(q_rows):
+                            assert (qr, kr) not in seen
+                            seen.add((qr, kr))
+        assert seen == {(qr, kr) for qr in mine for kr in range(length) if kr <= qr}, f"rank {rank} of {size}"
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="does not cut into 6 equal chunks"):
         gd.positions(25, _Ranks(0, 3))

@@ -83,12 +83,29 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
     cdef struct MergeAttentionArgs:
         int64_t rows
         int64_t head_dim_v
+        int64_t run_rows
         float* out
+        int64_t out_run_stride
         float* stats
-        const float* part_out
+        int64_t stats_run_stride
+        const void* part_out
+        int64_t part_run_stride
+        DType part_dtype
         const float* part_stats
+        int64_t part_stats_run_stride
+
+    cdef struct AccumulateArgs:
+        int64_t runs
+        int64_t run_length
+        float* sum
+        int64_t sum_stride
+        const void* part
+        int64_t part_stride
+        DType part_dtype
 
     Status merge_attention(const MergeAttentionArgs& args) nogil
+    Status accumulate(const AccumulateArgs& args) nogil
+    int64_t dtype_size(DType dt)
 
     Status sdpa_forward(const SdpaForwardArgs& args) nogil
     Status sdpa_backward(const SdpaBackwardArgs& args) nogil

@@ -12,11 +12,12 @@ import numpy as np
 
 cnp.import_array()
 
-from graphattn._cpu cimport (BufferExtent, DType, MaskKind, MergeAttentionArgs, Pass, SdpaBackwardArgs, SdpaForwardArgs, Status,
+from graphattn._cpu cimport (AccumulateArgs, BufferExtent, DType, MaskKind, MergeAttentionArgs, Pass, SdpaBackwardArgs, SdpaForwardArgs, Status,
                              TensorView, cpu_features_string, force_kernel, forced_kernel, kernel_candidate_count,
                              kernel_candidate_name, kernel_candidate_unavailable, set_scratch_poisoning, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_plan,
                              sdpa_dtype_class, sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan,
-                             merge_attention as c_merge_attention)
+                             merge_attention as c_merge_attention, accumulate as c_accumulate,
+                             dtype_size)
 
 
 include "_sdpa_args.pxi"
@@ -318,29 +319,114 @@ def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t 
         raise ValueError(status.message.decode())
 
 
-def merge_attention(out, stats, part_out, part_stats):
+cdef DType _part_dtype(part, int part_code, str what) except *:
+    """The kernel dtype of a part array: part_code, which must name a float dtype of part's item size."""
+    if part_code not in (<int>DType.f32, <int>DType.bf16, <int>DType.f16):
+        raise ValueError(f"{what}: part_code {part_code} is not f32, bf16 or f16")
+    if not isinstance(part, np.ndarray) or not part.flags.c_contiguous or part.itemsize != dtype_size(<DType>part_code):
+        raise ValueError(f"{what}: the part must be a C-contiguous NumPy array of the dtype part_code names")
+    return <DType>part_code
+
+
+cdef int64_t _contiguous_tail(a):
+    """How many values a's longest C-contiguous trailing block holds."""
+    cdef int64_t length = 1
+    for dim in range(a.ndim - 1, -1, -1):
+        if a.shape[dim] != 1 and a.strides[dim] != a.itemsize * length:
+            break
+        length *= a.shape[dim]
+    return length
+
+
+cdef int64_t _run_stride(a, int64_t run_length, str what) except? -1:
+    """The stride (in elements) from one run of run_length consecutive values of a (C order) to the next: a is
+    contiguous, or its contiguous tail holds run_length values and the dims before it step over the runs by
+    one steady stride.  Raises ValueError naming `what` otherwise."""
+    if a.size == 0 or _contiguous_tail(a) == a.size:
+        return run_length
+    if _contiguous_tail(a) != run_length or any(stride % a.itemsize for stride in a.strides):
+        raise ValueError(f"{what}: strides {a.strides} do not hold runs of {run_length} contiguous values")
+    cdef int dim = a.ndim - 1
+    cdef int64_t length = 1, runs = 1, stride = 0
+    while dim >= 0 and length < run_length:  # the tail's dims
+        length *= a.shape[dim]
+        dim -= 1
+    while dim >= 0:
+        if a.shape[dim] != 1:
+            if runs == 1:
+                stride = a.strides[dim] // a.itemsize
+            elif a.strides[dim] != a.itemsize * stride * runs:
+                raise ValueError(f"{what}: strides {a.strides} do not step over runs of {run_length} values by "
+                                 "one stride")
+            runs *= a.shape[dim]
+        dim -= 1
+    return stride
+
+
+def merge_attention(out, stats, part_out, part_stats, int part_code=<int>DType.f32):
     """Merges a partial result (part_out, part_stats) of other keys into (out, stats), in place, by their
-    log-sum-exp (sdpa.hpp's merge_attention): C-contiguous float32 arrays, out and part_out (..., L, Dv), stats
-    and part_stats (..., L, 1), of matching shapes."""
-    for name, a in (("out", out), ("stats", stats), ("part_out", part_out), ("part_stats", part_stats)):
-        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous:
-            raise ValueError(f"merge_attention: {name} must be a C-contiguous float32 NumPy array")
+    log-sum-exp (sdpa.hpp's merge_attention): out (f32) and part_out (f32, bf16 or f16, as part_code says)
+    (..., L, Dv), stats and part_stats (f32) (..., L, 1), of matching shapes.  out and stats may be views of
+    some of the rows of longer arrays (each head's rows one run); the parts are C-contiguous."""
+    for name, a in (("out", out), ("stats", stats), ("part_stats", part_stats)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32:
+            raise ValueError(f"merge_attention: {name} must be a float32 NumPy array")
+    cdef DType part_dtype = _part_dtype(part_out, part_code, "merge_attention")
+    if not part_stats.flags.c_contiguous:
+        raise ValueError("merge_attention: part_stats must be C-contiguous")
     if part_out.shape != out.shape or stats.shape != part_stats.shape or out.ndim < 2 or \
             stats.shape != out.shape[:-1] + (1,):
         raise ValueError(f"merge_attention: shapes out {out.shape}, stats {stats.shape}, part_out "
                          f"{part_out.shape}, part_stats {part_stats.shape} do not match")
     if not out.flags.writeable or not stats.flags.writeable:
         raise ValueError("merge_attention: out and stats must be writeable")
+    if out.size and _contiguous_tail(out) % out.shape[out.ndim - 1]:
+        raise ValueError(f"merge_attention: out's rows must be contiguous, got strides {out.strides}")
     cdef MergeAttentionArgs args
     args.rows = stats.size
     args.head_dim_v = out.shape[out.ndim - 1]
+    # a run: out's contiguous rows (all of them where out is contiguous)
+    args.run_rows = min(_contiguous_tail(out), out.size) // args.head_dim_v if out.size else 0
+    args.out_run_stride = _run_stride(out, args.run_rows * args.head_dim_v, "merge_attention: out")
+    args.stats_run_stride = _run_stride(stats, args.run_rows, "merge_attention: stats")
+    args.part_run_stride = args.run_rows * args.head_dim_v
+    args.part_stats_run_stride = args.run_rows
     args.out = <float*>cnp.PyArray_DATA(<cnp.ndarray>out)
     args.stats = <float*>cnp.PyArray_DATA(<cnp.ndarray>stats)
-    args.part_out = <const float*>cnp.PyArray_DATA(<cnp.ndarray>part_out)
+    args.part_out = cnp.PyArray_DATA(<cnp.ndarray>part_out)
+    args.part_dtype = part_dtype
     args.part_stats = <const float*>cnp.PyArray_DATA(<cnp.ndarray>part_stats)
     cdef Status status
     with nogil:
         status = c_merge_attention(args)
+    if not status.ok:
+        raise ValueError(status.message.decode())
+
+
+def accumulate(total, part, int part_code=<int>DType.f32):
+    """total += part, in place (sdpa.hpp's accumulate): total a writeable float32 array whose trailing dims
+    hold runs of contiguous values and whose leading dims step over the runs by one stride (a NumPy view of
+    rows of a contiguous array, for one), part a C-contiguous array of its shape, f32, bf16 or f16 as
+    part_code says."""
+    if not isinstance(total, np.ndarray) or total.dtype != np.float32 or not total.flags.writeable:
+        raise ValueError("accumulate: total must be a writeable float32 NumPy array")
+    cdef DType part_dtype = _part_dtype(part, part_code, "accumulate")
+    if part.shape != total.shape:
+        raise ValueError(f"accumulate: part {part.shape} and total {total.shape} differ in shape")
+    cdef int64_t run_length = _contiguous_tail(total)
+    cdef int64_t run_stride = _run_stride(total, run_length, "accumulate: total")
+    cdef int64_t runs = total.size // run_length if total.size else 0
+    cdef AccumulateArgs args
+    args.runs = runs
+    args.run_length = run_length
+    args.sum = <float*>cnp.PyArray_DATA(<cnp.ndarray>total)
+    args.sum_stride = run_stride
+    args.part = cnp.PyArray_DATA(<cnp.ndarray>part)
+    args.part_stride = run_length
+    args.part_dtype = part_dtype
+    cdef Status status
+    with nogil:
+        status = c_accumulate(args)
     if not status.ok:
         raise ValueError(status.message.decode())
 

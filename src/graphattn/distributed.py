@@ -4,7 +4,9 @@ Each rank holds a shard of the sequence (dim -2) of Q, K and V.  K and V travel 
 step, in one buffer, while each rank attends its queries to the block it holds; the partial results merge by
 their log-sum-exp in native code (graphattn._cpu.merge_attention).  The next hop's exchange runs on a
 communication thread while the kernels run with the GIL released.  The backward sends each block's dK/dV
-accumulators (f32) around with it and rounds them once, on their owner.
+accumulators (f32) around with it; the last rank to add to them rounds them, once, and sends them home.
+Two buffers per call take turns: the block in use is sent on while the next arrives in the other, so no hop
+copies or packs.
 
 Layouts: "contiguous" gives rank r chunk r of P; "zigzag" cuts the sequence into 2P chunks and gives rank r
 chunks r and 2P-1-r, so that under a causal mask every rank has the same work.
@@ -22,10 +24,11 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 
-from . import _cpu, functional, functional_backward
+from . import _cpu, dtypes, functional, functional_backward
 from .interop import from_numpy, to_numpy
 
 LAYOUTS = ("zigzag", "contiguous")
@@ -144,10 +147,11 @@ class _Exchange:
     def __init__(self, comm, outgoing: np.ndarray, incoming: np.ndarray):
         rank, size = _rank_size(comm)
         self.error = None
+        self.waited_for = threading.Event()  # set by join(): the caller has nothing left to overlap
 
         def run():
             try:
-                comm.Sendrecv(outgoing, dest=(rank + 1) % size, recvbuf=incoming, source=(rank - 1) % size)
+                _sendrecv(comm, outgoing, (rank + 1) % size, incoming, (rank - 1) % size, self.waited_for)
             except BaseException as why:  # handed to the main thread, which aborts the ring
                 self.error = why
 
@@ -155,9 +159,28 @@ class _Exchange:
         self.thread.start()
 
     def join(self) -> None:
+        self.waited_for.set()
         self.thread.join()
         if self.error is not None:
             raise self.error
+
+
+# How long the communication thread sleeps between tests of a hop in flight while the kernels run.
+_POLL_SECONDS = 1e-4
+
+
+def _sendrecv(comm, outgoing, dest, incoming, source, waited_for: threading.Event) -> None:
+    """comm.Sendrecv; where comm has non-blocking calls (mpi4py), a send and a receive tested in a loop that
+    sleeps between tests until waited_for is set: a blocking MPI call spins on a core, which the kernels'
+    threads need while the hop is in flight, but once the caller waits the hop should finish at full speed."""
+    if not hasattr(comm, "Isend"):
+        comm.Sendrecv(outgoing, dest=dest, recvbuf=incoming, source=source)
+        return
+    requests = [comm.Irecv(incoming, source=source), comm.Isend(outgoing, dest=dest)]
+    test_all = type(requests[0]).Testall
+    while not test_all(requests):
+        if not waited_for.is_set():
+            time.sleep(_POLL_SECONDS)
 
 
 def _abort_on_error(comm, what: str, fn):
@@ -174,7 +197,7 @@ def _abort_on_error(comm, what: str, fn):
 
 
 def _pack(arrays: list) -> np.ndarray:
-    """The arrays' bytes in one buffer (bf16/f16 travel as their bytes)."""
+    """The arrays' bytes in one new buffer (bf16/f16 travel as their bytes)."""
     return np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays])
 
 
@@ -188,17 +211,31 @@ def _unpack(buffer: np.ndarray, templates: list) -> list:
     return views
 
 
+def _kernel_code(a: np.ndarray) -> int:
+    return dtypes.DTYPES[dtypes.from_numpy(a.dtype)].kernel_code
+
+
 def _calls(rank: int, source: int, size: int, layout: str, is_causal: bool):
-    """The kernel calls of one step: (i, keys, causal) for each of this rank's query chunks i that sees keys of
-    the block of rank `source`, keys the block's first `keys` chunks.  A block's chunks ascend, so under a
-    causal mask a query chunk sees a prefix of them: whole chunks before its own, then its own causally; the
-    prefix goes in one call, causal bottom-right where it ends with the query's own chunk (row r then sees keys
-    up to r plus the chunks before).  Without a mask every chunk is seen, in one call."""
+    """The kernel calls of one step: (first, count, keys, causal) for this rank's query chunks first .. first +
+    count - 1 against the first `keys` chunks of the block of rank `source`, causal (bottom-right) or not.
+    A block's chunks ascend, so a query chunk sees a prefix of them: all without a mask; under a causal mask
+    the chunks before its own whole and its own causally.  Consecutive query chunks share a call where one
+    mask serves them all: the same prefix and no diagonal, or, with diagonals, prefixes one chunk longer each
+    (bottom-right alignment then puts each chunk's diagonal on its own key chunk).  A zigzag rank so makes one
+    call per step, and no call of a diagonal alone."""
     mine, theirs = chunks_of(rank, size, layout), chunks_of(source, size, layout)
+    group = None  # (first, count, keys, causal) being built
     for i, qc in enumerate(mine):
         seen = len(theirs) if not is_causal else sum(kc <= qc for kc in theirs)
-        if seen:
-            yield i, seen, is_causal and theirs[seen - 1] == qc
+        diagonal = is_causal and seen > 0 and theirs[seen - 1] == qc
+        if group is not None and diagonal == group[3] and seen == group[2] + (1 if diagonal else 0):
+            group = (group[0], group[1] + 1, seen, diagonal)
+            continue
+        if group is not None:
+            yield group
+        group = (i, 1, seen, diagonal) if seen else None
+    if group is not None:
+        yield group
 
 
 def _rows(a: np.ndarray, index: int, chunk: int, count: int = 1) -> np.ndarray:
@@ -271,31 +308,31 @@ def _torch_ring(q, k, v, comm, is_causal, scale, enable_gqa, layout, return_stat
 
 def _ring_forward(q, k, v, comm, is_causal, scale, enable_gqa, layout, return_stats=False):
     qn, kn, vn, kind, rank, size, chunk = _local_inputs(q, k, v, comm, layout)
-    per_rank = qn.shape[-2] // chunk
-    outs, stats = [None] * per_rank, [None] * per_rank  # per query chunk: the f32 result so far and its stats
-    block = [np.ascontiguousarray(kn), np.ascontiguousarray(vn)]
-    incoming = np.empty(sum(a.nbytes for a in block), np.uint8)
+    out = stats = None  # the f32 result so far and its log-sum-exp (-inf: no key seen yet), made at the first call
+    templates = [kn, vn]
+    current = _pack(templates)  # the block in use, sent on meanwhile
+    spare = np.empty_like(current)  # where the next block arrives
     for step in range(size):
         source = (rank - step) % size  # the rank whose K/V block this rank holds now
-        exchange = _Exchange(comm, _pack(block), incoming) if step < size - 1 else None
-        k_block, v_block = block
-        for i, keys, causal in _calls(rank, source, size, layout, is_causal):
+        exchange = _Exchange(comm, current, spare) if step < size - 1 else None
+        k_block, v_block = _unpack(current, templates)
+        for first, count, keys, causal in _calls(rank, source, size, layout, is_causal):
             part, part_stats = functional.scaled_dot_product_attention(
-                _rows(qn, i, chunk), _rows(k_block, 0, chunk, keys), _rows(v_block, 0, chunk, keys),
+                _rows(qn, first, chunk, count), _rows(k_block, 0, chunk, keys), _rows(v_block, 0, chunk, keys),
                 is_causal=causal, scale=scale, enable_gqa=enable_gqa, return_stats=True,
                 causal_alignment="bottom_right")
-            part = np.ascontiguousarray(part, np.float32)
-            if outs[i] is None:
-                outs[i], stats[i] = part, part_stats
-            else:
-                _cpu.merge_attention(outs[i], stats[i], part, part_stats)
+            if out is None:
+                rows = qn.shape[-2]
+                out = np.zeros(part.shape[:-2] + (rows, part.shape[-1]), np.float32)
+                stats = np.full(part_stats.shape[:-2] + (rows, 1), -np.inf, np.float32)
+            _cpu.merge_attention(_rows(out, first, chunk, count), _rows(stats, first, chunk, count),
+                                 np.ascontiguousarray(part), part_stats, _kernel_code(part))
         if exchange is not None:
             exchange.join()
-            block = [np.array(a) for a in _unpack(incoming, block)]
-    if any(o is None for o in outs):  # only a zero-size call sees no key at all
-        raise ValueError("ring_attention: a query chunk saw no key")
-    out, stats = np.concatenate(outs, axis=-2), np.concatenate(stats, axis=-2)
-    result = from_numpy(out.astype(qn.dtype), kind)
+            current, spare = spare, current
+    if out is None:  # only a zero-size call sees no key at all
+        raise ValueError("ring_attention: the queries saw no key")
+    result = from_numpy(out.astype(qn.dtype, copy=False), kind)
     return (result, from_numpy(stats, kind)) if return_stats else result
 
 
@@ -315,41 +352,49 @@ def _ring_backward(grad_out, q, k, v, out, stats, comm, is_causal, scale, enable
     on, _ = to_numpy(out, "out")
     st, _ = to_numpy(stats, "stats")
     dq = np.zeros(qn.shape, np.float32)
-    kv = [np.ascontiguousarray(kn), np.ascontiguousarray(vn)]
-    zeros = [np.zeros(kn.shape, np.float32), np.zeros(vn.shape, np.float32)]
-    sent_grads = None  # the previous step's block's dK/dV accumulators, sent with this step's K/V
+    # One message per hop, in one of two buffers laid out [K | V | dK | dV], dK and dV f32: at step t the buffer
+    # in use holds this step's K/V block and the previous block's accumulators and is sent on; the other
+    # receives the next block's K/V and this block's accumulators so far, to which this rank's parts are added
+    # once it has arrived.  It is then the next step's buffer in use.
+    templates = [kn, vn, np.empty(kn.shape, np.float32), np.empty(vn.shape, np.float32)]
+    split = kn.nbytes + vn.nbytes  # [K | V] before, [dK | dV] after
+    current = np.empty(split + templates[2].nbytes + templates[3].nbytes, np.uint8)
+    spare = np.empty_like(current)
+    for view, array in zip(_unpack(current, templates), (kn, vn)):
+        view[...] = array
     for step in range(size):
         source = (rank - step) % size
-        # One message per hop: this block's K/V for the next rank (unless it is the last step) and the previous
-        # block's accumulators; in return the next block's K/V and this block's accumulators so far.
-        outgoing = (kv if step < size - 1 else []) + (sent_grads or [])
-        incoming_like = (kv if step < size - 1 else []) + (zeros if step > 0 else [])
-        incoming = np.empty(sum(a.nbytes for a in incoming_like), np.uint8)
-        exchange = _Exchange(comm, _pack(outgoing), incoming) if outgoing else None
-        k_block, v_block = kv
-        dk_block, dv_block = np.zeros(kn.shape, np.float32), np.zeros(vn.shape, np.float32)
-        for i, keys, causal in _calls(rank, source, size, layout, is_causal):
+        send_kv, send_grads = step < size - 1, step > 0
+        lo, hi = (0 if send_kv else split), (current.size if send_grads else split)
+        exchange = _Exchange(comm, current[lo:hi], spare[lo:hi]) if hi > lo else None
+        k_block, v_block = _unpack(current, templates)[:2]
+        parts = []  # (dk part, dv part, keys) of this step's calls, added to the accumulators once they arrive
+        for first, count, keys, causal in _calls(rank, source, size, layout, is_causal):
+            rows = dict(index=first, chunk=chunk, count=count)
             grads = functional_backward.scaled_dot_product_attention_backward(
-                _rows(do, i, chunk), _rows(qn, i, chunk), _rows(k_block, 0, chunk, keys),
-                _rows(v_block, 0, chunk, keys), _rows(on, i, chunk), _rows(st, i, chunk), is_causal=causal,
-                scale=scale, enable_gqa=enable_gqa, causal_alignment="bottom_right")
-            _rows(dq, i, chunk)[...] += grads[0]
-            _rows(dk_block, 0, chunk, keys)[...] += grads[1]
-            _rows(dv_block, 0, chunk, keys)[...] += grads[2]
+                _rows(do, **rows), _rows(qn, **rows), _rows(k_block, 0, chunk, keys), _rows(v_block, 0, chunk, keys),
+                _rows(on, **rows), _rows(st, **rows), is_causal=causal, scale=scale, enable_gqa=enable_gqa,
+                causal_alignment="bottom_right")
+            grads = [np.ascontiguousarray(g) for g in grads]
+            _cpu.accumulate(_rows(dq, **rows), grads[0], _kernel_code(grads[0]))
+            parts.append((grads[1], grads[2], keys))
         if exchange is not None:
             exchange.join()
-            received = _unpack(incoming, incoming_like)
-            if step > 0:  # what the ranks before added to this block
-                dk_block += received[-2]
-                dv_block += received[-1]
-            if step < size - 1:
-                kv = [np.array(a) for a in received[:2]]
-        sent_grads = [dk_block, dv_block]
-    if size > 1:  # the last block's accumulators go home: the next rank owns it
-        incoming = np.empty(sum(a.nbytes for a in zeros), np.uint8)
-        exchange = _Exchange(comm, _pack(sent_grads), incoming)
-        exchange.join()
-        sent_grads = _unpack(incoming, zeros)
-    dk, dv = sent_grads
-    return (from_numpy(dq.astype(qn.dtype), kind), from_numpy(dk.astype(kn.dtype), kind),
-            from_numpy(dv.astype(vn.dtype), kind))
+        dk_sum, dv_sum = _unpack(spare, templates)[2:]
+        if step == 0:  # no rank has added to this rank's own block yet
+            dk_sum.fill(0)
+            dv_sum.fill(0)
+        for dk_part, dv_part, keys in parts:
+            _cpu.accumulate(_rows(dk_sum, 0, chunk, keys), dk_part, _kernel_code(dk_part))
+            _cpu.accumulate(_rows(dv_sum, 0, chunk, keys), dv_part, _kernel_code(dv_part))
+        current, spare = spare, current
+    # Every rank has added to the block in use now: rounded once, it goes home to the next rank, its owner, in
+    # the K/V bytes of the two buffers, which no step needs any more.
+    dk_sum, dv_sum = _unpack(current, templates)[2:]
+    for rounded, total in zip(_unpack(spare, templates[:2]), (dk_sum, dv_sum)):
+        np.copyto(rounded, total, casting="unsafe")
+    if size > 1:
+        _Exchange(comm, spare[:split], current[:split]).join()
+        spare = current
+    dk, dv = (a.copy() for a in _unpack(spare, templates[:2]))
+    return (from_numpy(dq.astype(qn.dtype, copy=False), kind), from_numpy(dk, kind), from_numpy(dv, kind))

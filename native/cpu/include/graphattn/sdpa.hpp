@@ -185,16 +185,42 @@ std::string sdpa_backward_plan(const SdpaBackwardArgs& args);
 // stat each.  Per row, with m = max(stats, part_stats) and
 // w = e^(stats - m), w' = e^(part_stats - m):
 //     out = (w out + w' part_out) / (w + w'),   stats = m + log(w + w').
-// A part whose stat is -inf (no key seen) leaves the row as it is.
+// A part whose stat is -inf (no key seen) leaves the row as it is; a row whose
+// stat is -inf takes the part.  The part may be a kernel's output as it was
+// written (bf16 or f16): it is widened here, not rounded again.  Rows lie in
+// runs of run_rows consecutive rows (a head's rows of a longer sequence, say):
+// run k's first row at out + k * out_run_stride, stats + k * stats_run_stride
+// and part + k * part_run_stride (elements).
 struct MergeAttentionArgs {
     int64_t rows = 0;
     int64_t head_dim_v = 0;
-    float* out = nullptr;              // rows x head_dim_v, contiguous; read and written
-    float* stats = nullptr;            // rows; read and written
-    const float* part_out = nullptr;   // rows x head_dim_v, contiguous
-    const float* part_stats = nullptr; // rows
+    int64_t run_rows = 0;               // 0: all rows make one run
+    float* out = nullptr;               // rows of head_dim_v, contiguous within a run; read and written
+    int64_t out_run_stride = 0;
+    float* stats = nullptr;             // read and written
+    int64_t stats_run_stride = 0;
+    const void* part_out = nullptr;     // of part_dtype, laid out as out
+    int64_t part_run_stride = 0;
+    DType part_dtype = DType::f32;      // f32, bf16 or f16
+    const float* part_stats = nullptr;  // laid out as stats
+    int64_t part_stats_run_stride = 0;
 };
 Status merge_attention(const MergeAttentionArgs& args);
+
+// A part added into an f32 sum, in place: sum += part over `runs` runs of
+// `run_length` contiguous values, run r at sum + r * sum_stride and at
+// part + r * part_stride (elements).  The part is f32, bf16 or f16 (widened,
+// not rounded): a ring's gradient parts, summed in f32 and rounded once.
+struct AccumulateArgs {
+    int64_t runs = 0;
+    int64_t run_length = 0;
+    float* sum = nullptr;
+    int64_t sum_stride = 0;
+    const void* part = nullptr;
+    int64_t part_stride = 0;
+    DType part_dtype = DType::f32;
+};
+Status accumulate(const AccumulateArgs& args);
 
 // Testing aid: with poisoning on, kernel scratch that is not cleared starts
 // as NaN in every later call, so that reading what was never written shows.
