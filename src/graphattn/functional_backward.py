@@ -9,6 +9,7 @@ ways (5D batch broadcasting) are summed here after the kernel.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -82,10 +83,19 @@ def _length_free_signature(arrays: tuple, signature: tuple) -> tuple | None:
 class _LengthFreeBackward:
     """A direct backward plan (no copies) that calls differing from it only in sequence lengths re-make for
     theirs: each kernel stride is the lowering's multiple of one of their arrays' strides (KernelCall.sources),
-    where the batch dims it folded still fold; the checks passed with the template's."""
+    where the batch dims it folded still fold; the checks passed with the template's.  What does not depend on
+    the lengths is worked out once, here: a new length costs a few stride products."""
 
     def __init__(self, plan: _BackwardPlan, gqa: bool, bounds: tuple, alignment: str):
         self.plan, self.gqa, self.bounds, self.alignment = plan, gqa, bounds, alignment
+        call, index = plan.call, {role: i for i, role in enumerate(_REPLAYED_ROLES)}
+        # (role, dtype code, index of its array in remade's strides, the sources of its 5 strides)
+        self.replayed = tuple((role, code, index[role], tuple(call.sources[role]))
+                              for role, (code, _) in call.roles.items() if role in index)
+        self.fixed = {role: spec for role, spec in call.roles.items() if role not in index}
+        self.folds = tuple((index[role], outer, inner, size) for role, outer, inner, size in call.folds
+                           if role in index)
+        self.group_heads = plan.grouped[0][-4:-2]  # (Hkv, rep): O, stats and dO split their heads so under GQA
 
     def remade(self, q, k, v, o, do, st) -> _BackwardPlan | None:
         plan, call = self.plan, self.plan.call
@@ -95,25 +105,36 @@ class _LengthFreeBackward:
         q_shape, k_shape, v_shape, _ = plan.grouped
         grouped = (q_shape[:-2] + (seq_q, q_shape[-1]), k_shape[:-2] + (seq_kv, k_shape[-1]),
                    v_shape[:-2] + (seq_kv, v_shape[-1]))
-        views = [a.reshape(shape) for a, shape in zip((q, k, v), grouped)]
-        views += [a.reshape(a.shape[:-3] + grouped[0][-4:-2] + a.shape[-2:]) if self.gqa else a for a in (o, st, do)]
-        strides = dict(zip(_REPLAYED_ROLES, [array_strides(a) for a in views] +
-                           [dense_strides(shape) for shape in grouped]))
+        views = [q.reshape(grouped[0]), k.reshape(grouped[1]), v.reshape(grouped[2])]
+        views += [a.reshape(a.shape[:-3] + self.group_heads + a.shape[-2:]) for a in (o, st, do)] if self.gqa \
+            else [o, st, do]
+        strides = [tuple(step // a.itemsize for step in a.strides) for a in views] + \
+            [dense_strides(shape) for shape in grouped]  # in _REPLAYED_ROLES order
 
-        def stride(role, source):
-            return 0 if source is None else strides[role][source[0]] * source[1]
+        def stride(own, source):
+            return 0 if source is None else own[source[0]] * source[1]
 
-        for role, outer, inner, size in call.folds:
-            if role in strides and stride(role, outer) != stride(role, inner) * size:
+        for i, outer, inner, size in self.folds:
+            if stride(strides[i], outer) != stride(strides[i], inner) * size:
                 return None
-        roles = {role: (code, tuple(stride(role, source) for source in call.sources[role]) if role in strides
-                        else spec) for role, (code, spec) in call.roles.items()}
+        roles = dict(self.fixed)
+        for role, code, i, sources in self.replayed:
+            own = strides[i]
+            roles[role] = (code, tuple(0 if source is None else own[source[0]] * source[1] for source in sources))
         left, right = (_cpu.NO_KEY_LIMIT if w is None else w
                        for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
-        new_call = dataclasses.replace(call, seq_q=seq_q, seq_kv=seq_kv, roles=roles,
-                                       options=dict(call.options, window_left=left, window_right=right))
-        return dataclasses.replace(plan, call=new_call, grouped=grouped + (None,), grad_shapes=grouped,
-                                   operand_shapes=(q.shape, k.shape, v.shape))
+        new_call = _changed(call, seq_q=seq_q, seq_kv=seq_kv, roles=roles,
+                            options=dict(call.options, window_left=left, window_right=right))
+        return _changed(plan, call=new_call, grouped=grouped + (None,), grad_shapes=grouped,
+                        operand_shapes=(q.shape, k.shape, v.shape))
+
+
+def _changed(record, **changes):
+    """A copy of a (frozen) dataclass record with these fields changed: dataclasses.replace without its walk
+    over every field, which cost a new length's replay more than the rest of it."""
+    copied = copy.copy(record)
+    copied.__dict__.update(changes)
+    return copied
 
 
 def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad,
