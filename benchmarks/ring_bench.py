@@ -131,16 +131,18 @@ def _launch(command: list, threads: int) -> list:
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
-def _mpiexec(ranks: int, threads: int) -> list:
+def _mpiexec(ranks: int, threads: int, bind: bool = True) -> list:
     """This environment's mpiexec (the mpich wheel's), else PATH's, with its own way of binding each rank to
-    `threads` cores: Hydra's (MPICH, Intel MPI) or Open MPI's."""
+    `threads` cores (bind): Hydra's (MPICH, Intel MPI) or Open MPI's; else ranks left to the OS's scheduler."""
     local = pathlib.Path(sys.executable).parent / "mpiexec"
     mpiexec = str(local) if local.exists() else shutil.which("mpiexec")
     if mpiexec is None:
         raise SystemExit("ring_bench: no mpiexec next to this Python or on PATH")
     version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True)
     version = version.stdout + version.stderr
-    if "open mpi" in version.lower() or "openrte" in version.lower():
+    if not bind:
+        binding = ["--bind-to", "none"] if "open" in version.lower() else ["-bind-to", "none"]
+    elif "open mpi" in version.lower() or "openrte" in version.lower():
         binding = ["--bind-to", "core", "--map-by", f"slot:PE={threads}"]
     elif "hydra" in version.lower():
         binding = ["-bind-to", f"core:{threads}"]
@@ -158,6 +160,7 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtypes", default="bf16,f32")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-binding", action="store_true", help="leave the ranks unbound (the OS places them)")
     parser.add_argument("--worker", choices=["ring", "single"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "ring":
@@ -168,11 +171,12 @@ def main() -> None:
 
     common = ["--seq", str(args.seq), "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--dtypes",
               args.dtypes, "--repeats", str(args.repeats)]
-    ring = _launch([*_mpiexec(args.ranks, args.threads), sys.executable, __file__, "--worker", "ring",
+    ring = _launch([*_mpiexec(args.ranks, args.threads, not args.no_binding), sys.executable, __file__, "--worker", "ring",
                     "--ranks", str(args.ranks), *common], args.threads)
     single = _launch([sys.executable, __file__, "--worker", "single", *common], args.ranks * args.threads)
     print(f"ring attention, causal (1, {args.heads}, {args.seq}, {args.head_dim}): {args.ranks} ranks x "
-          f"{args.threads} threads against 1 x {args.ranks * args.threads} ({cpu_model()})")
+          f"{args.threads} threads{' (unbound)' if args.no_binding else ''} against 1 x {args.ranks * args.threads} "
+          f"({cpu_model()})")
     print(f"  {'dtype':<5} {'pass':<8} {'single ms':>10} {'ring ms':>10} {'single/ring':>11} {'compute ms':>10} "
           f"{'comm ms':>9} {'comm share':>10} {'overlap':>8}")
     for r, s in zip(ring, single):
