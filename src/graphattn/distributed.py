@@ -356,18 +356,18 @@ def _ring_backward(grad_out, q, k, v, out, stats, comm, is_causal, scale, enable
     # in use holds this step's K/V block and the previous block's accumulators and is sent on; the other
     # receives the next block's K/V and this block's accumulators so far, to which this rank's parts are added
     # once it has arrived.  It is then the next step's buffer in use.
-    templates = [kn, vn, np.empty(kn.shape, np.float32), np.empty(vn.shape, np.float32)]
-    split = kn.nbytes + vn.nbytes  # [K | V] before, [dK | dV] after
-    current = np.empty(split + templates[2].nbytes + templates[3].nbytes, np.uint8)
+    kv_templates, sum_templates = [kn, vn], [np.empty(kn.shape, np.float32), np.empty(vn.shape, np.float32)]
+    split = -(-(kn.nbytes + vn.nbytes) // 64) * 64  # [K | V] before, [dK | dV] after, 64-byte aligned
+    current = np.empty(split + sum_templates[0].nbytes + sum_templates[1].nbytes, np.uint8)
     spare = np.empty_like(current)
-    for view, array in zip(_unpack(current, templates), (kn, vn)):
+    for view, array in zip(_unpack(current, kv_templates), (kn, vn)):
         view[...] = array
     for step in range(size):
         source = (rank - step) % size
         send_kv, send_grads = step < size - 1, step > 0
         lo, hi = (0 if send_kv else split), (current.size if send_grads else split)
         exchange = _Exchange(comm, current[lo:hi], spare[lo:hi]) if hi > lo else None
-        k_block, v_block = _unpack(current, templates)[:2]
+        k_block, v_block = _unpack(current, kv_templates)
         parts = []  # (dk part, dv part, keys) of this step's calls, added to the accumulators once they arrive
         for first, count, keys, causal in _calls(rank, source, size, layout, is_causal):
             rows = dict(index=first, chunk=chunk, count=count)
@@ -380,7 +380,7 @@ def _ring_backward(grad_out, q, k, v, out, stats, comm, is_causal, scale, enable
             parts.append((grads[1], grads[2], keys))
         if exchange is not None:
             exchange.join()
-        dk_sum, dv_sum = _unpack(spare, templates)[2:]
+        dk_sum, dv_sum = _unpack(spare[split:], sum_templates)
         if step == 0:  # no rank has added to this rank's own block yet
             dk_sum.fill(0)
             dv_sum.fill(0)
@@ -390,11 +390,11 @@ def _ring_backward(grad_out, q, k, v, out, stats, comm, is_causal, scale, enable
         current, spare = spare, current
     # Every rank has added to the block in use now: rounded once, it goes home to the next rank, its owner, in
     # the K/V bytes of the two buffers, which no step needs any more.
-    dk_sum, dv_sum = _unpack(current, templates)[2:]
-    for rounded, total in zip(_unpack(spare, templates[:2]), (dk_sum, dv_sum)):
+    dk_sum, dv_sum = _unpack(current[split:], sum_templates)
+    for rounded, total in zip(_unpack(spare, kv_templates), (dk_sum, dv_sum)):
         np.copyto(rounded, total, casting="unsafe")
     if size > 1:
         _Exchange(comm, spare[:split], current[:split]).join()
         spare = current
-    dk, dv = (a.copy() for a in _unpack(spare, templates[:2]))
+    dk, dv = (a.copy() for a in _unpack(spare, kv_templates))
     return (from_numpy(dq.astype(qn.dtype, copy=False), kind), from_numpy(dk, kind), from_numpy(dv, kind))
