@@ -1,6 +1,7 @@
 """graphattn.distributed: ring attention over MPI with 2, 3 and 4 ranks of one OpenMP thread each (each rank's
 shard against the single-process call, f32 and bf16, causal or not, zigzag and contiguous, GQA, forward and
 backward), a rank that fails, the torch.distributed adapter on gloo, and the layouts' row maps."""
+import json
 import os
 import pathlib
 import re
@@ -129,6 +130,21 @@ def test_bad_arguments_are_named():
         gd.positions(24, _Ranks(0, 3), layout="striped")
     with pytest.raises(TypeError, match="comm must be an mpi4py communicator"):
         gd.positions(24, object())
+
+
+def test_ring_profile_accounts_each_ranks_time():
+    script = HERE.parent / "benchmarks" / "ring_profile.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(script.parent))
+    result = subprocess.run([mpiexec(), "-n", "2", sys.executable, str(script), "--seq", "256", "--heads", "2",
+                             "--head-dim", "16", "--dtype", "f32"], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sorted((r["rank"], r["pass"]) for r in rows) == [(0, "backward"), (0, "forward"), (1, "backward"),
+                                                            (1, "forward")]
+    for r in rows:
+        assert r["kernel_ms"] > 0 and any(kind == "kernel" for kind, _ in r["events"])
+        parts = r["kernel_ms"] + r["merge_ms"] + r["wait_ms"] + r["other_ms"]
+        assert parts == pytest.approx(r["total_ms"], abs=0.5)
 
 
 def test_example_runs_on_two_ranks():
