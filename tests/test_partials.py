@@ -5,14 +5,10 @@ import numpy as np
 import pytest
 
 from graphattn import _cpu
-from graphattn.dtypes import DTYPES, from_numpy
+from graphattn.dtypes import kernel_code
 from graphattn.testing import random_array
 
 DTYPES_UNDER_TEST = ["f32", "bf16", "f16"]
-
-
-def code(a: np.ndarray) -> int:
-    return DTYPES[from_numpy(a.dtype)].kernel_code
 
 
 @pytest.mark.parametrize("dtype", DTYPES_UNDER_TEST)
@@ -32,7 +28,7 @@ def test_merge_weighs_parts_by_their_log_sum_exp(dtype):
         want = (w * o64 + wp * p64) / (w + wp)
     want = np.where(np.isneginf(s64), p64, np.where(np.isneginf(ps64), o64, want))
     want_stats = np.where(np.isneginf(s64), ps64, np.where(np.isneginf(ps64), s64, m + np.log(w + wp)))
-    _cpu.merge_attention(out, stats, part, part_stats, code(part))
+    _cpu.merge_attention(out, stats, part, part_stats, kernel_code(part.dtype))
     np.testing.assert_allclose(out, want, rtol=2e-6, atol=2e-6)  # the part is widened, never rounded again
     np.testing.assert_allclose(stats, want_stats, rtol=1e-6, atol=1e-6)
 
@@ -47,7 +43,7 @@ def test_merge_into_rows_of_longer_arrays():
     w, wp = np.exp(stats - m), np.exp(part_stats - m)
     want[..., 11:30, :] = (w * out + wp * part.astype(np.float64)) / (w + wp)
     want_stats[..., 11:30, :] = m + np.log(w + wp)
-    _cpu.merge_attention(out, stats, part, part_stats, code(part))
+    _cpu.merge_attention(out, stats, part, part_stats, kernel_code(part.dtype))
     np.testing.assert_allclose(whole, want, rtol=2e-6, atol=2e-6)  # rows outside the view untouched
     np.testing.assert_allclose(whole_stats, want_stats, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="rows must be contiguous"):
@@ -70,7 +66,7 @@ def test_accumulate_adds_parts_into_a_strided_f32_sum(dtype):
     part = random_array(total.shape, dtype, rng)
     want = whole.astype(np.float64)
     want[..., 5:18, :] += part.astype(np.float64)
-    _cpu.accumulate(total, part, code(part))
+    _cpu.accumulate(total, part, kernel_code(part.dtype))
     np.testing.assert_allclose(whole, want, rtol=1e-6, atol=1e-6)  # rows outside the view untouched
 
 

@@ -342,9 +342,10 @@ cdef int64_t _run_stride(a, int64_t run_length, str what) except? -1:
     """The stride (in elements) from one run of run_length consecutive values of a (C order) to the next: a is
     contiguous, or its contiguous tail holds run_length values and the dims before it step over the runs by
     one steady stride.  Raises ValueError naming `what` otherwise."""
-    if a.size == 0 or _contiguous_tail(a) == a.size:
+    cdef int64_t tail = _contiguous_tail(a)
+    if a.size == 0 or tail == a.size:
         return run_length
-    if _contiguous_tail(a) != run_length or any(stride % a.itemsize for stride in a.strides):
+    if tail != run_length or any(stride % a.itemsize for stride in a.strides):
         raise ValueError(f"{what}: strides {a.strides} do not hold runs of {run_length} contiguous values")
     cdef int dim = a.ndim - 1
     cdef int64_t length = 1, runs = 1, stride = 0
@@ -386,7 +387,7 @@ def merge_attention(out, stats, part_out, part_stats, int part_code=<int>DType.f
     args.rows = stats.size
     args.head_dim_v = out.shape[out.ndim - 1]
     # a run: out's contiguous rows (all of them where out is contiguous)
-    args.run_rows = min(_contiguous_tail(out), out.size) // args.head_dim_v if out.size else 0
+    args.run_rows = _contiguous_tail(out) // args.head_dim_v if out.size else 0
     args.out_run_stride = _run_stride(out, args.run_rows * args.head_dim_v, "merge_attention: out")
     args.stats_run_stride = _run_stride(stats, args.run_rows, "merge_attention: stats")
     args.part_run_stride = args.run_rows * args.head_dim_v

@@ -211,10 +211,6 @@ def _unpack(buffer: np.ndarray, templates: list) -> list:
     return views
 
 
-def _kernel_code(a: np.ndarray) -> int:
-    return dtypes.DTYPES[dtypes.from_numpy(a.dtype)].kernel_code
-
-
 def _calls(rank: int, source: int, size: int, layout: str, is_causal: bool):
     """The kernel calls of one step: (first, count, keys, causal) for this rank's query chunks first .. first +
     count - 1 against the first `keys` chunks of the block of rank `source`, causal (bottom-right) or not.
@@ -326,7 +322,7 @@ def _ring_forward(q, k, v, comm, is_causal, scale, enable_gqa, layout, return_st
                 out = np.zeros(part.shape[:-2] + (rows, part.shape[-1]), np.float32)
                 stats = np.full(part_stats.shape[:-2] + (rows, 1), -np.inf, np.float32)
             _cpu.merge_attention(_rows(out, first, chunk, count), _rows(stats, first, chunk, count),
-                                 np.ascontiguousarray(part), part_stats, _kernel_code(part))
+                                 np.ascontiguousarray(part), part_stats, dtypes.kernel_code(part.dtype))
         if exchange is not None:
             exchange.join()
             current, spare = spare, current
@@ -376,7 +372,7 @@ def _ring_backward(grad_out, q, k, v, out, stats, comm, is_causal, scale, enable
                 _rows(on, **rows), _rows(st, **rows), is_causal=causal, scale=scale, enable_gqa=enable_gqa,
                 causal_alignment="bottom_right")
             grads = [np.ascontiguousarray(g) for g in grads]
-            _cpu.accumulate(_rows(dq, **rows), grads[0], _kernel_code(grads[0]))
+            _cpu.accumulate(_rows(dq, **rows), grads[0], dtypes.kernel_code(grads[0].dtype))
             parts.append((grads[1], grads[2], keys))
         if exchange is not None:
             exchange.join()
@@ -385,8 +381,8 @@ def _ring_backward(grad_out, q, k, v, out, stats, comm, is_causal, scale, enable
             dk_sum.fill(0)
             dv_sum.fill(0)
         for dk_part, dv_part, keys in parts:
-            _cpu.accumulate(_rows(dk_sum, 0, chunk, keys), dk_part, _kernel_code(dk_part))
-            _cpu.accumulate(_rows(dv_sum, 0, chunk, keys), dv_part, _kernel_code(dv_part))
+            _cpu.accumulate(_rows(dk_sum, 0, chunk, keys), dk_part, dtypes.kernel_code(dk_part.dtype))
+            _cpu.accumulate(_rows(dv_sum, 0, chunk, keys), dv_part, dtypes.kernel_code(dv_part.dtype))
         current, spare = spare, current
     # Every rank has added to the block in use now: rounded once, it goes home to the next rank, its owner, in
     # the K/V bytes of the two buffers, which no step needs any more.

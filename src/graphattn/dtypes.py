@@ -74,5 +74,13 @@ def from_numpy(dtype: np.dtype) -> DataType:
                         f"supported: {[str(i.numpy) for i in DTYPES.values()]}") from None
 
 
+def kernel_code(dtype: np.dtype) -> int:
+    """The native kernels' DType code of a NumPy dtype they take (f32, bf16, f16, bool)."""
+    code = DTYPES[from_numpy(dtype)].kernel_code
+    if code is None:
+        raise TypeError(f"NumPy dtype {np.dtype(dtype)} is not one the kernels take")
+    return code
+
+
 def is_float(dt: DataType) -> bool:
     return DTYPES[dt].is_float
