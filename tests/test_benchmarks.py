@@ -262,8 +262,9 @@ def test_decode_loop_times_graphattn_and_torch_per_step():
     assert [r["layout"] for r in rows] == ["concat", "static"]
     for r in rows:
         assert r["graphattn_us_per_step"] > 0 and r["torch_sdpa_us_per_step"] > 0
+        # the printed ratio has 3 decimals
         assert r["speedup_vs_torch_sdpa"] == pytest.approx(r["torch_sdpa_us_per_step"] / r["graphattn_us_per_step"],
-                                                           rel=0.02)
+                                                           rel=0.02, abs=6e-4)
     assert "speedup" in result.stdout.splitlines()[-3]
 
 

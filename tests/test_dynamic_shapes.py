@@ -6,6 +6,7 @@ import pytest
 
 import graphattn as ga
 from graphattn.dtypes import numpy_dtype
+from graphattn.builder import GraphBuilder
 from graphattn.testing import SdpaGraphSpec, assert_close, assert_grad_close
 
 LENGTHS = [(5, 5), (9, 13), (1, 17), (24, 7)]  # (S_q, S_kv): square, fewer rows, decode, more rows
@@ -118,3 +119,112 @@ def test_known_dims_are_checked_and_outputs_follow_the_inputs(rng):
     with pytest.raises(ValueError, match=rf"tensor {query} has shape \(1, 2, 3, 8\), compiled for \(1, 2, -1, 16\)"):
         compiled.execute(ga.Stream(engine), [ga.Tensor(ga.LogicalTensor(lt.id, lt.dtype, wrong[lt.id].shape), engine,
                                                        wrong[lt.id]) for lt in ports], outputs)
+
+
+# Calls whose unknown dims differ only in size, equal in the same places, replay the first compile of their
+# class: the kernel's lowering re-made for their lengths and strides.
+REPLAYED = {
+    **VARIANTS,
+    "bshd_layout": dict(layout="bshd"),
+    "additive_mask": dict(mask="add"),
+    "select_mask_gqa_4d": dict(mask="select", gqa="4d", heads_q=4, heads_kv=2),
+    "softcap_bottom_right": dict(softcap=30.0, mask="causal_bottom_right"),
+    "key_transposed_batch": dict(key_transposed=True, batch=2),
+}
+ONE_CLASS = [(9, 13), (24, 7), (3, 40), (17, 2)]  # S_q and S_kv differ: one class of lengths
+EQUAL_CLASS = [(6, 6), (11, 11), (2, 2)]  # S_q == S_kv: another
+DECODE_CLASS = [(1, 17), (1, 30), (1, 5)]  # one query row (1 stays itself in a class: it broadcasts)
+
+
+def _logged(capsys, compiled, ports, inputs):
+    ga.set_verbose(1)
+    try:
+        got = _run_dynamic(compiled, ports, inputs)
+    finally:
+        ga.set_verbose(0)
+    return got, capsys.readouterr().err
+
+
+def _check_against_reference(graph, inputs, got, dtype, where):
+    want = ga.run_graph(graph, inputs, policy="debug")
+    for tid, array in got.items():
+        tolerance = (1e-4, 1e-4) if array.dtype == np.float32 and dtype != "f32" else None
+        finite = np.isfinite(want[tid])
+        assert (np.isfinite(array) == finite).all(), where
+        assert_close(np.where(finite, array, 0), np.where(finite, want[tid], 0), dtype if tolerance is None
+                     else "f32", f"tensor {tid} {where}", tolerance)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("variant", sorted(REPLAYED))
+def test_new_lengths_of_a_class_replay_its_compile(variant, dtype, rng, capsys):
+    spec = SdpaGraphSpec(seq_q=-1, seq_kv=-1, dtype=dtype, **REPLAYED[variant])
+    (partition,) = spec.build().get_partitions()
+    ports = partition.get_input_ports()
+    compiled = partition.compile(ports, partition.get_output_ports(), ga.Engine("cpu"))
+    for lengths in (ONE_CLASS, EQUAL_CLASS, DECODE_CLASS):
+        for i, (seq_q, seq_kv) in enumerate(lengths):
+            concrete = SdpaGraphSpec(seq_q=seq_q, seq_kv=seq_kv, dtype=dtype, **REPLAYED[variant])
+            graph = concrete.build()
+            inputs = concrete.random_inputs(rng)
+            got, log = _logged(capsys, compiled, ports, inputs)
+            compiles = [line for line in log.splitlines() if ",compile," in line]
+            assert len(compiles) == 1 and "sdpa_forward_cpu" in compiles[0], log
+            # the first of a class compiles; the others replay it
+            assert ("plan=new lengths" in compiles[0]) == (i > 0), log
+            assert f"sq={seq_q},skv={seq_kv}" in compiles[0], log
+            _check_against_reference(graph, inputs, got, dtype, f"at lengths {(seq_q, seq_kv)}")
+
+
+def _six_dim_sdpa(batch: tuple, seq_q: int, seq_kv: int, head_dim: int = 8):
+    """softmax(Q K^T) V on (*batch, S, D) arrays of four batch dims, which the kernel's three take by
+    folding two of them into one."""
+    b = GraphBuilder()
+    q = b.tensor("query", "f32", batch + (seq_q, head_dim))
+    k = b.tensor("key", "f32", batch + (seq_kv, head_dim))
+    v = b.tensor("value", "f32", batch + (seq_kv, head_dim))
+    scores = b.op("MatMul", [q, k], [b.tensor(None, "f32", batch + (seq_q, seq_kv))], transpose_b=True)
+    p = b.op("SoftMax", [scores], [b.tensor(None, "f32", batch + (seq_q, seq_kv))], axis=-1)
+    b.op("MatMul", [p, v], [b.tensor("output", "f32", batch + (seq_q, head_dim))])
+    return b.graph(), b.roles
+
+
+def test_strides_that_break_a_fold_of_the_lowering_compile_anew(rng, capsys):
+    """The first compile folds the dense query's two outer batch dims into one kernel dim; a query that is a
+    view of a wider first dim keeps no such fold, so its call is compiled in full (and is still right)."""
+    batch = (2, 3, 2, 2)
+    (partition,) = _six_dim_sdpa(batch, -1, -1)[0].get_partitions()
+    assert partition.kind == "sdpa_forward"
+    ports = partition.get_input_ports()
+    compiled = partition.compile(ports, partition.get_output_ports(), ga.Engine("cpu"))
+    # (5, 9) compiles; (7, 12) replays it; the views break its fold and compile; (11, 6) replays it again
+    for seq_q, seq_kv, view, replayed in ((5, 9, False, False), (7, 12, False, True), (8, 3, True, False),
+                                           (10, 4, True, False), (11, 6, False, True)):
+        graph, ids = _six_dim_sdpa(batch, seq_q, seq_kv)
+        inputs = {ids[role]: rng.standard_normal(batch + (seq, 8)).astype(np.float32)
+                  for role, seq in (("query", seq_q), ("key", seq_kv), ("value", seq_kv))}
+        if view:  # the query's dim 1 steps over 4 of a (2, 4, 2, 2) layout: dim 0's stride is not dim 1's * 3
+            wider = rng.standard_normal((2, 4, 2, 2, seq_q, 8)).astype(np.float32)
+            inputs[ids["query"]] = wider[:, :3]
+        got, log = _logged(capsys, compiled, ports, inputs)
+        compiles = [line for line in log.splitlines() if ",compile," in line]
+        assert len(compiles) == 1 and "sdpa_forward_cpu" in compiles[0], log
+        assert ("plan=new lengths" in compiles[0]) == replayed, log
+        _check_against_reference(graph, inputs, got, "f32", f"at lengths {(seq_q, seq_kv)}, view {view}")
+
+
+def test_an_output_of_the_wrong_length_is_refused_after_replays(rng):
+    spec = SdpaGraphSpec(seq_q=-1, seq_kv=-1)
+    (partition,) = spec.build().get_partitions()
+    ports = partition.get_input_ports()
+    compiled = partition.compile(ports, partition.get_output_ports(), ga.Engine("cpu"))
+    engine = ga.Engine("cpu")
+    for seq_q, seq_kv in ((4, 9), (6, 11)):
+        _run_dynamic(compiled, ports, _inputs(SdpaGraphSpec(seq_q=seq_q, seq_kv=seq_kv), rng))
+    inputs = _inputs(SdpaGraphSpec(seq_q=7, seq_kv=12), rng)
+    (out,) = partition.get_output_ports()
+    wrong = np.zeros((1, 2, 8, 32), np.float32)  # 8 rows for a query of 7
+    with pytest.raises(ValueError, match=r"output declared \(1, 2, 8, 32\) but the partition produces \(1, 2, 7, 32\)"):
+        compiled.execute(ga.Stream(engine), [ga.Tensor(lt, engine, inputs[lt.id]) for lt in ports],
+                         [ga.Tensor(out, engine, wrong)])
+    assert not wrong.any()

@@ -236,9 +236,11 @@ cdef class LengthFreeForward:
     cdef int64_t fold_size[kMaxFolds]
 
     def plan_for(self, int64_t seq_q, int64_t seq_kv, query, key, value, mask, int64_t window_left,
-                 int64_t window_right):
+                 int64_t window_right, output=None, stats=None):
         """The ForwardPlan for these lengths, given the element strides of query, key, value and mask (None
-        without one) and the window about the row; None where a fold of the lowering no longer holds."""
+        without one) and the window about the row; None where a fold of the lowering no longer holds.  The
+        output and the stats are dense unless their element strides are given (both, or the output alone
+        where the call has no stats)."""
         cdef int64_t own[kReplayedViews][kMaxArrayDims]  # strides of each array, by FORWARD_VIEWS index
         _load_strides(query, own[0])
         _load_strides(key, own[1])
@@ -247,13 +249,17 @@ cdef class LengthFreeForward:
         cdef int i, view
         cdef int64_t head_dim_v = self.args.head_dim_v
         cdef int n = self.batch_dims
-        for i in range(n):  # the output's and the stats' dense strides
-            own[3][i] = self.batch_steps[i] * seq_q * head_dim_v
-            own[5][i] = self.batch_steps[i] * seq_q
-        own[3][n] = head_dim_v
-        own[3][n + 1] = 1
-        own[5][n] = 1
-        own[5][n + 1] = 1
+        if output is not None:
+            _load_strides(output, own[3])
+            _load_strides(stats, own[5])
+        else:
+            for i in range(n):  # the output's and the stats' dense strides
+                own[3][i] = self.batch_steps[i] * seq_q * head_dim_v
+                own[5][i] = self.batch_steps[i] * seq_q
+            own[3][n] = head_dim_v
+            own[3][n + 1] = 1
+            own[5][n] = 1
+            own[5][n + 1] = 1
         for i in range(self.fold_count):
             view = self.fold_view[i]
             if _source_stride(&self.fold_outer[i], own[view]) != \

@@ -100,6 +100,14 @@ class LogicalTensor:
         """A copy with this concrete shape (and strides, dense row-major if None)."""
         return LogicalTensor(self.id, self.dtype, shape, strides, self.layout, self.property)
 
+    def concrete(self, shape: tuple, strides: tuple) -> "LogicalTensor":
+        """A copy with this shape and these element strides, tuples of ints the caller took from an array
+        (nothing is checked: a replayed compile's fast path)."""
+        lt = LogicalTensor.__new__(LogicalTensor)
+        lt.id, lt.dtype, lt.shape, lt._strides, lt.layout, lt.property = (self.id, self.dtype, shape, strides,
+                                                                          self.layout, self.property)
+        return lt
+
     def __repr__(self) -> str:
         strides = f", strides={self._strides}" if self._strides is not None else ""
         return f"LogicalTensor(id={self.id}, dtype={self.dtype.value}, shape={self.shape}{strides})"

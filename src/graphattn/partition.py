@@ -1,6 +1,7 @@
 """Partitions (fused or single-op subgraphs) and their compiled, executable form."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -8,10 +9,10 @@ import numpy as np
 from . import sycl_runtime, verbose
 from .dtypes import numpy_dtype
 from .engine import Engine, Stream
-from .kernels.fused_sdpa import FusedSdpaForward, NotUsable
+from .kernels.fused_sdpa import FusedSdpaForward, LengthReplay, NotUsable
 from .kernels.fused_sdpa_backward import FusedSdpaBackward
 from .kernels.reference import ReferenceKernel, SyclHostFallback
-from .logical_tensor import LogicalTensor, dense_strides
+from .logical_tensor import UNKNOWN_DIM, LogicalTensor, dense_strides
 from .ops import Op, OpKind
 from .patterns.sdpa import NoMatch, SdpaMatch, match_sdpa
 from .patterns.sdpa_backward import SdpaBackwardMatch, match_sdpa_backward
@@ -136,6 +137,21 @@ class Partition:
                              f"output ports (output ports are {[t.id for t in self._outputs]})")
         return lts
 
+    def probe_kernel(self, inputs: Sequence[LogicalTensor], outputs: Sequence[LogicalTensor], engine: Engine):
+        """The fused kernel compile would choose for these concrete logical tensors, or None where the
+        partition has no fused pattern, the shapes break a rule or the kernel declines them; nothing is
+        logged (a dynamic partition's length replay probes other lengths with it)."""
+        if self._match is None:
+            return None
+        try:
+            lts = self._concrete_inputs(inputs)
+            shapes = self._infer_shapes(lts)
+            lts.update(self._concrete_outputs(outputs, shapes))
+            kernel_type = FusedSdpaBackward if self.kind == "sdpa_backward" else FusedSdpaForward
+            return kernel_type(self._match, lts, shapes, engine)
+        except (NotUsable, ValueError, TypeError):
+            return None
+
     def _choose_kernel(self, lts, shapes, engine):
         kernel = self._fused_or_reference(lts, shapes, engine)
         return SyclHostFallback(kernel, self._ops) if engine.is_sycl and isinstance(kernel, ReferenceKernel) else kernel
@@ -186,9 +202,24 @@ class CompiledPartition:
         self.outputs = outputs
         self.kernel = kernel
         self._lts = {lt.id: lt for lt in inputs + outputs}
-        # byte strides each bound array must have (size-1 dims take any stride, marked None)
-        self._byte_strides = {lt.id: _byte_strides(lt) for lt in inputs + outputs}
         self._numpy_dtypes = {lt.id: numpy_dtype(lt.dtype) for lt in inputs + outputs}
+        # byte strides each bound array must have (size-1 dims take any stride, marked None)
+        self._byte_strides = {lt.id: _byte_strides(lt, self._numpy_dtypes[lt.id].itemsize)
+                              for lt in inputs + outputs}
+
+    def with_layouts(self, kernel, shapes: dict, strides: dict, byte_strides: dict) -> CompiledPartition:
+        """This compiled partition for other shapes and element strides of its ports (by id), run by this
+        kernel (a length replay's).  byte_strides: those of the arrays the layouts were taken from, which the
+        execute's fast check compares (any others fall back to the element-stride check)."""
+        compiled = CompiledPartition.__new__(CompiledPartition)
+        compiled.partition = self.partition
+        compiled.kernel = kernel
+        compiled.inputs = [lt.concrete(shapes[lt.id], strides[lt.id]) for lt in self.inputs]
+        compiled.outputs = [lt.concrete(shapes[lt.id], strides[lt.id]) for lt in self.outputs]
+        compiled._lts = {lt.id: lt for lt in compiled.inputs + compiled.outputs}
+        compiled._numpy_dtypes = self._numpy_dtypes
+        compiled._byte_strides = byte_strides
+        return compiled
 
     @property
     def kernel_name(self) -> str:
@@ -279,11 +310,27 @@ class CompiledPartition:
                                      "are not computed in place")
 
 
+@dataclass(frozen=True)
+class _LengthTemplate:
+    """A dynamic partition's compile for one class of lengths, and its kernel's replay for the others."""
+    compiled: CompiledPartition
+    replay: LengthReplay
+
+
+_NO_REPLAY = object()  # the replay cache's entry for a class of lengths whose every call compiles
+
+
 class DynamicCompiledPartition:
     """A partition compiled with unknown (-1) dims in its input logical tensors, as oneDNN Graph's dynamic
     shapes: execute takes tensors of any size in those dims (the other dims as compiled), in any layout;
     query_dynamic_outputs gives the outputs' shapes for given input shapes.  Each new set of shapes and
-    layouts is compiled once, on its first execute, and kept in a SignatureCache."""
+    layouts is compiled once, on its first execute, and kept in a SignatureCache.
+
+    A fused forward's compile is replayed for calls that differ from a compiled one only in the sizes of
+    unknown dims, the same unknown dims equal to each other (_length_free_key): the kernel's lowering is
+    re-made for their lengths and strides (kernels.fused_sdpa.LengthReplay) with nothing checked or lowered
+    again.  It is made once per such class of calls, where the partition compiled at probe lengths lowers the
+    same but for the lengths."""
 
     def __init__(self, partition: Partition, inputs: dict, outputs: Sequence[LogicalTensor], engine: Engine):
         self.partition = partition
@@ -299,6 +346,10 @@ class DynamicCompiledPartition:
         self._engine = engine
         self._plans = SignatureCache()
         self._last: CompiledPartition | None = None
+        # the unknown dims of each port (its rank, its axes), and the replays by length-free key
+        self._unknown = {lt.id: (lt.ndim, tuple(axis for axis, d in enumerate(lt.shape) if d == UNKNOWN_DIM))
+                         for lt in self.inputs + self.outputs}
+        self._replays = SignatureCache()
 
     @property
     def kernel_name(self) -> str:
@@ -333,16 +384,83 @@ class DynamicCompiledPartition:
         layouts = tuple((t.id, tuple(t.data.shape), _data_strides(t.data)) for t in tensors)
         compiled = self._plans.get(layouts)
         if compiled is None:
-            for tensor_id, shape, _ in layouts:
-                if tensor_id in self._lts:  # a tensor of no port is named by the compiled partition's checks
-                    self._check_compiled_dims(tensor_id, shape)
-            # dtypes as the tensors give them: compile checks them against the graph's
-            concrete = [LogicalTensor(tensor_id, t.logical_tensor.dtype, shape, strides)
-                        for (tensor_id, shape, strides), t in zip(layouts, tensors)]
-            compiled = self.partition.compile(concrete[:len(inputs)], concrete[len(inputs):], self._engine)
+            key, lengths = self._length_free_key(layouts)
+            replay = self._replays.get(key)
+            compiled = self._replayed(replay, layouts, tensors) if isinstance(replay, _LengthTemplate) else None
+            if compiled is None:
+                compiled = self._compiled(layouts, tensors, len(inputs))
+                if replay is None:
+                    self._replays.put(key, self._length_replay(compiled, layouts, lengths) or _NO_REPLAY)
             self._plans.put(layouts, compiled)
         self._last = compiled
         compiled.execute(stream, inputs, outputs)
+
+    def _compiled(self, layouts: tuple, tensors: list, input_count: int) -> CompiledPartition:
+        for tensor_id, shape, _ in layouts:
+            if tensor_id in self._lts:  # a tensor of no port is named by the compiled partition's checks
+                self._check_compiled_dims(tensor_id, shape)
+        # dtypes as the tensors give them: compile checks them against the graph's
+        concrete = [LogicalTensor(tensor_id, t.logical_tensor.dtype, shape, strides)
+                    for (tensor_id, shape, strides), t in zip(layouts, tensors)]
+        return self.partition.compile(concrete[:input_count], concrete[input_count:], self._engine)
+
+    def _length_free_key(self, layouts: tuple) -> tuple[tuple, list]:
+        """The layouts' shapes with each unknown dim of size 2 or more named by its length's place in the
+        returned list of lengths (-2 - place), so that calls whose unknown dims are equal in the same places
+        share the key; 0 and 1 stay (they change broadcasting)."""
+        lengths: list = []
+        key = []
+        for tensor_id, shape, _ in layouts:
+            rank, axes = self._unknown.get(tensor_id, (None, ()))
+            if axes and len(shape) == rank:
+                named = list(shape)
+                for axis in axes:
+                    size = named[axis]
+                    if size >= 2:
+                        if size not in lengths:
+                            lengths.append(size)
+                        named[axis] = -2 - lengths.index(size)
+                shape = tuple(named)
+            key.append((tensor_id, shape))
+        return tuple(key), lengths
+
+    def _length_replay(self, compiled: CompiledPartition, layouts: tuple, lengths: list):
+        """The compiled kernel's LengthReplay, or None where it has none: the partition is compiled again
+        with each length replaced by a probe length that no dim has, on dense arrays, and the kernel compares
+        the two lowerings."""
+        make = getattr(compiled.kernel, "length_replay", None)
+        if make is None or not lengths:
+            return None
+        taken = {d for _, shape, _ in layouts for d in shape}
+        probes = {}
+        candidate = 10007
+        for length in lengths:
+            while candidate in taken:
+                candidate += 2
+            probes[length] = candidate
+            candidate += 2
+        shapes = {}
+        for tensor_id, shape, _ in layouts:
+            rank, axes = self._unknown.get(tensor_id, (None, ()))
+            shapes[tensor_id] = tuple(probes.get(d, d) if axis in axes else d for axis, d in enumerate(shape))
+        probe = self.partition.probe_kernel([lt.with_shape(shapes[lt.id]) for lt in compiled.inputs],
+                                            [lt.with_shape(shapes[lt.id]) for lt in compiled.outputs], self._engine)
+        replay = make(probe) if probe is not None else None
+        return _LengthTemplate(compiled, replay) if replay is not None else None
+
+    def _replayed(self, template: _LengthTemplate, layouts: tuple, tensors: list) -> CompiledPartition | None:
+        """The partition for these layouts (of these tensors) from a template's replay, or None where the
+        lowering's folds do not hold for their strides."""
+        shapes = {tensor_id: shape for tensor_id, shape, _ in layouts}
+        strides = {tensor_id: stride for tensor_id, _, stride in layouts}
+        kernel = template.replay.kernel_for(shapes, strides)
+        if kernel is None:
+            return None
+        compiled = template.compiled.with_layouts(kernel, shapes, strides, {t.id: t.data.strides for t in tensors})
+        if verbose.enabled():
+            verbose.log("compile", f"partition={self.partition.id}", kernel.name,
+                        f"{kernel.dispatch_text()},plan=new lengths", kernel.shape_text)
+        return compiled
 
     def _check_compiled_dims(self, tensor_id: int, shape: tuple) -> None:
         compiled = self._lts[tensor_id]
@@ -367,8 +485,7 @@ def _data_strides(data) -> tuple:
     return array_strides(data)
 
 
-def _byte_strides(lt: LogicalTensor) -> tuple:
-    itemsize = numpy_dtype(lt.dtype).itemsize
+def _byte_strides(lt: LogicalTensor, itemsize: int) -> tuple:
     return tuple(None if d == 1 else s * itemsize for s, d in zip(lt.strides, lt.shape))
 
 

@@ -392,7 +392,12 @@ class SdpaGraphSpec:
 
 
 def _broadcast(a: tuple, b: tuple) -> tuple:
-    return tuple(np.broadcast_shapes(a, b))
+    """NumPy's broadcast of two declared shapes, where -1 (unknown) is a size that may be anything: with 1 or
+    -1 it stays unknown, with a known size it is that size."""
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    known = tuple(np.broadcast_shapes(tuple(1 if d == -1 else d for d in a), tuple(1 if d == -1 else d for d in b)))
+    return tuple(-1 if k == 1 and -1 in (x, y) else k for k, x, y in zip(known, a, b))
 
 
 def dropout_multipliers(shape: tuple, dropout_p: float, seed: int, offset: int) -> np.ndarray:

@@ -10,6 +10,28 @@ from typing import Sequence
 from .logical_tensor import dense_strides
 
 
+def reshape_groups(shape: Sequence[int], new_shape: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """The dims of size two or more of shape and new_shape (same element count, none 0) paired into groups
+    that a reshape merges or splits into each other: (old axes, new axes), outermost group first."""
+    old_axes = [i for i, d in enumerate(shape) if d != 1]
+    new_axes = [i for i, d in enumerate(new_shape) if d != 1]
+    groups = []
+    oi = ni = 0
+    while oi < len(old_axes) and ni < len(new_axes):
+        oj, nj = oi + 1, ni + 1
+        old_size, new_size = shape[old_axes[oi]], new_shape[new_axes[ni]]
+        while old_size != new_size:
+            if new_size < old_size:
+                new_size *= new_shape[new_axes[nj]]
+                nj += 1
+            else:
+                old_size *= shape[old_axes[oj]]
+                oj += 1
+        groups.append((old_axes[oi:oj], new_axes[ni:nj]))
+        oi, ni = oj, nj
+    return groups
+
+
 def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]) -> tuple[int, ...] | None:
     """Strides of a view of (shape, strides) reshaped to new_shape, or None if that needs a copy.
 
@@ -18,30 +40,32 @@ def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Seq
     """
     if any(d == 0 for d in shape):
         return dense_strides(new_shape)
-    old = [(d, s) for d, s in zip(shape, strides) if d != 1]
-    new_axes = [i for i, d in enumerate(new_shape) if d != 1]
-    new_dims = [new_shape[i] for i in new_axes]
     result = [0] * len(new_shape)
-    oi = ni = 0
-    while oi < len(old) and ni < len(new_dims):
-        oj, nj = oi + 1, ni + 1
-        old_size, new_size = old[oi][0], new_dims[ni]
-        while old_size != new_size:
-            if new_size < old_size:
-                new_size *= new_dims[nj]
-                nj += 1
-            else:
-                old_size *= old[oj][0]
-                oj += 1
-        for k in range(oi, oj - 1):
-            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
-                return None
-        stride = old[oj - 1][1]
-        for k in range(nj - 1, ni - 1, -1):
-            result[new_axes[k]] = stride
-            stride *= new_dims[k]
-        oi, ni = oj, nj
+    for old, new in reshape_groups(shape, new_shape):
+        # merged dims: each outer stride is the next inner one times that dim's size
+        if any(strides[a] != shape[b] * strides[b] for a, b in zip(old, old[1:])):
+            return None
+        stride = strides[old[-1]]
+        for axis in reversed(new):
+            result[axis] = stride
+            stride *= new_shape[axis]
     return tuple(result)
+
+
+def reshape_origin(shape: Sequence[int], origin: Sequence, new_shape: Sequence[int]) -> tuple[tuple, tuple]:
+    """reshape_strides on stride sources instead of strides: origin gives each dim of shape as (array axis,
+    multiplier) of some array's strides, None for a size-1 dim.  Returns new_shape's origin and the folds the
+    array's strides must keep for the reshape to need no copy: (outer source, inner source, inner size), the
+    outer stride being the inner one times that size."""
+    result: list = [None] * len(new_shape)
+    folds = []
+    for old, new in reshape_groups(shape, new_shape):
+        folds.extend((origin[a], origin[b], shape[b]) for a, b in zip(old, old[1:]))
+        axis, multiplier = origin[old[-1]]
+        for k in reversed(new):
+            result[k] = (axis, multiplier)
+            multiplier *= new_shape[k]
+    return tuple(result), tuple(folds)
 
 
 def transpose_strides(strides: Sequence[int], order: Sequence[int]) -> tuple[int, ...]:

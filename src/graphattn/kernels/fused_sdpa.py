@@ -20,7 +20,7 @@ from ..dtypes import DataType
 from ..ops import OpKind
 from ..ops.philox import bits64
 from ..patterns.sdpa import InputChain, SdpaMatch
-from ..views import reshape_strides, transpose_strides, untranspose_strides
+from ..views import reshape_origin, reshape_strides, transpose_strides, untranspose_strides
 
 
 
@@ -31,49 +31,77 @@ def plan_window(bounds) -> tuple:
 
 
 def operand(dtype: DataType, view: _View) -> Operand:
-    return Operand(dtype, tuple(view.shape), tuple(view.strides))
+    return Operand(dtype, tuple(view.shape), tuple(view.strides), view.origin)
 
 
 @dataclass
 class _View:
+    """An operand as the kernel walks it: shape and strides, and where each stride comes from in the
+    partition port's array: origin, per dim (the array's axis, multiplier) or None for a size-1 dim (None
+    where unknown: an empty array), and folds, the (outer, inner, inner size) sources of the dims a reshape
+    merged, whose strides must keep outer = inner * size (see views.reshape_origin)."""
     shape: tuple[int, ...]
     strides: tuple[int, ...]
+    origin: tuple | None = None
+    folds: tuple = ()
+
+
+def port_view(lt) -> _View:
+    """A partition port's array as it is: each dim its own stride source."""
+    origin = None if 0 in lt.shape else tuple(None if d == 1 else (axis, 1) for axis, d in enumerate(lt.shape))
+    return _View(lt.shape, lt.strides, origin)
+
+
+def _transposed(view: _View, shape: tuple, order: list, strides: tuple) -> _View:
+    origin = None if view.origin is None else tuple(view.origin[a] for a in order)
+    return _View(shape, strides, origin, view.folds)
+
+
+def _reshaped(view: _View, shape: tuple, strides: tuple) -> _View:
+    if view.origin is None or 0 in view.shape:
+        return _View(shape, strides, None, view.folds)
+    origin, folds = reshape_origin(view.shape, view.origin, shape)
+    return _View(shape, strides, origin, view.folds + folds)
 
 
 def _apply_chain(chain: InputChain, lts, shapes) -> _View:
     lt = lts[chain.tensor_id]
-    view = _View(lt.shape, lt.strides)
+    view = port_view(lt)
     for op in chain.ops:
         out_shape = shapes[op.outputs[0].id]
         if op.kind == OpKind.StaticTranspose:
             order = [a % len(view.shape) for a in op.attrs["order"]]
-            view = _View(out_shape, transpose_strides(view.strides, order))
+            view = _transposed(view, out_shape, order, transpose_strides(view.strides, order))
         else:
             strides = reshape_strides(view.shape, view.strides, out_shape)
             if strides is None:
                 raise NotUsable(f"{op.where} would need a copy of tensor {chain.tensor_id} with strides {lt.strides}")
-            view = _View(out_shape, strides)
+            view = _reshaped(view, out_shape, strides)
     return view
 
 
 def _swap_last(view: _View) -> _View:
-    return _View(view.shape[:-2] + view.shape[-2:][::-1], view.strides[:-2] + view.strides[-2:][::-1])
+    return _transposed(view, view.shape[:-2] + view.shape[-2:][::-1], list(range(len(view.shape) - 2)) +
+                       [len(view.shape) - 1, len(view.shape) - 2], view.strides[:-2] + view.strides[-2:][::-1])
 
 
 def output_view(out, output_ops, shapes) -> _View:
     """The view of a partition output as the op before `output_ops` (view ops) produced it: reorders and
     reshapes after a kernel's result are folded into its output strides."""
-    view = _View(out.shape, out.strides)
+    view = port_view(out)
     for op in reversed(output_ops):
         in_shape = shapes[op.inputs[0].id]
         if op.kind == OpKind.StaticTranspose:
             order = [a % len(in_shape) for a in op.attrs["order"]]
-            view = _View(in_shape, untranspose_strides(view.strides, order))
+            inverse = [0] * len(order)
+            for k, axis in enumerate(order):
+                inverse[axis] = k
+            view = _transposed(view, in_shape, inverse, untranspose_strides(view.strides, order))
         else:
             strides = reshape_strides(view.shape, view.strides, in_shape)
             if strides is None:
                 raise NotUsable(f"{op.where}: output strides {out.strides} cannot be reached without a copy")
-            view = _View(in_shape, strides)
+            view = _reshaped(view, in_shape, strides)
     return view
 
 
@@ -147,6 +175,28 @@ def check_sycl_usable(input_dtypes: set, head_dim: int, head_dim_v: int) -> None
         raise NotUsable(f"head sizes {head_dim}/{head_dim_v}; the SYCL kernels take at most {limit}")
 
 
+class LengthReplay:
+    """A FusedSdpaForward's lowering replayed for the sequence lengths of other calls (_cpu.LengthFreeForward):
+    the strides of each operand follow its port's array, where the lowering's folds still hold."""
+
+    def __init__(self, kernel: FusedSdpaForward, seq_q, seq_kv):
+        self.kernel = kernel
+        self.lengths = (seq_q, seq_kv)  # each a fixed length or the (port id, axis) that gives it
+        call = kernel.call
+        self.replay = kernel.plan.length_free(call.sources, call.folds + kernel.chain_folds, ())
+        self.window = (call.options["window_left"], call.options["window_right"])
+        ports = kernel.ports
+        self.port_order = tuple(ports.get(role) for role in ("query", "key", "value", "mask", "output", "stats"))
+
+    def kernel_for(self, shapes: dict, strides: dict) -> FusedSdpaForward | None:
+        """The kernel for ports' arrays of these shapes and element strides (by port id), or None where a fold
+        of the lowering does not hold for them."""
+        seq_q, seq_kv = (n if type(n) is int else shapes[n[0]][n[1]] for n in self.lengths)
+        q, k, v, mask, out, stats = (None if tid is None else strides[tid] for tid in self.port_order)
+        plan = self.replay.plan_for(seq_q, seq_kv, q, k, v, mask, *self.window, out, stats)
+        return None if plan is None else self.kernel.with_plan(plan, seq_q, seq_kv)
+
+
 class FusedSdpaForward:
     """Runs one matched SDPA forward partition with graphattn::sdpa_forward."""
 
@@ -170,14 +220,23 @@ class FusedSdpaForward:
         if masked_shape[-2:] != (seq_q, seq_kv):
             raise NotUsable(f"the mask broadcasts the scores from {(seq_q, seq_kv)} to {masked_shape[-2:]}")
         batch = shapes[m.pv.outputs[0].id][:-2]
-        operands = {"query": operand(lts[m.query.tensor_id].dtype, q), "key": operand(lts[m.key.tensor_id].dtype, k),
-                    "value": operand(lts[m.value.tensor_id].dtype, v),
-                    "output": operand(lts[m.output_id].dtype, output_view(lts[m.output_id], m.output_ops, shapes))}
+        views = {"query": q, "key": k, "value": v, "output": output_view(lts[m.output_id], m.output_ops, shapes)}
         if m.mask is not None:
-            operands["mask"] = operand(lts[m.mask.tensor_id].dtype, _apply_chain(m.mask, lts, shapes))
+            views["mask"] = _apply_chain(m.mask, lts, shapes)
         if m.stats_id is not None:
-            stats = lts[m.stats_id]
-            operands["stats"] = operand(stats.dtype, _View(stats.shape, stats.strides))
+            views["stats"] = port_view(lts[m.stats_id])
+        self.ports = {role: tensor_id for role, tensor_id in (
+            ("query", m.query.tensor_id), ("key", m.key.tensor_id), ("value", m.value.tensor_id),
+            ("output", m.output_id), ("mask", None if m.mask is None else m.mask.tensor_id),
+            ("stats", m.stats_id)) if tensor_id is not None}
+        operands = {role: operand(lts[self.ports[role]].dtype, view) for role, view in views.items()}
+        # where the lengths come from in the ports' arrays: (port id, axis) of the query's rows and the key's
+        self.length_axes = tuple(None if views[role].origin is None or views[role].origin[-2] is None else
+                                 (self.ports[role], views[role].origin[-2][0]) for role in ("query", "key"))
+        self.port_shapes = {self.ports[role]: lts[self.ports[role]].shape for role in ("query", "key")}
+        self.chain_folds = tuple((role, outer, inner, size) for role, view in views.items()
+                                 for outer, inner, size in view.folds)
+        self.replayable = all(view.origin is not None for view in views.values())
         self.scale = _scalar_chain(m.scale, lts, "scale")
         self.softcap = None if m.softcap_divisor is None else (
             _scalar_chain(m.softcap_divisor, lts, "softcap divisor"),
@@ -192,7 +251,7 @@ class FusedSdpaForward:
             inf_as_zero=m.softmax.attrs["mode"] == "inf_as_zero",
             dropout_p=m.dropout_op.attrs["p"] if m.dropout_op is not None else 0.0,
             softcap=0.0 if self.softcap is None else 1.0)  # a placeholder > 0: the call's value replaces it
-        call = lower(spec)
+        call = self.call = lower(spec)
         input_dtypes = {lts[c.tensor_id].dtype for c in (m.query, m.key, m.value)}
         self.on_sycl = engine is not None and engine.is_sycl
         if self.on_sycl:
@@ -202,10 +261,51 @@ class FusedSdpaForward:
         self.dropout_offset = _scalar_chain(m.dropout_offset, lts, "Dropout offset")
         if self.on_sycl:
             self.name = "sdpa_forward_sycl"
-            self.isa = self.plan.kernel_name()
-        else:
-            self.isa = self.plan.isa()
-        self.shape_text = call.shape_text
+        self.lengths = (seq_q, seq_kv)
+
+    @property
+    def shape_text(self) -> str:
+        """The call's shape for the verbose log."""
+        options = self.call.options
+        return self.call.shape_text_for(*self.lengths, options["window_left"], options["window_right"])
+
+    @property
+    def isa(self) -> str:
+        """The kernel build the plan runs."""
+        return self.plan.kernel_name() if self.on_sycl else self.plan.isa()
+
+    def length_replay(self, probe) -> LengthReplay | None:
+        """A LengthReplay of this kernel for the lengths of other calls, or None where it cannot be made.
+        probe: the same partition compiled at other sequence lengths (dense arrays); the lowering must come
+        out the same but for the lengths, which must each be one port's dim."""
+        if self.on_sycl or not isinstance(probe, FusedSdpaForward) or not (self.replayable and probe.replayable):
+            return None
+        a, b = self.call, probe.call
+        if (a.batch, a.head_dim, a.head_dim_v, a.sources, a.folds, a.options, self.chain_folds) != \
+                (b.batch, b.head_dim, b.head_dim_v, b.sources, b.folds, b.options, probe.chain_folds) or \
+                {r: code for r, (code, _) in a.roles.items()} != {r: code for r, (code, _) in b.roles.items()}:
+            return None
+        lengths = []
+        for length, probe_length, source, probe_source in zip((a.seq_q, a.seq_kv), (b.seq_q, b.seq_kv),
+                                                              self.length_axes, probe.length_axes):
+            if length == probe_length:
+                lengths.append(length)
+            elif source is not None and source == probe_source and \
+                    self.port_shapes[source[0]][source[1]] == length and \
+                    probe.port_shapes[source[0]][source[1]] == probe_length:
+                lengths.append(source)
+            else:
+                return None
+        return LengthReplay(self, *lengths)
+
+    def with_plan(self, plan, seq_q: int, seq_kv: int) -> FusedSdpaForward:
+        """This kernel with another plan, of these lengths (a LengthReplay's)."""
+        kernel = FusedSdpaForward.__new__(FusedSdpaForward)
+        kernel.__dict__.update(self.__dict__)  # what copy.copy does, without its generic protocol's cost
+        kernel.plan = plan
+        kernel._capped_plans = {}
+        kernel.lengths = (seq_q, seq_kv)
+        return kernel
 
     def plan_for(self, inputs: dict):
         """The kernel plan for a call with these inputs: the compiled one, or, with a softcap, its copy for the
