@@ -204,3 +204,54 @@ def test_backward_replays_its_plan_for_new_lengths(options, dtype, rng, monkeypa
         for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
             assert_grad_close(g, w, dtype, f"{name} at length {n}", magnitude)
     assert len(planned) == 1, f"{len(planned)} plans for 10 lengths"
+
+
+def _backward_plans_counted(monkeypatch) -> list:
+    """Clears the backward's caches; the list grows by one per call planned from scratch."""
+    from graphattn import functional_backward
+
+    functional_backward._plans._entries.clear()
+    functional_backward._by_length_free._entries.clear()
+    planned = []
+    plan = functional_backward._plan
+    monkeypatch.setattr(functional_backward, "_plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
+    return planned
+
+
+def _backward_against_reference(q, k, v, dtype, rng, where, **kw):
+    out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True, **kw)
+    grad = random_array(out.shape, dtype, rng)
+    got = ga.scaled_dot_product_attention_backward(grad, q, k, v, out, stats, **kw)
+    want = sdpa_reference_backward(grad, q, k, v, **kw)[:3]
+    magnitude = max(float(np.abs(w).max()) for w in want)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert_grad_close(g, w, dtype, f"{name} {where}", magnitude)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_backward_replays_both_lengths_on_strided_views(dtype, rng, monkeypatch):
+    """Query and key lengths both change; Q, K, V are (N, S, H, D) projections viewed as (N, H, S, D), as
+    transformers passes them: one plan serves every pair of lengths, each against the reference."""
+    planned = _backward_plans_counted(monkeypatch)
+    for seq_q, seq_kv in ((7, 11), (3, 19), (12, 5), (9, 9), (2, 30)):
+        q = random_array((2, seq_q, 8, 16), dtype, rng).transpose(0, 2, 1, 3)
+        k, v = (random_array((2, seq_kv, 2, 16), dtype, rng).transpose(0, 2, 1, 3) for _ in range(2))
+        _backward_against_reference(q, k, v, dtype, rng, f"at lengths {(seq_q, seq_kv)}", enable_gqa=True,
+                                    is_causal=True, causal_alignment="bottom_right")
+    assert len(planned) == 1, f"{len(planned)} plans for 5 pairs of lengths"
+
+
+def test_backward_replay_declines_where_a_batch_fold_breaks(rng, monkeypatch):
+    """Five-dim GQA inputs have four batch dims once the heads are split, two of which the lowering folds into
+    one kernel dim; a query that is a view of a wider dim 1 breaks that fold, so its call is planned anew
+    (and is right), while contiguous calls of other lengths keep replaying."""
+    planned = _backward_plans_counted(monkeypatch)
+    for seq, view, plans in ((6, False, 1), (9, False, 1), (7, True, 2), (11, False, 2)):
+        q = random_array((2, 3, 4, seq, 8), "f32", rng)
+        if view:
+            wider = random_array((2, 5, 4, seq, 8), "f32", rng)
+            wider[:, :3] = q
+            q = wider[:, :3]
+        k, v = (random_array((2, 3, 2, seq + 3, 8), "f32", rng) for _ in range(2))
+        _backward_against_reference(q, k, v, "f32", rng, f"at length {seq}, view {view}", enable_gqa=True)
+        assert len(planned) == plans, (seq, view, len(planned))

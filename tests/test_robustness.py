@@ -132,12 +132,13 @@ def test_backward_kernel_refuses_gradients_too_small_for_their_views(rng):
     dense = {"query": q, "key": k, "value": v, "output": out, "stats": stats, "grad_output": do}
     strides = {name: (0, a.strides[0] // 4, a.strides[1] // 4, a.strides[2] // 4, a.strides[3] // 4)
                for name, a in dense.items()}
-    views = {name: (0, strides[name], a) for name, a in dense.items()}
-    views["grad_query"] = (0, strides["query"], np.zeros((1, 1, 5, 8), np.float32))
-    views["grad_key"] = (0, strides["key"], np.zeros_like(k))
-    views["grad_value"] = (0, strides["value"], np.zeros_like(v))
+    roles = {name: (0, strides[name]) for name in dense}
+    roles.update(grad_query=(0, strides["query"]), grad_key=(0, strides["key"]), grad_value=(0, strides["value"]))
+    arrays = dict(dense, grad_query=np.zeros((1, 1, 5, 8), np.float32), grad_key=np.zeros_like(k),
+                  grad_value=np.zeros_like(v))
+    plan = _cpu.BackwardPlan((1, 1, 2), 5, 5, 8, 8, roles, has_scale=True)
     with pytest.raises(ValueError, match="grad_query: its strides .* outside its buffer"):
-        _cpu.backward((1, 1, 2), 5, 5, 8, 8, views, has_scale=True, scale=0.35)
+        plan.run(arrays, 0.35, 0, 0)
 
 
 # ---- routes: torch and NumPy, fused kernel and reference ------------------------------------------------------

@@ -30,6 +30,14 @@ cdef enum:
     kMaxArrayDims = 16
     kMaxFolds = 96
     kReplayedViews = 6  # FORWARD_VIEWS from query to stats, whose strides follow the lengths
+    kBackwardViews = 14  # BACKWARD_VIEWS
+    kBackwardReplayed = 9  # BACKWARD_REPLAYED
+    kBackwardGiven = 6  # of them, those whose strides are the caller's arrays' (the gradients are dense)
+
+# The backward views whose strides follow the lengths: the caller's Q, K, V, O, stats and dO, then the
+# gradients the functional backward allocates dense in their grouped shapes.
+BACKWARD_REPLAYED = ("query", "key", "value", "output", "stats", "grad_output", "grad_query", "grad_key",
+                     "grad_value")
 
 
 cdef struct StrideSource:
@@ -54,6 +62,52 @@ cdef inline int64_t _source_stride(const StrideSource* source, const int64_t* st
     return 0 if source.axis < 0 else strides[source.axis] * source.multiplier
 
 
+cdef void _load_sources(StrideSource* into, bint* has_view, dict sources, tuple roles) except *:
+    # The lowering's stride sources (role -> 5 sources) of each of roles, kViewDims per role in into.
+    cdef int slot, i
+    for slot in range(len(roles)):
+        role_sources = sources.get(roles[slot])
+        has_view[slot] = role_sources is not None
+        for i in range(kViewDims):
+            _set_source(&into[slot * kViewDims + i], None if role_sources is None else role_sources[i])
+
+
+cdef struct FoldChecks:
+    # The batch folds of a lowering that a length-free replay re-checks: the outer stride must stay the inner
+    # one times size, both read from the strides of the array in slot.
+    int count
+    int slot[kMaxFolds]
+    StrideSource outer[kMaxFolds]
+    StrideSource inner[kMaxFolds]
+    int64_t size[kMaxFolds]
+
+
+cdef void _load_folds(FoldChecks* checks, tuple folds, tuple roles) except *:
+    # folds: (role, outer source, inner source, inner size); those of roles other than the replayed ones (whose
+    # strides do not follow the lengths) are left out.
+    folds = tuple(fold for fold in folds if fold[0] in roles)
+    if len(folds) > kMaxFolds:
+        raise ValueError(f"more than {kMaxFolds} batch folds")
+    checks.count = len(folds)
+    cdef int i
+    for i, (role, outer, inner, size) in enumerate(folds):
+        checks.slot[i] = roles.index(role)
+        _set_source(&checks.outer[i], outer)
+        _set_source(&checks.inner[i], inner)
+        checks.size[i] = size
+
+
+cdef bint _folds_hold(const FoldChecks* checks, const int64_t* own) noexcept:
+    # own: kMaxArrayDims strides per slot.
+    cdef int i
+    cdef const int64_t* strides
+    for i in range(checks.count):
+        strides = own + checks.slot[i] * kMaxArrayDims
+        if _source_stride(&checks.outer[i], strides) != _source_stride(&checks.inner[i], strides) * checks.size[i]:
+            return False
+    return True
+
+
 cdef int _load_strides(object strides, int64_t* into) except -1:
     # A tuple of element strides into a C array (None: no array, nothing loaded).
     if strides is None:
@@ -64,6 +118,19 @@ cdef int _load_strides(object strides, int64_t* into) except -1:
     cdef int i
     for i in range(n):
         into[i] = strides[i]
+    return 0
+
+
+cdef int _load_array_strides(object array, int64_t* into) except -1:
+    # A NumPy array's element strides into a C array.
+    strides = array.strides
+    cdef int64_t itemsize = array.itemsize
+    cdef int n = len(strides)
+    if n > kMaxArrayDims:
+        raise ValueError(f"arrays of more than {kMaxArrayDims} dims are not supported")
+    cdef int i
+    for i in range(n):
+        into[i] = <int64_t>strides[i] // itemsize
     return 0
 
 
@@ -164,27 +231,16 @@ cdef class ForwardPlan:
         strides over seq_q * head_dim_v (the stats': over seq_q), both dense."""
         cdef LengthFreeForward replay = LengthFreeForward.__new__(LengthFreeForward)
         replay.args = self.args
-        cdef int view, i
+        cdef int i
         if len(batch_steps) > kMaxArrayDims - 2:
             raise ValueError(f"arrays of more than {kMaxArrayDims} dims are not supported")
         replay.batch_dims = len(batch_steps)
         for i in range(replay.batch_dims):
             replay.batch_steps[i] = batch_steps[i]
-        for view in range(kReplayedViews):
-            role_sources = sources.get(FORWARD_VIEWS[view])
-            replay.has_view[view] = role_sources is not None
-            for i in range(kViewDims):
-                _set_source(&replay.sources[view][i], None if role_sources is None else role_sources[i])
         # The per-index views (ALiBi slopes, sinks) keep their strides at any length: only the others replay.
-        folds = tuple(fold for fold in folds if FORWARD_VIEWS.index(fold[0]) < kReplayedViews)
-        if len(folds) > kMaxFolds:
-            raise ValueError(f"more than {kMaxFolds} batch folds")
-        replay.fold_count = len(folds)
-        for i, (role, outer, inner, size) in enumerate(folds):
-            replay.fold_view[i] = FORWARD_VIEWS.index(role)
-            _set_source(&replay.fold_outer[i], outer)
-            _set_source(&replay.fold_inner[i], inner)
-            replay.fold_size[i] = size
+        replayed = FORWARD_VIEWS[:kReplayedViews]
+        _load_sources(&replay.sources[0][0], replay.has_view, sources, replayed)
+        _load_folds(&replay.folds, folds, replayed)
         return replay
 
     def bound(self, int64_t window_left, int64_t window_right, float select_fill, float window_fill):
@@ -229,11 +285,7 @@ cdef class LengthFreeForward:
     cdef StrideSource sources[kReplayedViews][kViewDims]  # per view of FORWARD_VIEWS
     cdef int batch_dims
     cdef int64_t batch_steps[kMaxArrayDims]
-    cdef int fold_count
-    cdef int fold_view[kMaxFolds]
-    cdef StrideSource fold_outer[kMaxFolds]
-    cdef StrideSource fold_inner[kMaxFolds]
-    cdef int64_t fold_size[kMaxFolds]
+    cdef FoldChecks folds
 
     def plan_for(self, int64_t seq_q, int64_t seq_kv, query, key, value, mask, int64_t window_left,
                  int64_t window_right, output=None, stats=None):
@@ -260,11 +312,8 @@ cdef class LengthFreeForward:
             own[3][n + 1] = 1
             own[5][n] = 1
             own[5][n + 1] = 1
-        for i in range(self.fold_count):
-            view = self.fold_view[i]
-            if _source_stride(&self.fold_outer[i], own[view]) != \
-                    _source_stride(&self.fold_inner[i], own[view]) * self.fold_size[i]:
-                return None
+        if not _folds_hold(&self.folds, &own[0][0]):
+            return None
         cdef ForwardPlan plan = ForwardPlan.__new__(ForwardPlan)
         plan.args = self.args
         plan.args.seq_q = seq_q
@@ -301,28 +350,129 @@ cdef class BoundForward:
                         _host_address(sinks) if sinks is not None else 0)
 
 
-def backward(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v, dict views, *,
-             int mask_kind=0, bint select_keep_value=True, bint has_scale=False, float scale=1.0,
-             int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, float select_fill=float("-inf"),
-             float window_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
-             uint64_t dropout_seed=0, uint64_t dropout_offset=0, float softcap=0.0, bint alibi_bottom_right=False):
-    """Run the fused backward kernel.  views maps query, key, value, output, stats, grad_output,
-    grad_query, grad_key, grad_value and optionally mask and grad_mask to (dtype code, 5 strides,
-    NumPy array or torch CPU tensor); raises ValueError on bad arguments."""
+cdef class BackwardPlan:
+    """Compile-time half of a fused backward call on the host: the kernel's arguments but the data and the
+    per-call scalars."""
     cdef SdpaBackwardArgs args
-    cdef Status status
-    addresses = {name: (code, strides, _host_address(array)) for name, (code, strides, array) in views.items()}
-    _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, addresses, mask_kind, select_keep_value,
-                       has_scale, scale, window_left, window_right, select_fill, window_fill, inf_as_zero, dropout_p,
-                       dropout_seed, dropout_offset, softcap, alibi_bottom_right)
-    cdef TensorView* view
-    for name, (_, _, array) in views.items():
-        view = _backward_view(&args, name)
-        _extent_of(array, &view.buffer)
-    with nogil:
-        status = sdpa_backward(args)
-    if not status.ok:
-        raise ValueError(status.message.decode())
+    cdef bint present[kBackwardViews]  # the views of BACKWARD_VIEWS the call has
+
+    def __init__(self, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
+                 dict roles, *, int mask_kind=0, bint select_keep_value=True, bint has_scale=False,
+                 int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, bint inf_as_zero=True,
+                 float dropout_p=0.0, float softcap=0.0, bint alibi_bottom_right=False):
+        # roles: operand name -> (dtype code, 5 strides)
+        views = {name: (code, strides, 0) for name, (code, strides) in roles.items()}
+        _set_backward_args(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind,
+                           select_keep_value, has_scale, 1.0, window_left, window_right, float("-inf"),
+                           float("-inf"), inf_as_zero, dropout_p, 0, 0, softcap, alibi_bottom_right)
+        cdef int i
+        for i in range(kBackwardViews):
+            self.present[i] = BACKWARD_VIEWS[i] in roles
+
+    def dispatch_text(self):
+        """isa=<build>,why=<the rule that chose it>, then the key pass's layout (for the verbose log)."""
+        return sdpa_backward_plan(self.args).decode()
+
+    def run(self, dict arrays, float scale, uint64_t dropout_seed, uint64_t dropout_offset,
+            float select_fill=float("-inf"), float window_fill=float("-inf"), tuple window=None):
+        """Run the kernel on arrays, operand name -> NumPy array or torch CPU tensor for each view of the
+        plan (strides as planned; the kernel checks each view against its array's extent); window: this call's
+        (left, right) about the row, where it is not the plan's (the graph API's come per call).  Raises
+        ValueError on bad arguments."""
+        cdef SdpaBackwardArgs local = self.args
+        if window is not None:
+            local.forward.window.left, local.forward.window.right = window
+        cdef TensorView* view
+        cdef Status status
+        cdef int i
+        for i in range(kBackwardViews):
+            if self.present[i]:
+                array = arrays[BACKWARD_VIEWS[i]]
+                view = _backward_view_at(&local, i)
+                view.data = <const void*>_host_address(array)
+                _extent_of(array, &view.buffer)
+        local.forward.scale = scale
+        local.forward.select_fill = select_fill
+        local.forward.window.fill = window_fill
+        local.forward.dropout_seed = dropout_seed
+        local.forward.dropout_offset = dropout_offset
+        with nogil:
+            status = sdpa_backward(local)
+        if not status.ok:
+            raise ValueError(status.message.decode())
+
+    def length_free(self, dict sources, tuple folds, tuple grad_steps):
+        """A LengthFreeBackward replaying this plan's layout for new sequence lengths.  sources and folds are
+        the lowering's (see ForwardPlan.length_free), for the roles of BACKWARD_REPLAYED; grad_steps: for dQ,
+        dK and dV, the dense strides of their batch dims over rows * cols."""
+        cdef LengthFreeBackward replay = LengthFreeBackward.__new__(LengthFreeBackward)
+        replay.template = self
+        cdef int slot, i, g
+        for slot in range(kBackwardReplayed):
+            replay.view_index[slot] = BACKWARD_VIEWS.index(BACKWARD_REPLAYED[slot])
+        _load_sources(&replay.sources[0][0], replay.has_view, sources, BACKWARD_REPLAYED)
+        for g in range(3):
+            if len(grad_steps[g]) > kMaxArrayDims - 2:
+                raise ValueError(f"arrays of more than {kMaxArrayDims} dims are not supported")
+            replay.grad_dims[g] = len(grad_steps[g])
+            for i in range(replay.grad_dims[g]):
+                replay.grad_steps[g][i] = grad_steps[g][i]
+        _load_folds(&replay.folds, folds, BACKWARD_REPLAYED)
+        return replay
+
+
+cdef class LengthFreeBackward:
+    """A BackwardPlan's layout as its lowering made it, replayed for new sequence lengths (as LengthFreeForward
+    does the forward's): the views of the caller's Q, K, V, O, stats and dO take their arrays' strides times
+    the lowering's multipliers, the gradients' are dense in their grouped shapes; a fold of batch dims that
+    no longer holds declines."""
+    cdef BackwardPlan template
+    cdef int view_index[kBackwardReplayed]  # BACKWARD_VIEWS index of each BACKWARD_REPLAYED slot
+    cdef bint has_view[kBackwardReplayed]
+    cdef StrideSource sources[kBackwardReplayed][kViewDims]
+    cdef int grad_dims[3]
+    cdef int64_t grad_steps[3][kMaxArrayDims]
+    cdef FoldChecks folds
+
+    def plan_for(self, int64_t seq_q, int64_t seq_kv, query, key, value, output, stats, grad_output,
+                 int64_t window_left, int64_t window_right):
+        """The BackwardPlan for these NumPy arrays (in their own shapes, of these lengths) and the window about
+        the row, or None where a fold of the lowering no longer holds for their strides."""
+        cdef int64_t own[kBackwardReplayed][kMaxArrayDims]  # strides of each slot's array
+        _load_array_strides(query, own[0])
+        _load_array_strides(key, own[1])
+        _load_array_strides(value, own[2])
+        _load_array_strides(output, own[3])
+        _load_array_strides(stats, own[4])
+        _load_array_strides(grad_output, own[5])
+        cdef SdpaForwardArgs* shape = &self.template.args.forward
+        cdef int64_t rows[3]
+        cdef int64_t cols[3]
+        rows[0], rows[1], rows[2] = seq_q, seq_kv, seq_kv
+        cols[0], cols[1], cols[2] = shape.head_dim_qk, shape.head_dim_qk, shape.head_dim_v
+        cdef int g, i, n, slot
+        for g in range(3):  # the gradients' dense strides
+            n = self.grad_dims[g]
+            for i in range(n):
+                own[kBackwardGiven + g][i] = self.grad_steps[g][i] * rows[g] * cols[g]
+            own[kBackwardGiven + g][n] = cols[g]
+            own[kBackwardGiven + g][n + 1] = 1
+        if not _folds_hold(&self.folds, &own[0][0]):
+            return None
+        cdef BackwardPlan plan = BackwardPlan.__new__(BackwardPlan)
+        plan.args = self.template.args
+        plan.present = self.template.present
+        plan.args.forward.seq_q = seq_q
+        plan.args.forward.seq_kv = seq_kv
+        plan.args.forward.window.left = window_left
+        plan.args.forward.window.right = window_right
+        cdef TensorView* target
+        for slot in range(kBackwardReplayed):
+            if self.has_view[slot]:
+                target = _backward_view_at(&plan.args, self.view_index[slot])
+                for i in range(kViewDims):
+                    target.strides[i] = _source_stride(&self.sources[slot][i], own[slot])
+        return plan
 
 
 cdef DType _part_dtype(part, int part_code, str what) except *:
@@ -470,19 +620,10 @@ def backward_isa(dtype="f32", seq_q=1 << 20, seq_kv=None):
 
 
 def backward_dispatch_text(batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
-                           dict roles, *, int mask_kind=0, bint select_keep_value=True, bint has_scale=False,
-                           int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit,
-                           bint inf_as_zero=True, float dropout_p=0.0, float softcap=0.0,
-                           bint alibi_bottom_right=False):
+                           dict roles, **options):
     """isa=<build>,why=<the rule that chose it>, then the key pass's layout, for a backward call with these
-    arguments (backward's, with roles mapping the operand names to (dtype code, 5 strides), no data), for
-    the verbose log."""
-    cdef SdpaBackwardArgs args
-    views = {name: (code, strides, 0) for name, (code, strides) in roles.items()}
-    _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind, select_keep_value,
-                       has_scale, 1.0, window_left, window_right, float("-inf"), float("-inf"), inf_as_zero,
-                       dropout_p, 0, 0, softcap, alibi_bottom_right)
-    return sdpa_backward_plan(args).decode()
+    arguments (BackwardPlan's), for the verbose log."""
+    return BackwardPlan(batch, seq_q, seq_kv, head_dim_qk, head_dim_v, roles, **options).dispatch_text()
 
 
 cdef Pass _pass_of(str name) except *:

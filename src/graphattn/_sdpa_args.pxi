@@ -111,23 +111,31 @@ cdef TensorView* _forward_view(SdpaForwardArgs* args, int index) noexcept:
     return &args.sinks
 
 
+BACKWARD_VIEWS = FORWARD_VIEWS + ("grad_output", "grad_query", "grad_key", "grad_value", "grad_mask", "grad_sinks")
+
+
+cdef TensorView* _backward_view_at(SdpaBackwardArgs* args, int index) noexcept:
+    # View `index` of BACKWARD_VIEWS.
+    if index < 8:
+        return _forward_view(&args.forward, index)
+    if index == 8:
+        return &args.grad_output
+    if index == 9:
+        return &args.grad_query
+    if index == 10:
+        return &args.grad_key
+    if index == 11:
+        return &args.grad_value
+    if index == 12:
+        return &args.grad_mask
+    return &args.grad_sinks
+
+
 cdef TensorView* _backward_view(SdpaBackwardArgs* args, str name) except NULL:
     # The backward's view of this operand name (the functional backward's roles).
-    if name == "grad_output":
-        return &args.grad_output
-    if name == "grad_query":
-        return &args.grad_query
-    if name == "grad_key":
-        return &args.grad_key
-    if name == "grad_value":
-        return &args.grad_value
-    if name == "grad_mask":
-        return &args.grad_mask
-    if name == "grad_sinks":
-        return &args.grad_sinks
-    if name in FORWARD_VIEWS:
-        return _forward_view(&args.forward, FORWARD_VIEWS.index(name))
-    raise ValueError(f"backward: unknown operand {name!r}")
+    if name not in BACKWARD_VIEWS:
+        raise ValueError(f"backward: unknown operand {name!r}")
+    return _backward_view_at(args, BACKWARD_VIEWS.index(name))
 
 
 cdef void _set_address_view(TensorView* view, object spec) except *:

@@ -125,6 +125,12 @@ class KernelCall:
                          r["value"], r["output"], r.get("mask"), r.get("stats"), r.get("alibi_slopes"),
                          r.get("sinks"), **self.options)
 
+    def backward_plan(self):
+        """The host backward kernel's plan for this call (native/cpu's BackwardPlan)."""
+        options = {k: v for k, v in self.options.items() if k != "scale_is_divisor"}
+        return _cpu.BackwardPlan(self.batch, self.seq_q, self.seq_kv, self.head_dim, self.head_dim_v, self.roles,
+                                 **options)
+
     def backward_dispatch_text(self) -> str:
         """The backward's kernel choice and key pass for this call (the verbose log)."""
         options = {k: v for k, v in self.options.items() if k != "scale_is_divisor"}
@@ -132,8 +138,9 @@ class KernelCall:
                                            self.roles, **options)
 
     def run_backward(self, run, specs: dict, **runtime) -> None:
-        """One backward kernel call (_cpu.backward or the SYCL plugin's) on specs: role -> (code, strides,
-        data); runtime gives scale, window values, fills and dropout's seed and offset."""
+        """One SYCL backward kernel call (run: the plugin's backward on a queue) on specs: role -> (code,
+        strides, USM address); runtime gives scale, window values, fills and dropout's seed and offset.  The
+        host's kernel takes a BackwardPlan (backward_plan)."""
         options = {k: v for k, v in self.options.items() if k not in ("scale_is_divisor", "window_left",
                                                                         "window_right")}
         runtime.setdefault("window_left", self.options["window_left"])

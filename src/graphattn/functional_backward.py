@@ -9,9 +9,8 @@ ways (5D batch broadcasting) are summed here after the kernel.
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import functools
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,8 +18,8 @@ import numpy as np
 from . import _cpu
 from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
-from .functional import (SignatureCache, _check_inputs, _free, _layout, _normalize_mask, _s64, _sycl_inputs,
-                         grouped_shapes)
+from .functional import (SignatureCache, _check_inputs, _free, _grouped_origin, _layout, _normalize_mask, _s64,
+                         _sycl_inputs, grouped_shapes)
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
@@ -52,6 +51,14 @@ class _BackwardPlan:
     default_scale: float
     operand_shapes: tuple     # shapes of Q, K, V (and of their gradients)
     grad_dtypes: tuple        # NumPy dtypes of dQ, dK, dV
+    kernel: object = None     # the host kernel's plan (_cpu.BackwardPlan), None on SYCL
+    lengths: tuple | None = None  # (seq_q, seq_kv, left, right) of a plan re-made for new lengths: call is the
+                                  # template's
+
+    @property
+    def shape_text(self) -> str:
+        """The call's shape for the verbose log."""
+        return self.call.shape_text if self.lengths is None else self.call.shape_text_for(*self.lengths)
 
     @property
     def direct(self) -> bool:
@@ -63,13 +70,12 @@ class _BackwardPlan:
     def has_scores(self) -> bool:
         """Whether any score exists (no empty batch dim or sequence): else every gradient is zero and the kernel,
         which takes no empty views, is not called."""
-        return self.call.seq_q > 0 and self.call.seq_kv > 0 and 0 not in self.call.batch
+        seq_q, seq_kv = (self.call.seq_q, self.call.seq_kv) if self.lengths is None else self.lengths[:2]
+        return seq_q > 0 and seq_kv > 0 and 0 not in self.call.batch
 
 
 _plans = SignatureCache()
 _by_length_free = SignatureCache()  # _LengthFreeBackward by signature with the sequence lengths left out
-_REPLAYED_ROLES = ("query", "key", "value", "output", "stats", "grad_output", "grad_query", "grad_key",
-                   "grad_value")  # the roles whose strides follow the lengths (the per-index ones do not)
 
 
 def _length_free_signature(arrays: tuple, signature: tuple) -> tuple | None:
@@ -81,58 +87,41 @@ def _length_free_signature(arrays: tuple, signature: tuple) -> tuple | None:
 
 
 class _LengthFreeBackward:
-    """A direct backward plan (no copies) that calls differing from it only in sequence lengths re-make for
-    theirs: each kernel stride is the lowering's multiple of one of their arrays' strides (KernelCall.sources),
-    where the batch dims it folded still fold; the checks passed with the template's.  What does not depend on
-    the lengths is worked out once, here: a new length costs a few stride products."""
+    """A direct host backward plan (no copies) that calls differing from it only in sequence lengths re-make for
+    theirs: native/cpu replays its lowering (_cpu.LengthFreeBackward), each kernel stride the lowering's
+    multiple of one of their arrays' strides, where the batch dims it folded still fold; the checks passed
+    with the template's."""
 
-    def __init__(self, plan: _BackwardPlan, gqa: bool, bounds: tuple, alignment: str):
-        self.plan, self.gqa, self.bounds, self.alignment = plan, gqa, bounds, alignment
-        call, index = plan.call, {role: i for i, role in enumerate(_REPLAYED_ROLES)}
-        # (role, dtype code, index of its array in remade's strides, the sources of its 5 strides)
-        self.replayed = tuple((role, code, index[role], tuple(call.sources[role]))
-                              for role, (code, _) in call.roles.items() if role in index)
-        self.fixed = {role: spec for role, spec in call.roles.items() if role not in index}
-        self.folds = tuple((index[role], outer, inner, size) for role, outer, inner, size in call.folds
-                           if role in index)
-        self.group_heads = plan.grouped[0][-4:-2]  # (Hkv, rep): O, stats and dO split their heads so under GQA
+    def __init__(self, plan: _BackwardPlan, bounds: tuple, alignment: str):
+        self.plan, self.bounds, self.alignment = plan, bounds, alignment
+        call = plan.call
+        # the dense gradients' batch strides over rows * cols
+        grad_steps = tuple(dense_strides(shape[:-2] + (1,))[:-1] for shape in plan.grad_shapes)
+        self.replay = plan.kernel.length_free(call.sources, call.folds, grad_steps)
 
     def remade(self, q, k, v, o, do, st) -> _BackwardPlan | None:
-        plan, call = self.plan, self.plan.call
+        plan = self.plan
         seq_q, seq_kv = q.shape[-2], k.shape[-2]
         if v.shape[-2] != seq_kv or o.shape[-2] != seq_q or do.shape[-2] != seq_q or st.shape[-2] != seq_q:
             return None  # a length rule broken: the full checks name it
-        q_shape, k_shape, v_shape, _ = plan.grouped
-        grouped = (q_shape[:-2] + (seq_q, q_shape[-1]), k_shape[:-2] + (seq_kv, k_shape[-1]),
-                   v_shape[:-2] + (seq_kv, v_shape[-1]))
-        views = [q.reshape(grouped[0]), k.reshape(grouped[1]), v.reshape(grouped[2])]
-        views += [a.reshape(a.shape[:-3] + self.group_heads + a.shape[-2:]) for a in (o, st, do)] if self.gqa \
-            else [o, st, do]
-        strides = [tuple(step // a.itemsize for step in a.strides) for a in views] + \
-            [dense_strides(shape) for shape in grouped]  # in _REPLAYED_ROLES order
-
-        def stride(own, source):
-            return 0 if source is None else own[source[0]] * source[1]
-
-        for i, outer, inner, size in self.folds:
-            if stride(strides[i], outer) != stride(strides[i], inner) * size:
-                return None
-        roles = dict(self.fixed)
-        for role, code, i, sources in self.replayed:
-            own = strides[i]
-            roles[role] = (code, tuple(0 if source is None else own[source[0]] * source[1] for source in sources))
         left, right = (_cpu.NO_KEY_LIMIT if w is None else w
                        for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
-        new_call = _changed(call, seq_q=seq_q, seq_kv=seq_kv, roles=roles,
-                            options=dict(call.options, window_left=left, window_right=right))
-        return _changed(plan, call=new_call, grouped=grouped + (None,), grad_shapes=grouped,
+        kernel = self.replay.plan_for(seq_q, seq_kv, q, k, v, o, st, do, left, right)
+        if kernel is None:
+            return None
+        (gq, gk, gv, _), (dq, dk, dv) = plan.grouped, plan.grad_shapes
+        return _changed(plan, kernel=kernel, lengths=(seq_q, seq_kv, left, right),
+                        grouped=(gq[:-2] + (seq_q, gq[-1]), gk[:-2] + (seq_kv, gk[-1]), gv[:-2] + (seq_kv, gv[-1]),
+                                 None),
+                        grad_shapes=(dq[:-2] + (seq_q, dq[-1]), dk[:-2] + (seq_kv, dk[-1]), dv[:-2] + (seq_kv, dv[-1])),
                         operand_shapes=(q.shape, k.shape, v.shape))
 
 
 def _changed(record, **changes):
-    """A copy of a (frozen) dataclass record with these fields changed: dataclasses.replace without its walk
-    over every field, which cost a new length's replay more than the rest of it."""
-    copied = copy.copy(record)
+    """A copy of a dataclass record with these fields changed: dataclasses.replace without its walk over every
+    field (nor copy.copy's generic protocol), which cost a new length's replay more than the rest of it."""
+    copied = object.__new__(type(record))
+    copied.__dict__.update(record.__dict__)
     copied.__dict__.update(changes)
     return copied
 
@@ -209,7 +198,13 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
         mask_kind = "none" if m2 is None else ("select" if m2.dtype == np.bool_ else "additive")
         if grad_mask_shape is not None:
             layouts["grad_mask"] = fresh(grad_mask_shape, np.dtype(np.float32))
-        operands = {name: Operand(dtype_of(dtype), tuple(shape), tuple(strides))
+        # Under GQA, the caller's arrays given as they are are viewed with their heads split: each stride's
+        # origin is one of the array's own (a new length's replay reads them there).
+        given_arrays = {"query": (q, query_copy), "key": (k, kv_copy), "value": (v, kv_copy), "output": (o, dense),
+                        "stats": (st, dense), "grad_output": (do, dense)} if gqa else {}
+        operands = {name: Operand(dtype_of(dtype), tuple(shape), tuple(strides),
+                                  _grouped_origin(given_arrays[name][0].ndim, tuple(shape))
+                                  if name in given_arrays and not given_arrays[name][1] else None)
                     for name, (shape, strides, dtype) in layouts.items()}
         per_head = {} if mods is None else dict(mods.arrays())
         if return_sinks_grad:  # a fresh f32 array of the sinks' shape, viewed as they are
@@ -228,7 +223,8 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
     return _BackwardPlan(
         call, query_copy, kv_copy, mask_copy, dense,
         (q2.shape, k2.shape, v2.shape, None if m2 is None else m2.shape), grad_shapes, grad_mask_shape,
-        default_scale(q.shape[-1]), (q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype))
+        default_scale(q.shape[-1]), (q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype),
+        None if kind == "usm" else call.backward_plan())
 
 
 def _log_plan(plan: _BackwardPlan, queue) -> None:
@@ -237,24 +233,25 @@ def _log_plan(plan: _BackwardPlan, queue) -> None:
     if queue is not None:
         verbose.log("compile", "functional_backward", "sdpa_backward_sycl", "isa=subgroup", plan.call.shape_text)
         return
-    verbose.log("compile", "functional_backward", "sdpa_backward_cpu", plan.call.backward_dispatch_text(),
-                plan.call.shape_text)
+    how = "new lengths" if plan.lengths is not None else "new signature"
+    verbose.log("compile", "functional_backward", "sdpa_backward_cpu", f"{plan.kernel.dispatch_text()},plan={how}",
+                plan.shape_text)
 
 
-def _run_kernel(run_backward, plan: _BackwardPlan, arrays: dict, scale, dropout_seed, dropout_offset) -> None:
-    """One kernel call on the plan's views of `arrays` (NumPy arrays, torch CPU tensors or USM addresses)."""
+def _run_kernel(plan: _BackwardPlan, arrays: dict, scale, dropout_seed, dropout_offset, sycl_run=None) -> None:
+    """One kernel call on the plan's views of `arrays`: NumPy arrays or torch CPU tensors for the host kernel,
+    USM addresses for sycl_run (the SYCL plugin's backward)."""
     scale_value = plan.default_scale if scale is None else arguments.scale_value(scale)
-    specs = {name: (code, strides, arrays[name]) for name, (code, strides) in plan.call.roles.items()}
-    runtime = dict(scale=scale_value, dropout_seed=bits64(_s64(dropout_seed or 0, "dropout_seed")),
-                   dropout_offset=bits64(_s64(dropout_offset, "dropout_offset")))
-    if verbose.enabled():
-        import time
-        start = time.perf_counter()
-        plan.call.run_backward(run_backward, specs, **runtime)
-        verbose.log("exec", "functional_backward", "sdpa_backward_cpu" if run_backward is _cpu.backward
-                    else "sdpa_backward_sycl", plan.call.shape_text, f"{(time.perf_counter() - start) * 1e3:.4f}ms")
+    seed, offset = bits64(_s64(dropout_seed or 0, "dropout_seed")), bits64(_s64(dropout_offset, "dropout_offset"))
+    start = time.perf_counter() if verbose.enabled() else None
+    if sycl_run is None:
+        plan.kernel.run(arrays, scale_value, seed, offset)
     else:
-        plan.call.run_backward(run_backward, specs, **runtime)
+        specs = {name: (code, strides, arrays[name]) for name, (code, strides) in plan.call.roles.items()}
+        plan.call.run_backward(sycl_run, specs, scale=scale_value, dropout_seed=seed, dropout_offset=offset)
+    if start is not None:
+        verbose.log("exec", "functional_backward", "sdpa_backward_cpu" if sycl_run is None else "sdpa_backward_sycl",
+                    plan.shape_text, f"{(time.perf_counter() - start) * 1e3:.4f}ms")
 
 
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stats, attn_mask=None,
@@ -298,7 +295,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
             grads = tuple(torch_empty(shape, dtype) for shape, dtype in zip(plan.operand_shapes, plan.grad_dtypes))
             arrays = {"query": query, "key": key, "value": value, "output": out, "stats": stats,
                       "grad_output": grad_out, "grad_query": grads[0], "grad_key": grads[1], "grad_value": grads[2]}
-            _run_kernel(_cpu.backward, plan, arrays, scale, dropout_seed, dropout_offset)
+            _run_kernel(plan, arrays, scale, dropout_seed, dropout_offset)
             return grads + (None,) if return_mask_grad else grads
 
     on_sycl = _sycl_inputs(query, key, value, attn_mask)
@@ -336,8 +333,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
             plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
                          return_mask_grad, bounds, kind, mods, return_sinks_grad)
             if free is not None and plan.direct:
-                gqa = bool(enable_gqa) and q.shape[-3] != k.shape[-3]
-                _by_length_free.put(free, _LengthFreeBackward(plan, gqa, bounds, causal_alignment))
+                _by_length_free.put(free, _LengthFreeBackward(plan, bounds, causal_alignment))
         _plans.put(signature, plan)
         if torch_signature is not None and plan.direct:
             _plans.put(torch_signature, plan)
@@ -373,10 +369,10 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
             sycl_runtime.wait_for_producers([a for a in arrays.values() if a is not None])
             extents = {name: sycl_runtime.usm_layout(a) for name, a in arrays.items() if a is not None}
             arrays = {name: None if a is None else sycl_runtime.usm_address(a) for name, a in arrays.items()}
-            run_backward = functools.partial(sycl_runtime.plugin().backward, queue, extents=extents)
+            sycl_run = functools.partial(sycl_runtime.plugin().backward, queue, extents=extents)
         else:
-            run_backward = _cpu.backward
-        _run_kernel(run_backward, plan, arrays, scale, dropout_seed, dropout_offset)
+            sycl_run = None
+        _run_kernel(plan, arrays, scale, dropout_seed, dropout_offset, sycl_run)
         if queue is not None:
             queue.wait()  # the gradients are ready on return, as on the CPU
 

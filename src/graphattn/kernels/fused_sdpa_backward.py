@@ -104,6 +104,7 @@ class FusedSdpaBackward:
         # The forward recomputing O writes it where the backward reads it, and no stats.
         forward_roles = {r: call.roles[r] for r in ("query", "key", "value", "output", "mask") if r in call.roles}
         self.forward_plan = dataclasses.replace(call, roles=forward_roles).forward_plan(self.queue)
+        self.backward_plan = None if self.queue is not None else call.backward_plan()
         self.shape_text = call.shape_text
         self.isa = "subgroup" if self.queue is not None else _cpu.backward_isa([dt.value for dt in input_dtypes],
                                                                                 seq_q, seq_kv)
@@ -111,7 +112,7 @@ class FusedSdpaBackward:
     def dispatch_text(self) -> str:
         """isa=<build> and, on the CPU, why=<the rule that chose it> and the key pass's layout (for the verbose
         log)."""
-        return f"isa={self.isa}" if self.queue is not None else self.call.backward_dispatch_text()
+        return f"isa={self.isa}" if self.queue is not None else self.backward_plan.dispatch_text()
 
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
         m = self.match
@@ -140,17 +141,18 @@ class FusedSdpaBackward:
                                   mask=address.get("mask", 0), **runtime)
             address["output"] = usm_address(o, "output")
             specs = {name: spec + (address[name],) for name, spec in self.call.roles.items()}
-            run_backward = functools.partial(sycl_runtime.plugin().backward, self.queue)
         else:
             o = np.empty(self.o_shape, np.float32)
             self.forward_plan.run_arrays(arrays["query"], arrays["key"], arrays["value"], o, mask=arrays.get("mask"),
                                          **runtime)
             arrays["output"] = o
-            specs = {name: spec + (arrays[name],) for name, spec in self.call.roles.items()}
-            run_backward = _cpu.backward
         scale = runtime.pop("scale")
         if self.scale_is_divisor:
             scale = 1.0 / scale
-        self.call.run_backward(run_backward, specs, scale=scale, **runtime)
-        if self.queue is not None:
-            self.queue.wait()  # o is freed when this returns
+        if self.queue is None:
+            self.backward_plan.run(arrays, scale, runtime["dropout_seed"], runtime["dropout_offset"],
+                                   runtime["select_fill"], runtime["window_fill"], (left, right))
+            return
+        self.call.run_backward(functools.partial(sycl_runtime.plugin().backward, self.queue), specs, scale=scale,
+                               **runtime)
+        self.queue.wait()  # o is freed when this returns
