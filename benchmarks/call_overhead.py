@@ -8,7 +8,7 @@ Cases: NumPy inputs (plain, causal, stats); where torch is importable, torch
 tensors of shape (1, 1, 1, 16) (torch) and, for scale, PyTorch's own
 F.scaled_dot_product_attention on them (torch_sdpa).
 Also decode calls whose K/V length S is new on each call (new_length: the plan of an earlier length is
-re-made for it) against the same lengths again (repeat_length), on NumPy and, where importable, torch
+re-made for it) against the same call again right after it, on the same data (repeat_length), on NumPy and, where importable, torch
 inputs, with K/V contiguous and as views of one preallocated buffer (static_), and with sinks and a softcap
 (sinks_, NumPy, contiguous); their backward (backward_, NumPy, contiguous); and a graph API partition
 compiled once with the K/V length unknown (-1), executed on new lengths and then on the same again (graph_).
@@ -17,6 +17,7 @@ Prints one JSON line per case and a table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 
@@ -44,15 +45,34 @@ def measure(fn, calls: int) -> float:
     return best
 
 
-NEW_LENGTHS = 200  # lengths per round: fewer than the plan cache keeps, so the repeated pass finds them all
+NEW_LENGTHS = 200  # lengths per round: fewer than the plan cache keeps
 ROUNDS = 5
+
+
+def paired_times(calls) -> tuple[list, list]:
+    """Seconds of each call of a new length (its first) and of the same call again right after it (a cached
+    plan), for calls: a list of (data to touch, the call), each of a length no call had before.  The pair runs
+    on data touched just before, so that both find it in cache and only the plan's cost differs."""
+    new, repeat = [], []
+    clock = time.perf_counter
+    for touch, call in calls:
+        for a in touch:
+            a.sum()
+        start = clock()
+        call()
+        middle = clock()
+        call()
+        new.append(middle - start)
+        repeat.append(clock() - middle)
+    return new, repeat
 
 
 def length_cases(rng) -> dict:
     """{name: (shape, seconds per call)}: decode calls (1, 4, 1, 32) against K/V (1, 2, S, 32), a kernel small
-    enough that the plan's cost shows.  Each round calls NEW_LENGTHS lengths S that no call had before
-    (new_length), then the same lengths again (repeat_length); the medians over ROUNDS rounds, for contiguous
-    K/V (a cache that grows by concatenation) and for views of one preallocated buffer (a static cache)."""
+    enough that the plan's cost shows.  Each round calls NEW_LENGTHS lengths S that no call had before, each
+    timed on its first call (new_length) and on the same call right after (repeat_length); the medians over
+    every call of ROUNDS rounds, for contiguous K/V (a cache that grows by concatenation) and for views of one
+    preallocated buffer (a static cache)."""
     q = rng.standard_normal((1, 4, 1, 32)).astype(np.float32)
     longest = 64 + ROUNDS * NEW_LENGTHS
     buffer = rng.standard_normal((1, 2, longest, 32)).astype(np.float32)
@@ -60,48 +80,48 @@ def length_cases(rng) -> dict:
     if torch is not None:
         kinds["torch_"] = torch.from_numpy
     times: dict = {}
+
+    def record(prefix, calls):
+        new, repeat = paired_times(calls)
+        times.setdefault(prefix + "new_length", []).extend(new)
+        times.setdefault(prefix + "repeat_length", []).extend(repeat)
+
+    def rounds():
+        for r in range(ROUNDS):
+            yield range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS)
+
     for prefix, wrap in kinds.items():
         query = wrap(q)
         for layout in ("", "static_"):
-            for r in range(ROUNDS):
-                lengths = range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS)
+            for lengths in rounds():
                 if layout:
-                    keys = [wrap(buffer)[:, :, :n] for n in lengths]
+                    keys = [(buffer[:, :, :n], wrap(buffer)[:, :, :n]) for n in lengths]
                 else:
-                    keys = [wrap(np.ascontiguousarray(buffer[:, :, :n])) for n in lengths]
-                for name in ("new_length", "repeat_length"):  # the second pass finds every plan cached
-                    start = time.perf_counter()
-                    for kv in keys:
-                        ga.scaled_dot_product_attention(query, kv, kv, enable_gqa=True)
-                    seconds = (time.perf_counter() - start) / len(keys)
-                    times.setdefault(prefix + layout + name, []).append(seconds)
+                    keys = [(kv, wrap(kv)) for kv in (np.ascontiguousarray(buffer[:, :, :n]) for n in lengths)]
+                record(prefix + layout, [((data,), functools.partial(ga.scaled_dot_product_attention, query, kv, kv,
+                                                                      enable_gqa=True)) for data, kv in keys])
     # gpt-oss's decode: sinks and a softcap on NumPy, contiguous K/V
     sinks = rng.standard_normal(4).astype(np.float32)
-    for r in range(ROUNDS):
-        keys = [np.ascontiguousarray(buffer[:, :, :n]) for n in range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS)]
-        for name in ("sinks_new_length", "sinks_repeat_length"):
-            start = time.perf_counter()
-            for kv in keys:
-                ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True, sinks=sinks, softcap=30.0)
-            times.setdefault(name, []).append((time.perf_counter() - start) / len(keys))
+    for lengths in rounds():
+        keys = [np.ascontiguousarray(buffer[:, :, :n]) for n in lengths]
+        record("sinks_", [((kv,), functools.partial(ga.scaled_dot_product_attention, q, kv, kv, enable_gqa=True,
+                                                    sinks=sinks, softcap=30.0)) for kv in keys])
     # the backward of such decode calls (training with dynamic padding plans each new length the same way)
-    for r in range(ROUNDS):
-        keys = [np.ascontiguousarray(buffer[:, :, :n]) for n in range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS)]
+    for lengths in rounds():
+        keys = [np.ascontiguousarray(buffer[:, :, :n]) for n in lengths]
         forwards = [ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True, return_stats=True) for kv in keys]
-        for name in ("backward_new_length", "backward_repeat_length"):
-            start = time.perf_counter()
-            for kv, (out, stats) in zip(keys, forwards):
-                ga.scaled_dot_product_attention_backward(out, q, kv, kv, out, stats, enable_gqa=True)
-            times.setdefault(name, []).append((time.perf_counter() - start) / len(keys))
+        record("backward_", [((kv, out, stats), functools.partial(ga.scaled_dot_product_attention_backward, out, q,
+                                                                  kv, kv, out, stats, enable_gqa=True))
+                             for kv, (out, stats) in zip(keys, forwards)])
     times.update(graph_length_times(rng))
     shape = (1, 2, "S", 32)
     return {name: (shape, float(np.median(t))) for name, t in times.items()}
 
 
 def graph_length_times(rng) -> dict:
-    """{name: [seconds per call per round]}: the graph API's partition compiled once with the K/V length unknown
-    (-1), executed on NEW_LENGTHS new lengths per round (graph_new_length: each is planned on first sight), then
-    on the same lengths again (graph_repeat_length)."""
+    """{name: [seconds per call]}: the graph API's partition compiled once with the K/V length unknown (-1),
+    executed on NEW_LENGTHS new lengths per round (graph_new_length: each is planned on first sight), each
+    then again (graph_repeat_length)."""
     spec = SdpaGraphSpec(seq_q=1, seq_kv=-1, heads_q=4, head_dim=32)
     (partition,) = spec.build().get_partitions()
     ports = partition.get_input_ports()
@@ -110,20 +130,19 @@ def graph_length_times(rng) -> dict:
     compiled = partition.compile(ports, partition.get_output_ports(), engine)
     (out_port,) = compiled.outputs
     out = np.empty((1, 4, 1, 32), np.float32)
-    times: dict = {}
+    new, repeat = [], []
     for r in range(ROUNDS):
         calls = []
         for n in range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS):
             concrete = SdpaGraphSpec(seq_q=1, seq_kv=n, heads_q=4, head_dim=32)
             concrete.build()
             inputs = concrete.random_inputs(rng)
-            calls.append(([ga.Tensor(lt, engine, inputs[lt.id]) for lt in ports], [ga.Tensor(out_port, engine, out)]))
-        for name in ("graph_new_length", "graph_repeat_length"):
-            start = time.perf_counter()
-            for ins, outs in calls:
-                compiled.execute(stream, ins, outs)
-            times.setdefault(name, []).append((time.perf_counter() - start) / len(calls))
-    return times
+            tensors = ([ga.Tensor(lt, engine, inputs[lt.id]) for lt in ports], [ga.Tensor(out_port, engine, out)])
+            calls.append((tuple(inputs.values()), functools.partial(compiled.execute, stream, *tensors)))
+        pair = paired_times(calls)
+        new.extend(pair[0])
+        repeat.extend(pair[1])
+    return {"graph_new_length": new, "graph_repeat_length": repeat}
 
 
 def main() -> None:

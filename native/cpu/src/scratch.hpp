@@ -2,9 +2,12 @@
 // region and zero-initialised (padding lanes must read as 0, never garbage);
 // a count of 0 allocates nothing.
 // Small blocks are kept by the thread that frees them and handed out again
-// for the next request of the same size: on decode-sized calls, malloc and
-// free of each thread's scratch took about a third of the kernel's time
+// for the next request of the same size class: on decode-sized calls, malloc
+// and free of each thread's scratch took about a third of the kernel's time
 // (perf, (1,2,1,1,64) f32: malloc_consolidate, _int_malloc, _int_free).
+// Sizes are rounded up to eight classes per doubling, so that the calls of a
+// decode loop, whose key count grows by one each step, keep finding a block:
+// exact sizes made each new length allocate (and first touch) fresh memory.
 #pragma once
 
 #include <atomic>
@@ -125,7 +128,17 @@ private:
             bytes_ <= ThreadBlockCache::kMaxBlockBytes && ThreadBlockCache::of_this_thread().keep(data_, bytes_);
         if (!kept) ::operator delete[](data_, std::align_val_t(64));
     }
-    static size_t bytes(size_t count) { return ((count * sizeof(float) + 63) / 64) * 64; }
+    // The block size for `count` floats: whole 64-byte lines, then rounded up
+    // to a multiple of an eighth of the largest power of two at or below it
+    // (at most 1/8 more than asked).
+    static size_t bytes(size_t count) {
+        const size_t lines = ((count * sizeof(float) + 63) / 64) * 64;
+        if (lines <= 512) return lines;
+        size_t power = 512;
+        while (power * 2 <= lines) power *= 2;
+        const size_t step = power / 8;
+        return (lines + step - 1) / step * step;
+    }
     float* data_;
     size_t bytes_;
 };
