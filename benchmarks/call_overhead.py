@@ -8,7 +8,7 @@ Cases: NumPy inputs (plain, causal, stats); where torch is importable, torch
 tensors of shape (1, 1, 1, 16) (torch) and, for scale, PyTorch's own
 F.scaled_dot_product_attention on them (torch_sdpa).
 Also decode calls whose K/V length S is new on each call (new_length: the plan of an earlier length is
-re-made for it) against the same call again right after it, on the same data (repeat_length), on NumPy and, where importable, torch
+re-made for it) against a call of that length again right after it, on other data (repeat_length), on NumPy and, where importable, torch
 inputs, with K/V contiguous and as views of one preallocated buffer (static_), and with sinks and a softcap
 (sinks_, NumPy, contiguous); their backward (backward_, NumPy, contiguous); and a graph API partition
 compiled once with the K/V length unknown (-1), executed on new lengths and then on the same again (graph_).
@@ -49,33 +49,42 @@ NEW_LENGTHS = 200  # lengths per round: fewer than the plan cache keeps
 ROUNDS = 5
 
 
+_OTHER_WORK = np.ones(1 << 19, np.float32)  # 2 MiB: more than a core's L2
+
+
+def _other_work() -> None:
+    """What a model does between two attention calls, in little: it takes the caches from the last call."""
+    _OTHER_WORK.sum()
+    sorted(range(2000), key=lambda i: -i)
+
+
 def paired_times(calls) -> tuple[list, list]:
-    """Seconds of each call of a new length (its first) and of the same call again right after it (a cached
-    plan), for calls: a list of (data to touch, the call), each of a length no call had before.  The pair runs
-    on data touched just before, so that both find it in cache and only the plan's cost differs."""
+    """Seconds of each call of a new length (its first) and of a call of the same length and layout on other
+    data (its plan cached), for calls: a list of (arrays to touch, the new call, the repeated call), each of a
+    length no call had before.  Each timed call follows the same other work (_other_work), so that both start
+    from caches in the same state and only the plan's cost differs."""
     new, repeat = [], []
     clock = time.perf_counter
-    for touch, call in calls:
+    for touch, first, again in calls:
         for a in touch:
             a.sum()
-        start = clock()
-        call()
-        middle = clock()
-        call()
-        new.append(middle - start)
-        repeat.append(clock() - middle)
+        for call, times in ((first, new), (again, repeat)):
+            _other_work()
+            start = clock()
+            call()
+            times.append(clock() - start)
     return new, repeat
 
 
 def length_cases(rng) -> dict:
     """{name: (shape, seconds per call)}: decode calls (1, 4, 1, 32) against K/V (1, 2, S, 32), a kernel small
     enough that the plan's cost shows.  Each round calls NEW_LENGTHS lengths S that no call had before, each
-    timed on its first call (new_length) and on the same call right after (repeat_length); the medians over
-    every call of ROUNDS rounds, for contiguous K/V (a cache that grows by concatenation) and for views of one
-    preallocated buffer (a static cache)."""
+    timed on its first call (new_length) and on a call of the same length and layout right after, on other
+    data (repeat_length); the medians over every call of ROUNDS rounds, for contiguous K/V (a cache that grows
+    by concatenation) and for views of one preallocated buffer (a static cache)."""
     q = rng.standard_normal((1, 4, 1, 32)).astype(np.float32)
     longest = 64 + ROUNDS * NEW_LENGTHS
-    buffer = rng.standard_normal((1, 2, longest, 32)).astype(np.float32)
+    buffers = [rng.standard_normal((1, 2, longest, 32)).astype(np.float32) for _ in range(2)]
     kinds = {"": np.asarray}
     if torch is not None:
         kinds["torch_"] = torch.from_numpy
@@ -90,29 +99,39 @@ def length_cases(rng) -> dict:
         for r in range(ROUNDS):
             yield range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS)
 
+    def contiguous(n):  # K/V of length n from each buffer
+        return [np.ascontiguousarray(b[:, :, :n]) for b in buffers]
+
     for prefix, wrap in kinds.items():
         query = wrap(q)
         for layout in ("", "static_"):
             for lengths in rounds():
-                if layout:
-                    keys = [(buffer[:, :, :n], wrap(buffer)[:, :, :n]) for n in lengths]
-                else:
-                    keys = [(kv, wrap(kv)) for kv in (np.ascontiguousarray(buffer[:, :, :n]) for n in lengths)]
-                record(prefix + layout, [((data,), functools.partial(ga.scaled_dot_product_attention, query, kv, kv,
-                                                                      enable_gqa=True)) for data, kv in keys])
+                calls = []
+                for n in lengths:
+                    data = [b[:, :, :n] for b in buffers] if layout else contiguous(n)
+                    first, again = (functools.partial(ga.scaled_dot_product_attention, query, wrap(kv), wrap(kv),
+                                                      enable_gqa=True) for kv in data)
+                    calls.append((data, first, again))
+                record(prefix + layout, calls)
     # gpt-oss's decode: sinks and a softcap on NumPy, contiguous K/V
     sinks = rng.standard_normal(4).astype(np.float32)
     for lengths in rounds():
-        keys = [np.ascontiguousarray(buffer[:, :, :n]) for n in lengths]
-        record("sinks_", [((kv,), functools.partial(ga.scaled_dot_product_attention, q, kv, kv, enable_gqa=True,
-                                                    sinks=sinks, softcap=30.0)) for kv in keys])
+        calls = []
+        for n in lengths:
+            data = contiguous(n)
+            calls.append((data, *(functools.partial(ga.scaled_dot_product_attention, q, kv, kv, enable_gqa=True,
+                                                    sinks=sinks, softcap=30.0) for kv in data)))
+        record("sinks_", calls)
     # the backward of such decode calls (training with dynamic padding plans each new length the same way)
     for lengths in rounds():
-        keys = [np.ascontiguousarray(buffer[:, :, :n]) for n in lengths]
-        forwards = [ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True, return_stats=True) for kv in keys]
-        record("backward_", [((kv, out, stats), functools.partial(ga.scaled_dot_product_attention_backward, out, q,
-                                                                  kv, kv, out, stats, enable_gqa=True))
-                             for kv, (out, stats) in zip(keys, forwards)])
+        calls = []
+        for n in lengths:
+            data = contiguous(n)
+            forwards = [ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True, return_stats=True) for kv in data]
+            calls.append((data + [a for f in forwards for a in f],
+                          *(functools.partial(ga.scaled_dot_product_attention_backward, out, q, kv, kv, out, stats,
+                                              enable_gqa=True) for kv, (out, stats) in zip(data, forwards))))
+        record("backward_", calls)
     times.update(graph_length_times(rng))
     shape = (1, 2, "S", 32)
     return {name: (shape, float(np.median(t))) for name, t in times.items()}
@@ -121,7 +140,7 @@ def length_cases(rng) -> dict:
 def graph_length_times(rng) -> dict:
     """{name: [seconds per call]}: the graph API's partition compiled once with the K/V length unknown (-1),
     executed on NEW_LENGTHS new lengths per round (graph_new_length: each is planned on first sight), each
-    then again (graph_repeat_length)."""
+    followed by a call of the same length on other data (graph_repeat_length)."""
     spec = SdpaGraphSpec(seq_q=1, seq_kv=-1, heads_q=4, head_dim=32)
     (partition,) = spec.build().get_partitions()
     ports = partition.get_input_ports()
@@ -129,16 +148,17 @@ def graph_length_times(rng) -> dict:
     stream = ga.Stream(engine)
     compiled = partition.compile(ports, partition.get_output_ports(), engine)
     (out_port,) = compiled.outputs
-    out = np.empty((1, 4, 1, 32), np.float32)
+    outs = [np.empty((1, 4, 1, 32), np.float32) for _ in range(2)]
     new, repeat = [], []
     for r in range(ROUNDS):
         calls = []
         for n in range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS):
             concrete = SdpaGraphSpec(seq_q=1, seq_kv=n, heads_q=4, head_dim=32)
             concrete.build()
-            inputs = concrete.random_inputs(rng)
-            tensors = ([ga.Tensor(lt, engine, inputs[lt.id]) for lt in ports], [ga.Tensor(out_port, engine, out)])
-            calls.append((tuple(inputs.values()), functools.partial(compiled.execute, stream, *tensors)))
+            data = [concrete.random_inputs(rng) for _ in range(2)]
+            runs = [functools.partial(compiled.execute, stream, [ga.Tensor(lt, engine, inputs[lt.id]) for lt in ports],
+                                      [ga.Tensor(out_port, engine, out)]) for inputs, out in zip(data, outs)]
+            calls.append(([a for inputs in data for a in inputs.values()], *runs))
         pair = paired_times(calls)
         new.extend(pair[0])
         repeat.extend(pair[1])

@@ -18,7 +18,7 @@ import numpy as np
 from . import _cpu
 from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
-from .functional import (SignatureCache, _check_inputs, _free, _grouped_origin, _layout, _normalize_mask, _s64,
+from .functional import (_OPEN, SignatureCache, _check_inputs, _free, _grouped_origin, _layout, _normalize_mask, _s64,
                          _sycl_inputs, grouped_shapes)
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
@@ -79,11 +79,17 @@ _by_length_free = SignatureCache()  # _LengthFreeBackward by signature with the 
 
 
 def _length_free_signature(arrays: tuple, signature: tuple) -> tuple | None:
-    """A backward signature with each sequence length of 2 or more left out, for plain NumPy arrays of a call
-    without a mask; None for other calls."""
-    if any(type(a) is not np.ndarray or not a.size for a in arrays) or signature[1] is not None:
+    """A backward signature with each sequence length of 2 or more left out (read from the signature's own
+    layouts: shape, strides, dtype), for plain non-empty NumPy arrays of a call without a mask; None for other
+    calls."""
+    if signature[1] is not None or any(type(a) is not np.ndarray for a in arrays):
         return None
-    return tuple((a.shape[:-2], _free(a.shape[-2]), a.shape[-1], a.dtype.str) for a in arrays) + signature[2:]
+    free = []
+    for shape, _, dtype in signature[0]:
+        if 0 in shape:
+            return None
+        free.append((shape[:-2], _free(shape[-2]), shape[-1], dtype))
+    return tuple(free) + signature[2:]
 
 
 class _LengthFreeBackward:
@@ -98,14 +104,18 @@ class _LengthFreeBackward:
         # the dense gradients' batch strides over rows * cols
         grad_steps = tuple(dense_strides(shape[:-2] + (1,))[:-1] for shape in plan.grad_shapes)
         self.replay = plan.kernel.length_free(call.sources, call.folds, grad_steps)
+        self.open_window = (call.options["window_left"], call.options["window_right"])  # of calls without one
 
     def remade(self, q, k, v, o, do, st) -> _BackwardPlan | None:
         plan = self.plan
         seq_q, seq_kv = q.shape[-2], k.shape[-2]
         if v.shape[-2] != seq_kv or o.shape[-2] != seq_q or do.shape[-2] != seq_q or st.shape[-2] != seq_q:
             return None  # a length rule broken: the full checks name it
-        left, right = (_cpu.NO_KEY_LIMIT if w is None else w
-                       for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
+        if self.bounds == _OPEN:
+            left, right = self.open_window
+        else:
+            left, right = (_cpu.NO_KEY_LIMIT if w is None else w
+                           for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
         kernel = self.replay.plan_for(seq_q, seq_kv, q, k, v, o, st, do, left, right)
         if kernel is None:
             return None
