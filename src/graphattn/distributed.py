@@ -308,6 +308,10 @@ def _ring_forward(q, k, v, comm, is_causal, scale, enable_gqa, layout, return_st
     templates = [kn, vn]
     current = _pack(templates)  # the block in use, sent on meanwhile
     spare = np.empty_like(current)  # where the next block arrives
+    # Each step's results are merged (forward) or summed (backward) before the next step's calls write theirs, so
+    # a ring call keeps its kernels' result arrays from step to step: fresh ones, tens of MB each, cost their
+    # first touch on every step.
+    parts = {}  # the result array of a call of `count` query chunks
     for step in range(size):
         source = (rank - step) % size  # the rank whose K/V block this rank holds now
         exchange = _Exchange(comm, current, spare) if step < size - 1 else None
@@ -316,7 +320,8 @@ def _ring_forward(q, k, v, comm, is_causal, scale, enable_gqa, layout, return_st
             part, part_stats = functional.scaled_dot_product_attention(
                 _rows(qn, first, chunk, count), _rows(k_block, 0, chunk, keys), _rows(v_block, 0, chunk, keys),
                 is_causal=causal, scale=scale, enable_gqa=enable_gqa, return_stats=True,
-                causal_alignment="bottom_right")
+                causal_alignment="bottom_right", out=parts.get(count))
+            parts[count] = part
             if out is None:
                 rows = qn.shape[-2]
                 out = np.zeros(part.shape[:-2] + (rows, part.shape[-1]), np.float32)
@@ -356,6 +361,7 @@ def _ring_backward(grad_out, q, k, v, out, stats, comm, is_causal, scale, enable
     split = -(-(kn.nbytes + vn.nbytes) // 64) * 64  # [K | V] before, [dK | dV] after, 64-byte aligned
     current = np.empty(split + sum_templates[0].nbytes + sum_templates[1].nbytes, np.uint8)
     spare = np.empty_like(current)
+    grad_parts = {}  # the gradient arrays of a step's call-th call (see _ring_forward's parts), by shape
     for view, array in zip(_unpack(current, kv_templates), (kn, vn)):
         view[...] = array
     for step in range(size):
@@ -365,13 +371,14 @@ def _ring_backward(grad_out, q, k, v, out, stats, comm, is_causal, scale, enable
         exchange = _Exchange(comm, current[lo:hi], spare[lo:hi]) if hi > lo else None
         k_block, v_block = _unpack(current, kv_templates)
         parts = []  # (dk part, dv part, keys) of this step's calls, added to the accumulators once they arrive
-        for first, count, keys, causal in _calls(rank, source, size, layout, is_causal):
+        for call, (first, count, keys, causal) in enumerate(_calls(rank, source, size, layout, is_causal)):
             rows = dict(index=first, chunk=chunk, count=count)
+            q_rows, k_rows, v_rows = _rows(qn, **rows), _rows(k_block, 0, chunk, keys), _rows(v_block, 0, chunk, keys)
             grads = functional_backward.scaled_dot_product_attention_backward(
-                _rows(do, **rows), _rows(qn, **rows), _rows(k_block, 0, chunk, keys), _rows(v_block, 0, chunk, keys),
-                _rows(on, **rows), _rows(st, **rows), is_causal=causal, scale=scale, enable_gqa=enable_gqa,
-                causal_alignment="bottom_right")
-            grads = [np.ascontiguousarray(g) for g in grads]
+                _rows(do, **rows), q_rows, k_rows, v_rows, _rows(on, **rows), _rows(st, **rows), is_causal=causal,
+                scale=scale, enable_gqa=enable_gqa, causal_alignment="bottom_right",
+                grads_out=grad_parts.get((call, q_rows.shape, k_rows.shape)))
+            grad_parts[call, q_rows.shape, k_rows.shape] = grads
             _cpu.accumulate(_rows(dq, **rows), grads[0], dtypes.kernel_code(grads[0].dtype))
             parts.append((grads[1], grads[2], keys))
         if exchange is not None:

@@ -369,7 +369,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                                  scale: float | None = None, enable_gqa: bool = False, *,
                                  causal_alignment: str = "top_left", return_stats: bool = False,
                                  dropout_seed: int | None = None, dropout_offset: int = 0, window=None,
-                                 softcap: float | None = None, alibi_slopes=None, sinks=None):
+                                 softcap: float | None = None, alibi_slopes=None, sinks=None, out=None):
     """softmax(Q K^T * scale + mask) V, fused, with PyTorch's arguments.
 
     query (..., L, E), key (..., S, E), value (..., S, Ev), at least 3 dims;
@@ -393,7 +393,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     row that sees no key then gives 0).  Returns an array of query's kind and
     dtype, or (out, stats) with return_stats, stats being the f32 logsumexp
     (..., L, 1) of the scores, the sink included (dropout does not change it).
+    out: for NumPy inputs, a writable C-contiguous array of the result's shape
+    and dtype, sharing no memory with the inputs, that the result is written
+    to and returned as (a loop of equal calls then reuses its memory).
     """
+    if out is not None:
+        check_out_kind(out, query, "out")
     # torch operands that require grad, and calls torch.compile traces, go through graphattn's torch ops
     if type(query) is not np.ndarray and is_torch_tensor(query):
         torch_ops = _torch_ops or _load_torch_ops()
@@ -478,7 +483,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         out = torch_empty_like(q) if entry.out_like_query else torch_empty(entry.out_shape, entry.out_dtype)
         stats = torch_empty(entry.stats_shape, np.float32) if return_stats else None
     else:
-        out = _empty_like_kind(q, entry.out_shape, entry.out_dtype, queue)
+        out = _empty_like_kind(q, entry.out_shape, entry.out_dtype, queue) if out is None else \
+            checked_out(out, entry.out_shape, entry.out_dtype, {"query": q, "key": k, "value": v, "attn_mask": mask},
+                        "out")
         stats = _empty_like_kind(q, entry.stats_shape, np.float32, queue) if return_stats else None
     if verbose.enabled():
         _run_logged(entry, q, k, v, out, mask, stats, scale_value, seed, offset, queue, mods)
@@ -532,6 +539,30 @@ def _load_torch_ops():
 
     _torch_ops = torch_autograd
     return _torch_ops
+
+
+def check_out_kind(out, query, name: str) -> None:
+    """An output array given to write into must be a NumPy array, for NumPy inputs (torch and USM calls make
+    their own results)."""
+    if type(out) is not np.ndarray:
+        raise TypeError(f"{name} must be a NumPy array, got {type(out).__name__}")
+    if not isinstance(query, np.ndarray):
+        raise TypeError(f"{name} takes NumPy inputs; a call on {type(query).__name__} returns new arrays")
+
+
+def checked_out(out: np.ndarray, shape: tuple, dtype, inputs: dict, name: str) -> np.ndarray:
+    """out as the kernel writes it: of the result's shape and dtype, writable and C-contiguous (the kernel
+    writes it densely), sharing no memory with any of inputs (name -> array or None), which it reads meanwhile."""
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"{name} must have the result's shape {tuple(shape)} and dtype {np.dtype(dtype)}, got "
+                         f"{out.shape} {out.dtype}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{name} must be a writable C-contiguous array: the kernel writes it densely")
+    for input_name, a in inputs.items():
+        if a is not None and out.size and np.may_share_memory(out, a):
+            raise ValueError(f"{name} shares memory with {input_name}, which the kernel reads while it writes "
+                             f"{name}")
+    return out
 
 
 def _s64(value, name: str) -> int:

@@ -19,7 +19,7 @@ from . import _cpu
 from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
 from .functional import (_OPEN, SignatureCache, _check_inputs, _free, _grouped_origin, _layout, _normalize_mask, _s64,
-                         _sycl_inputs, grouped_shapes)
+                         _sycl_inputs, check_out_kind, checked_out, grouped_shapes)
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
@@ -74,6 +74,7 @@ class _BackwardPlan:
         return seq_q > 0 and seq_kv > 0 and 0 not in self.call.batch
 
 
+_GRADS_OUT_NAMES = ("grads_out[0] (dq)", "grads_out[1] (dk)", "grads_out[2] (dv)")
 _plans = SignatureCache()
 _by_length_free = SignatureCache()  # _LengthFreeBackward by signature with the sequence lengths left out
 
@@ -270,7 +271,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
                                           causal_alignment: str = "top_left", dropout_seed: int | None = None,
                                           dropout_offset: int = 0, return_mask_grad: bool = False, window=None,
                                           softcap: float | None = None, alibi_slopes=None, sinks=None,
-                                          return_sinks_grad: bool = False):
+                                          return_sinks_grad: bool = False, grads_out=None):
     """Gradients (dq, dk, dv) of scaled_dot_product_attention, fused.
 
     grad_out and out have the forward output's shape (..., L, Ev); stats is
@@ -282,7 +283,16 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     dropout_offset: the kernel regenerates the same keep-mask.  softcap,
     alibi_slopes and sinks are the forward's (stats include the sink);
     return_sinks_grad=True appends the f32 gradient of sinks, of its shape.
+    grads_out: for NumPy inputs, (dq, dk, dv) arrays to write the three
+    gradients to and return, each writable, C-contiguous, of its operand's
+    shape and dtype and sharing no memory with an input or another.
     """
+    if grads_out is not None:
+        if not isinstance(grads_out, (tuple, list)) or len(grads_out) != 3:
+            raise TypeError(f"grads_out must be a tuple of three arrays (dq, dk, dv), got "
+                            f"{type(grads_out).__name__}")
+        for name, a in zip(_GRADS_OUT_NAMES, grads_out):
+            check_out_kind(a, query, name)
     dropout_p = arguments.dropout_probability(dropout_p)
     mods = score_mods.checked(softcap, alibi_slopes, sinks, query)
     if return_sinks_grad and sinks is None:
@@ -363,7 +373,17 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     if plan.kv_copy is not None:
         k_in = xp.ascontiguousarray(xp.broadcast_to(k.reshape(k_shape2), plan.kv_copy[0]))
         v_in = xp.ascontiguousarray(xp.broadcast_to(v.reshape(v_shape2), plan.kv_copy[1]))
-    dq_full, dk_own, dv_own = (empty(shape, a.dtype) for shape, a in zip(plan.grad_shapes, (q, k, v)))
+    given = None
+    if grads_out is not None:  # each checked against the inputs and the gradients before it
+        given = []
+        read = {"query": q, "key": k, "value": v, "out": o, "grad_out": do, "stats": st, "attn_mask": mask}
+        for a, operand, name in zip(grads_out, (q, k, v), _GRADS_OUT_NAMES):
+            given.append(checked_out(a, operand.shape, operand.dtype, read, name))
+            read[name] = a
+    if given is not None and plan.direct:  # the kernel's gradient buffers are the gradients: it writes out
+        dq_full, dk_own, dv_own = (a.reshape(shape) for a, shape in zip(given, plan.grad_shapes))
+    else:
+        dq_full, dk_own, dv_own = (empty(shape, a.dtype) for shape, a in zip(plan.grad_shapes, (q, k, v)))
     dmask_full = None if plan.grad_mask_shape is None else empty(plan.grad_mask_shape, np.float32)
     dsinks = empty(mods.sinks.shape, np.float32) if return_sinks_grad else None
     per_head = {} if mods is None else mods.arrays(queue)  # held here until the kernels are done
@@ -390,6 +410,11 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     kv_alike = plan.kv_copy is None
     dk = (dk_own if kv_alike else _reduce_to(dk_own, k_shape2).astype(k.dtype, copy=False)).reshape(k.shape)
     dv = (dv_own if kv_alike else _reduce_to(dv_own, v_shape2).astype(v.dtype, copy=False)).reshape(v.shape)
+    if given is not None:
+        for target, result in zip(given, (dq, dk, dv)):
+            if not np.may_share_memory(target, result):  # computed in buffers of their own
+                np.copyto(target, result)
+        dq, dk, dv = given
     grads = (from_numpy(dq, kind), from_numpy(dk, kind), from_numpy(dv, kind))
     if return_mask_grad:
         dmask = None
