@@ -255,3 +255,22 @@ def test_backward_replay_declines_where_a_batch_fold_breaks(rng, monkeypatch):
         k, v = (random_array((2, 3, 2, seq + 3, 8), "f32", rng) for _ in range(2))
         _backward_against_reference(q, k, v, "f32", rng, f"at length {seq}, view {view}", enable_gqa=True)
         assert len(planned) == plans, (seq, view, len(planned))
+
+
+def test_a_loop_of_new_lengths_leaves_the_plan_cache_as_it_was(rng):
+    """Replays are not cached by length: a decode loop of more new lengths than the plan cache holds keeps
+    every other signature's plan in it, and plans only its first call."""
+    from graphattn.plan_cache import CACHE_SIZE
+
+    _fresh_caches()
+    other = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
+    ga.scaled_dot_product_attention(other, other, other)
+    q = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
+    cache = rng.standard_normal((1, 2, 20 + CACHE_SIZE + 10, 8)).astype(np.float32)
+    for n in range(20, 20 + CACHE_SIZE + 10):
+        kv = np.ascontiguousarray(cache[:, :, :n])
+        got = ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+        if n % 97 == 0:
+            assert_close(got, sdpa_reference(q, kv, kv, enable_gqa=True), "f32", f"length {n}")
+    assert len(functional._cache) == 2  # the other call's plan and the loop's first
+    assert len(functional._by_length_free) == 2

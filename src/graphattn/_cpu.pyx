@@ -122,16 +122,29 @@ cdef int _load_strides(object strides, int64_t* into) except -1:
 
 
 cdef int _load_array_strides(object array, int64_t* into) except -1:
-    # A NumPy array's element strides into a C array.
+    # A NumPy array's element strides into a C array; 1 (nothing usable loaded) where a byte stride is not a
+    # whole number of elements, which the full checks of a new plan then name.
     strides = array.strides
     cdef int64_t itemsize = array.itemsize
     cdef int n = len(strides)
     if n > kMaxArrayDims:
         raise ValueError(f"arrays of more than {kMaxArrayDims} dims are not supported")
     cdef int i
+    cdef int64_t stride
     for i in range(n):
-        into[i] = <int64_t>strides[i] // itemsize
+        stride = strides[i]
+        if stride % itemsize:
+            return 1
+        into[i] = stride // itemsize
     return 0
+
+
+cdef int _load_strides_of(object source, int64_t* into) except -1:
+    # The element strides of source, a tuple of them or a NumPy array (None: nothing loaded); 1 as
+    # _load_array_strides.
+    if source is None or type(source) is tuple:
+        return _load_strides(source, into)
+    return _load_array_strides(source, into)
 
 
 cdef double _no_elements[8]  # the address given for a torch tensor without storage
@@ -289,15 +302,14 @@ cdef class LengthFreeForward:
 
     def plan_for(self, int64_t seq_q, int64_t seq_kv, query, key, value, mask, int64_t window_left,
                  int64_t window_right, output=None, stats=None):
-        """The ForwardPlan for these lengths, given the element strides of query, key, value and mask (None
-        without one) and the window about the row; None where a fold of the lowering no longer holds.  The
-        output and the stats are dense unless their element strides are given (both, or the output alone
-        where the call has no stats)."""
+        """The ForwardPlan for these lengths, given query, key, value and mask (None without one) as their
+        element strides (tuples) or as the NumPy arrays themselves, and the window about the row; None where a
+        fold of the lowering no longer holds.  The output and the stats are dense unless their element strides
+        are given (both, or the output alone where the call has no stats)."""
         cdef int64_t own[kReplayedViews][kMaxArrayDims]  # strides of each array, by FORWARD_VIEWS index
-        _load_strides(query, own[0])
-        _load_strides(key, own[1])
-        _load_strides(value, own[2])
-        _load_strides(mask, own[4])
+        if _load_strides_of(query, own[0]) or _load_strides_of(key, own[1]) or _load_strides_of(value, own[2]) \
+                or _load_strides_of(mask, own[4]):
+            return None
         cdef int i, view
         cdef int64_t head_dim_v = self.args.head_dim_v
         cdef int n = self.batch_dims
@@ -439,12 +451,11 @@ cdef class LengthFreeBackward:
         """The BackwardPlan for these NumPy arrays (in their own shapes, of these lengths) and the window about
         the row, or None where a fold of the lowering no longer holds for their strides."""
         cdef int64_t own[kBackwardReplayed][kMaxArrayDims]  # strides of each slot's array
-        _load_array_strides(query, own[0])
-        _load_array_strides(key, own[1])
-        _load_array_strides(value, own[2])
-        _load_array_strides(output, own[3])
-        _load_array_strides(stats, own[4])
-        _load_array_strides(grad_output, own[5])
+        cdef int slot_index = 0
+        for array in (query, key, value, output, stats, grad_output):
+            if _load_array_strides(array, own[slot_index]):
+                return None
+            slot_index += 1
         cdef SdpaForwardArgs* shape = &self.template.args.forward
         cdef int64_t rows[3]
         cdef int64_t cols[3]

@@ -27,7 +27,7 @@ from .ops.broadcast import broadcast_shapes
 from .interop import (from_numpy, is_torch_tensor, plain_torch_tensors, to_numpy, torch_empty, torch_empty_like,
                       torch_layout, torch_random_seed)
 from .plan_cache import SignatureCache
-from .tensor import array_strides, element_strides
+from .tensor import array_strides
 
 _NEG_INF = float("-inf")
 _RUNS_ON_HOST = object()  # the cache's entry for USM calls the SYCL kernels cannot take
@@ -84,8 +84,8 @@ class _LengthFreePlan:
         self.window = entry.window
 
     def remade(self, q, k, v, mask, strides: tuple, torch_input: bool) -> _ForwardPlan | None:
-        """The plan for these arrays (their element strides given in that order, mask's None without one), or
-        None where the template's lowering does not hold for them."""
+        """The plan for these arrays, or None where the template's lowering does not hold for them.  strides:
+        their element strides in that order, or the NumPy arrays themselves (mask's None without one)."""
         seq_q, seq_kv = q.shape[-2], k.shape[-2]
         if v.shape[-2] != seq_kv or (mask is not None and (mask.shape[-2] not in (1, seq_q) or
                                                            mask.shape[-1] not in (1, seq_kv))):
@@ -101,13 +101,22 @@ class _LengthFreePlan:
         out_shape = self.out_head + (seq_q, self.head_dim_v)
         entry = self.entry
         out_like_query = (q.is_contiguous() if torch_input else q.flags.c_contiguous) and tuple(q.shape) == out_shape
-        result = _ForwardPlan(entry.call, plan, plan.bound(left, right, _NEG_INF, _NEG_INF).run, None, None,
-                              out_shape, out_shape[:-1] + (1,), entry.out_dtype, entry.default_scale, out_like_query,
-                              (left, right), (seq_q, seq_kv))
+        result = changed_copy(entry, plan=plan, runner=plan.bound(left, right, _NEG_INF, _NEG_INF).run,
+                              out_shape=out_shape, stats_shape=out_shape[:-1] + (1,), out_like_query=out_like_query,
+                              window=(left, right), lengths=(seq_q, seq_kv))
         if verbose.enabled():
             verbose.log("compile", "functional", "sdpa_forward_cpu", f"{plan.dispatch_text()},plan=new lengths",
                         result.shape_text)
         return result
+
+
+def changed_copy(record, **changes):
+    """A copy of a dataclass record with these fields changed: dataclasses.replace without its walk over every
+    field (nor copy.copy's generic protocol), which cost a new length's replay more than the rest of it."""
+    copied = object.__new__(type(record))
+    copied.__dict__.update(record.__dict__)
+    copied.__dict__.update(changes)
+    return copied
 
 
 def new_dropout_seed() -> int:
@@ -280,13 +289,10 @@ def _free(length: int) -> int:
     return length if length < 2 else -1
 
 
-def _element_strides(q, k, v, mask, torch_layouts) -> tuple:
-    """The element strides of Q, K, V and the mask (None without one)."""
-    if torch_layouts is not None:
-        (_, qs, _, _), (_, ks, _, _), (_, vs, _, _) = torch_layouts
-        return qs, ks, vs, None
-    return (element_strides(q, "query"), element_strides(k, "key"), element_strides(v, "value"),
-            None if mask is None else element_strides(mask, "attn_mask"))
+def _element_strides(torch_layouts) -> tuple:
+    """The element strides of torch Q, K and V (torch_layout's), and None for the mask they never have."""
+    (_, qs, _, _), (_, ks, _, _), (_, vs, _, _) = torch_layouts
+    return qs, ks, vs, None
 
 
 def _new_plan(q, k, v, mask, torch_direct, is_causal, enable_gqa, bounds, alignment, return_stats, dropout_p,
@@ -442,14 +448,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         # New lengths of a planned call re-make its plan; anything else is checked and lowered anew.
         free = _length_free_signature(q, k, v, mask, layouts, signature)
         template = None if free is None else _by_length_free.get(free)
-        if template is not None:
-            entry = template.remade(q, k, v, mask, _element_strides(q, k, v, mask, layouts), torch_direct)
+        if template is not None:  # not cached by length: a loop of new lengths would evict every other plan
+            entry = template.remade(q, k, v, mask, _element_strides(layouts) if torch_direct else (q, k, v, mask),
+                                    torch_direct)
         if entry is None:
             entry = _new_plan(q, k, v, mask, torch_direct, is_causal, enable_gqa, bounds, causal_alignment,
                               return_stats, dropout_p, queue, kind, mods)
             if free is not None and entry is not _RUNS_ON_HOST and entry.copies is None:
                 _by_length_free.put(free, _LengthFreePlan(entry, bounds, causal_alignment))
-        _cache.put(signature, entry)
+            _cache.put(signature, entry)
     if entry is _RUNS_ON_HOST:
         host = [None if a is None else sycl_runtime.to_host(a) for a in (q, k, v, mask)]
         result = scaled_dot_product_attention(*host, dropout_p, is_causal, scale, enable_gqa,

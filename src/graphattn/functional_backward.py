@@ -19,7 +19,7 @@ from . import _cpu
 from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
 from .functional import (_OPEN, SignatureCache, _check_inputs, _free, _grouped_origin, _layout, _normalize_mask, _s64,
-                         _sycl_inputs, check_out_kind, checked_out, grouped_shapes)
+                         _sycl_inputs, changed_copy, check_out_kind, checked_out, grouped_shapes)
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
@@ -121,20 +121,11 @@ class _LengthFreeBackward:
         if kernel is None:
             return None
         (gq, gk, gv, _), (dq, dk, dv) = plan.grouped, plan.grad_shapes
-        return _changed(plan, kernel=kernel, lengths=(seq_q, seq_kv, left, right),
+        return changed_copy(plan, kernel=kernel, lengths=(seq_q, seq_kv, left, right),
                         grouped=(gq[:-2] + (seq_q, gq[-1]), gk[:-2] + (seq_kv, gk[-1]), gv[:-2] + (seq_kv, gv[-1]),
                                  None),
                         grad_shapes=(dq[:-2] + (seq_q, dq[-1]), dk[:-2] + (seq_kv, dk[-1]), dv[:-2] + (seq_kv, dv[-1])),
                         operand_shapes=(q.shape, k.shape, v.shape))
-
-
-def _changed(record, **changes):
-    """A copy of a dataclass record with these fields changed: dataclasses.replace without its walk over every
-    field (nor copy.copy's generic protocol), which cost a new length's replay more than the rest of it."""
-    copied = object.__new__(type(record))
-    copied.__dict__.update(record.__dict__)
-    copied.__dict__.update(changes)
-    return copied
 
 
 def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad,
