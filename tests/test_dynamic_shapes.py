@@ -228,3 +228,28 @@ def test_an_output_of_the_wrong_length_is_refused_after_replays(rng):
         compiled.execute(ga.Stream(engine), [ga.Tensor(lt, engine, inputs[lt.id]) for lt in ports],
                          [ga.Tensor(out, engine, wrong)])
     assert not wrong.any()
+
+
+def test_a_replayed_class_still_checks_dtypes_and_known_dims(rng):
+    """A call of a replayed class whose data has another dtype, or a known dim of another size, is refused as
+    a compiled call would refuse it: the replay trusts only the lengths."""
+    spec = SdpaGraphSpec(seq_q=-1, seq_kv=-1)
+    (partition,) = spec.build().get_partitions()
+    ports = partition.get_input_ports()
+    compiled = partition.compile(ports, partition.get_output_ports(), ga.Engine("cpu"))
+    for seq_q, seq_kv in ((4, 9), (6, 11)):
+        _run_dynamic(compiled, ports, _inputs(SdpaGraphSpec(seq_q=seq_q, seq_kv=seq_kv), rng))
+    inputs = _inputs(SdpaGraphSpec(seq_q=7, seq_kv=12), rng)
+    query = spec.ids["query"]
+    engine = ga.Engine("cpu")
+    tensors = [ga.Tensor(ga.LogicalTensor(lt.id, "f16" if lt.id == query else lt.dtype, inputs[lt.id].shape), engine,
+                         inputs[lt.id].astype(np.float16) if lt.id == query else inputs[lt.id]) for lt in ports]
+    out = np.empty((1, 2, 7, 32), np.float32)
+    (out_port,) = partition.get_output_ports()
+    with pytest.raises(TypeError, match=rf"port {query} was compiled for f32, got a Tensor of f16"):
+        compiled.execute(ga.Stream(engine), tensors, [ga.Tensor(out_port, engine, out)])
+    wider = _inputs(SdpaGraphSpec(seq_q=7, seq_kv=12, head_dim=16), rng)
+    tensors = [ga.Tensor(ga.LogicalTensor(lt.id, lt.dtype, wider[lt.id].shape), engine, wider[lt.id]) for lt in ports]
+    with pytest.raises(ValueError, match=rf"tensor {query} has shape \(1, 2, 7, 16\), compiled for \(1, 2, -1, 32\)"):
+        compiled.execute(ga.Stream(engine), tensors, [ga.Tensor(ga.LogicalTensor(out_port.id, "f32", (1, 2, 7, 16)),
+                                                                engine, np.empty((1, 2, 7, 16), np.float32))])
