@@ -10,8 +10,9 @@ F.scaled_dot_product_attention on them (torch_sdpa).
 Also decode calls whose K/V length S is new on each call (new_length: the plan of an earlier length is
 re-made for it) against a call of that length again right after it, on other data (repeat_length), on NumPy and, where importable, torch
 inputs, with K/V contiguous and as views of one preallocated buffer (static_), and with sinks and a softcap
-(sinks_, NumPy, contiguous); their backward (backward_, NumPy, contiguous); and a graph API partition
-compiled once with the K/V length unknown (-1), executed on new lengths and then on the same again (graph_).
+(sinks_, NumPy, contiguous); their backward (backward_, NumPy, contiguous); and graph API partitions, the
+forward's (graph_) and the training backward's (graph_backward_), compiled once with the K/V length unknown
+(-1) and executed on new lengths.
 Prints one JSON line per case and a table.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 import graphattn as ga
 from bench_common import cpu_model, print_table
+from graphattn.dtypes import numpy_dtype
 from graphattn.testing import SdpaGraphSpec
 
 try:
@@ -133,36 +135,44 @@ def length_cases(rng) -> dict:
                                               enable_gqa=True) for kv, (out, stats) in zip(data, forwards))))
         record("backward_", calls)
     times.update(graph_length_times(rng))
+    times.update(graph_length_times(rng, backward=True))
     shape = (1, 2, "S", 32)
     return {name: (shape, float(np.median(t))) for name, t in times.items()}
 
 
-def graph_length_times(rng) -> dict:
-    """{name: [seconds per call]}: the graph API's partition compiled once with the K/V length unknown (-1),
-    executed on NEW_LENGTHS new lengths per round (graph_new_length: each is planned on first sight), each
-    followed by a call of the same length on other data (graph_repeat_length)."""
-    spec = SdpaGraphSpec(seq_q=1, seq_kv=-1, heads_q=4, head_dim=32)
-    (partition,) = spec.build().get_partitions()
+def graph_length_times(rng, backward: bool = False) -> dict:
+    """{name: [seconds per call]}: the graph API's partition (the forward's, or with backward the training
+    backward's) compiled once with the K/V length unknown (-1), executed on NEW_LENGTHS new lengths per round
+    (graph_new_length: each is planned on first sight), each followed by a call of the same length on other
+    data (graph_repeat_length)."""
+    options = dict(seq_q=1, heads_q=4, head_dim=32, stats=backward, softmax_mode="inf_as_zero")
+    spec = SdpaGraphSpec(seq_kv=-1, **options)
+    (partition,) = (spec.build_backward() if backward else spec.build()).get_partitions()
     ports = partition.get_input_ports()
     engine = ga.Engine("cpu")
     stream = ga.Stream(engine)
     compiled = partition.compile(ports, partition.get_output_ports(), engine)
-    (out_port,) = compiled.outputs
-    outs = [np.empty((1, 4, 1, 32), np.float32) for _ in range(2)]
     new, repeat = [], []
     for r in range(ROUNDS):
         calls = []
         for n in range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS):
-            concrete = SdpaGraphSpec(seq_q=1, seq_kv=n, heads_q=4, head_dim=32)
-            concrete.build()
-            data = [concrete.random_inputs(rng) for _ in range(2)]
+            concrete = SdpaGraphSpec(seq_kv=n, **options)
+            if backward:
+                data = [concrete.backward_case(rng)[1] for _ in range(2)]
+            else:
+                concrete.build()
+                data = [concrete.random_inputs(rng) for _ in range(2)]
+            outs = compiled.query_dynamic_outputs([ga.LogicalTensor(lt.id, lt.dtype, data[0][lt.id].shape)
+                                                   for lt in ports])
             runs = [functools.partial(compiled.execute, stream, [ga.Tensor(lt, engine, inputs[lt.id]) for lt in ports],
-                                      [ga.Tensor(out_port, engine, out)]) for inputs, out in zip(data, outs)]
+                                      [ga.Tensor(lt, engine, np.empty(lt.shape, numpy_dtype(lt.dtype))) for lt in outs])
+                    for inputs in data]
             calls.append(([a for inputs in data for a in inputs.values()], *runs))
         pair = paired_times(calls)
         new.extend(pair[0])
         repeat.extend(pair[1])
-    return {"graph_new_length": new, "graph_repeat_length": repeat}
+    prefix = "graph_backward_" if backward else "graph_"
+    return {prefix + "new_length": new, prefix + "repeat_length": repeat}
 
 
 def main() -> None:

@@ -447,13 +447,15 @@ cdef class LengthFreeBackward:
     cdef FoldChecks folds
 
     def plan_for(self, int64_t seq_q, int64_t seq_kv, query, key, value, output, stats, grad_output,
-                 int64_t window_left, int64_t window_right):
-        """The BackwardPlan for these NumPy arrays (in their own shapes, of these lengths) and the window about
-        the row, or None where a fold of the lowering no longer holds for their strides."""
+                 int64_t window_left, int64_t window_right, tuple grads=None):
+        """The BackwardPlan for these operands (NumPy arrays in their own shapes, of these lengths, or tuples of
+        their element strides) and the window about the row, or None where a fold of the lowering no longer
+        holds for their strides.  grads: dQ, dK and dV likewise, where they are not dense in their grouped
+        shapes (the graph API's gradients are the caller's arrays)."""
         cdef int64_t own[kBackwardReplayed][kMaxArrayDims]  # strides of each slot's array
         cdef int slot_index = 0
-        for array in (query, key, value, output, stats, grad_output):
-            if _load_array_strides(array, own[slot_index]):
+        for operand in (query, key, value, output, stats, grad_output) + (grads or ()):
+            if _load_strides_of(operand, own[slot_index]):
                 return None
             slot_index += 1
         cdef SdpaForwardArgs* shape = &self.template.args.forward
@@ -462,7 +464,7 @@ cdef class LengthFreeBackward:
         rows[0], rows[1], rows[2] = seq_q, seq_kv, seq_kv
         cols[0], cols[1], cols[2] = shape.head_dim_qk, shape.head_dim_qk, shape.head_dim_v
         cdef int g, i, n, slot
-        for g in range(3):  # the gradients' dense strides
+        for g in range(3 if grads is None else 0):  # the gradients' dense strides
             n = self.grad_dims[g]
             for i in range(n):
                 own[kBackwardGiven + g][i] = self.grad_steps[g][i] * rows[g] * cols[g]

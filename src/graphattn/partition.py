@@ -10,7 +10,7 @@ from . import sycl_runtime, verbose
 from .dtypes import numpy_dtype
 from .engine import Engine, Stream
 from .kernels.fused_sdpa import FusedSdpaForward, LengthReplay, NotUsable
-from .kernels.fused_sdpa_backward import FusedSdpaBackward
+from .kernels.fused_sdpa_backward import BackwardLengthReplay, FusedSdpaBackward
 from .kernels.reference import ReferenceKernel, SyclHostFallback
 from .logical_tensor import UNKNOWN_DIM, LogicalTensor, dense_strides
 from .ops import Op, OpKind
@@ -314,7 +314,7 @@ class CompiledPartition:
 class _LengthTemplate:
     """A dynamic partition's compile for one class of lengths, and its kernel's replay for the others."""
     compiled: CompiledPartition
-    replay: LengthReplay
+    replay: LengthReplay | BackwardLengthReplay
 
 
 _NO_REPLAY = object()  # the replay cache's entry for a class of lengths whose every call compiles
@@ -326,11 +326,11 @@ class DynamicCompiledPartition:
     query_dynamic_outputs gives the outputs' shapes for given input shapes.  Each new set of shapes and
     layouts is compiled once, on its first execute, and kept in a SignatureCache.
 
-    A fused forward's compile is replayed for calls that differ from a compiled one only in the sizes of
-    unknown dims, the same unknown dims equal to each other (_length_free_key): the kernel's lowering is
-    re-made for their lengths and strides (kernels.fused_sdpa.LengthReplay) with nothing checked or lowered
-    again.  It is made once per such class of calls, where the partition compiled at probe lengths lowers the
-    same but for the lengths."""
+    A fused compile is replayed for calls that differ from a compiled one only in the sizes of unknown dims,
+    the same unknown dims equal to each other (_length_free_key): the kernel's lowering is re-made for their
+    lengths and strides (the forward's kernels.fused_sdpa.LengthReplay, the backward's BackwardLengthReplay,
+    for backward partitions without a mask tensor) with nothing checked or lowered again.  It is made once per
+    such class of calls, where the partition compiled at probe lengths lowers the same but for the lengths."""
 
     def __init__(self, partition: Partition, inputs: dict, outputs: Sequence[LogicalTensor], engine: Engine):
         self.partition = partition

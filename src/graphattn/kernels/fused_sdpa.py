@@ -175,6 +175,54 @@ def check_sycl_usable(input_dtypes: set, head_dim: int, head_dim_v: int) -> None
         raise NotUsable(f"head sizes {head_dim}/{head_dim_v}; the SYCL kernels take at most {limit}")
 
 
+class ReplayedLengths:
+    """What a fused kernel of a graph partition keeps to be replayed for other sequence lengths: the port of each
+    operand (ports, role -> tensor id), where the lengths come from in the ports' arrays (length_axes: (port id,
+    axis) of the query's rows and of the key's), the chains' folds (chain_folds, as KernelCall.folds), and
+    whether every view knows its strides' sources (replayable).  The kernel sets self.call (its lowering)."""
+
+    def note_views(self, views: dict, ports: dict, lts: dict, replayable: bool = True) -> None:
+        """views: role -> _View of each operand read from a port (ports: role -> tensor id)."""
+        self.ports = ports
+        self.length_axes = tuple(None if views[role].origin is None or views[role].origin[-2] is None else
+                                 (ports[role], views[role].origin[-2][0]) for role in ("query", "key"))
+        self.port_shapes = {ports[role]: lts[ports[role]].shape for role in ("query", "key")}
+        self.chain_folds = tuple((role, outer, inner, size) for role, view in views.items()
+                                 for outer, inner, size in view.folds)
+        self.replayable = replayable and all(view.origin is not None for view in views.values())
+
+    def replay_lengths(self, probe) -> tuple | None:
+        """(seq_q, seq_kv) of a replay, each a fixed length or the (port id, axis) that gives it, or None where
+        no replay can be made.  probe: the same partition compiled at other sequence lengths (dense arrays);
+        the lowering must come out the same but for the lengths, which must each be one port's dim."""
+        if type(probe) is not type(self) or not (self.replayable and probe.replayable):
+            return None
+        a, b = self.call, probe.call
+        if (a.batch, a.head_dim, a.head_dim_v, a.sources, a.folds, a.options, self.chain_folds) != \
+                (b.batch, b.head_dim, b.head_dim_v, b.sources, b.folds, b.options, probe.chain_folds) or \
+                {r: code for r, (code, _) in a.roles.items()} != {r: code for r, (code, _) in b.roles.items()}:
+            return None
+        lengths = []
+        for length, probe_length, source, probe_source in zip((a.seq_q, a.seq_kv), (b.seq_q, b.seq_kv),
+                                                              self.length_axes, probe.length_axes):
+            if length == probe_length:
+                lengths.append(length)
+            elif source is not None and source == probe_source and \
+                    self.port_shapes[source[0]][source[1]] == length and \
+                    probe.port_shapes[source[0]][source[1]] == probe_length:
+                lengths.append(source)
+            else:
+                return None
+        return tuple(lengths)
+
+    def replayed(self, **changes):
+        """A copy of this kernel with these attributes changed (a replay's plans and lengths)."""
+        kernel = type(self).__new__(type(self))
+        kernel.__dict__.update(self.__dict__)  # what copy.copy does, without its generic protocol's cost
+        kernel.__dict__.update(changes)
+        return kernel
+
+
 class LengthReplay:
     """A FusedSdpaForward's lowering replayed for the sequence lengths of other calls (_cpu.LengthFreeForward):
     the strides of each operand follow its port's array, where the lowering's folds still hold."""
@@ -197,7 +245,7 @@ class LengthReplay:
         return None if plan is None else self.kernel.with_plan(plan, seq_q, seq_kv)
 
 
-class FusedSdpaForward:
+class FusedSdpaForward(ReplayedLengths):
     """Runs one matched SDPA forward partition with graphattn::sdpa_forward."""
 
     name = "sdpa_forward_cpu"
@@ -225,18 +273,12 @@ class FusedSdpaForward:
             views["mask"] = _apply_chain(m.mask, lts, shapes)
         if m.stats_id is not None:
             views["stats"] = port_view(lts[m.stats_id])
-        self.ports = {role: tensor_id for role, tensor_id in (
+        ports = {role: tensor_id for role, tensor_id in (
             ("query", m.query.tensor_id), ("key", m.key.tensor_id), ("value", m.value.tensor_id),
             ("output", m.output_id), ("mask", None if m.mask is None else m.mask.tensor_id),
             ("stats", m.stats_id)) if tensor_id is not None}
+        self.note_views(views, ports, lts)
         operands = {role: operand(lts[self.ports[role]].dtype, view) for role, view in views.items()}
-        # where the lengths come from in the ports' arrays: (port id, axis) of the query's rows and the key's
-        self.length_axes = tuple(None if views[role].origin is None or views[role].origin[-2] is None else
-                                 (self.ports[role], views[role].origin[-2][0]) for role in ("query", "key"))
-        self.port_shapes = {self.ports[role]: lts[self.ports[role]].shape for role in ("query", "key")}
-        self.chain_folds = tuple((role, outer, inner, size) for role, view in views.items()
-                                 for outer, inner, size in view.folds)
-        self.replayable = all(view.origin is not None for view in views.values())
         self.scale = _scalar_chain(m.scale, lts, "scale")
         self.softcap = None if m.softcap_divisor is None else (
             _scalar_chain(m.softcap_divisor, lts, "softcap divisor"),
@@ -275,37 +317,14 @@ class FusedSdpaForward:
         return self.plan.kernel_name() if self.on_sycl else self.plan.isa()
 
     def length_replay(self, probe) -> LengthReplay | None:
-        """A LengthReplay of this kernel for the lengths of other calls, or None where it cannot be made.
-        probe: the same partition compiled at other sequence lengths (dense arrays); the lowering must come
-        out the same but for the lengths, which must each be one port's dim."""
-        if self.on_sycl or not isinstance(probe, FusedSdpaForward) or not (self.replayable and probe.replayable):
-            return None
-        a, b = self.call, probe.call
-        if (a.batch, a.head_dim, a.head_dim_v, a.sources, a.folds, a.options, self.chain_folds) != \
-                (b.batch, b.head_dim, b.head_dim_v, b.sources, b.folds, b.options, probe.chain_folds) or \
-                {r: code for r, (code, _) in a.roles.items()} != {r: code for r, (code, _) in b.roles.items()}:
-            return None
-        lengths = []
-        for length, probe_length, source, probe_source in zip((a.seq_q, a.seq_kv), (b.seq_q, b.seq_kv),
-                                                              self.length_axes, probe.length_axes):
-            if length == probe_length:
-                lengths.append(length)
-            elif source is not None and source == probe_source and \
-                    self.port_shapes[source[0]][source[1]] == length and \
-                    probe.port_shapes[source[0]][source[1]] == probe_length:
-                lengths.append(source)
-            else:
-                return None
-        return LengthReplay(self, *lengths)
+        """A LengthReplay of this kernel for the lengths of other calls, or None where it cannot be made (see
+        ReplayedLengths.replay_lengths)."""
+        lengths = None if self.on_sycl else self.replay_lengths(probe)
+        return None if lengths is None else LengthReplay(self, *lengths)
 
     def with_plan(self, plan, seq_q: int, seq_kv: int) -> FusedSdpaForward:
         """This kernel with another plan, of these lengths (a LengthReplay's)."""
-        kernel = FusedSdpaForward.__new__(FusedSdpaForward)
-        kernel.__dict__.update(self.__dict__)  # what copy.copy does, without its generic protocol's cost
-        kernel.plan = plan
-        kernel._capped_plans = {}
-        kernel.lengths = (seq_q, seq_kv)
-        return kernel
+        return self.replayed(plan=plan, _capped_plans={}, lengths=(seq_q, seq_kv))
 
     def plan_for(self, inputs: dict):
         """The kernel plan for a call with these inputs: the compiled one, or, with a softcap, its copy for the

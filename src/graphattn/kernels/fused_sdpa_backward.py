@@ -19,8 +19,8 @@ from ..ops import OpKind
 from ..patterns.sdpa_backward import GradientOutput, SdpaBackwardMatch
 from ..attention_spec import AttentionSpec, NotUsable, Operand, lower
 from ..logical_tensor import dense_strides
-from .fused_sdpa import (WindowOperands, _apply_chain, _scalar, _scalar_chain, _u64, _View, check_sycl_usable, operand,
-                         output_view, plan_window, usm_address)
+from .fused_sdpa import (ReplayedLengths, WindowOperands, _apply_chain, _scalar, _scalar_chain, _u64, _View,
+                         check_sycl_usable, operand, output_view, plan_window, usm_address)
 
 
 def _gradient_view(grad: GradientOutput, lts, shapes) -> _View:
@@ -41,7 +41,43 @@ def _check_reduction(grad: GradientOutput, operand: _View, batch: tuple, name: s
     return view
 
 
-class FusedSdpaBackward:
+class BackwardLengthReplay:
+    """A FusedSdpaBackward's lowering replayed for the sequence lengths of other calls: the backward's plan and
+    the plan of its O recompute (native/cpu's LengthFreeBackward and LengthFreeForward), each operand's
+    strides following its port's array and O dense at the new lengths."""
+
+    FORWARD_ROLES = ("query", "key", "value", "output")  # what the O recompute reads and writes
+
+    def __init__(self, kernel: FusedSdpaBackward, seq_q, seq_kv):
+        self.kernel = kernel
+        self.lengths = (seq_q, seq_kv)  # each a fixed length or the (port id, axis) that gives it
+        call = kernel.call
+        folds = call.folds + kernel.chain_folds
+        self.backward = kernel.backward_plan.length_free(call.sources, folds, ((), (), ()))
+        self.forward = kernel.forward_plan.length_free(
+            {role: call.sources[role] for role in self.FORWARD_ROLES},
+            tuple(fold for fold in folds if fold[0] in self.FORWARD_ROLES), ())
+        self.window = (call.options["window_left"], call.options["window_right"])
+        ports = kernel.ports
+        self.port_order = tuple(ports[role] for role in ("query", "key", "value", "stats", "grad_output",
+                                                         "grad_query", "grad_key", "grad_value"))
+
+    def kernel_for(self, shapes: dict, strides: dict) -> FusedSdpaBackward | None:
+        """The kernel for ports' arrays of these shapes and element strides (by port id), or None where a fold
+        of the lowering does not hold for them."""
+        seq_q, seq_kv = (n if type(n) is int else shapes[n[0]][n[1]] for n in self.lengths)
+        kernel = self.kernel
+        q, k, v, stats, grad_out, dq, dk, dv = (strides[tid] for tid in self.port_order)
+        o = dense_strides(kernel.batch + (seq_q, kernel.call.head_dim_v))
+        backward = self.backward.plan_for(seq_q, seq_kv, q, k, v, o, stats, grad_out, *self.window, (dq, dk, dv))
+        forward = self.forward.plan_for(seq_q, seq_kv, q, k, v, None, *self.window, o, None)
+        if backward is None or forward is None:
+            return None
+        return kernel.replayed(backward_plan=backward, forward_plan=forward, lengths=(seq_q, seq_kv),
+                               o_shape=kernel.call.batch + (seq_q, kernel.call.head_dim_v))
+
+
+class FusedSdpaBackward(ReplayedLengths):
     """Runs one matched SDPA backward partition with graphattn::sdpa_forward (for O) and sdpa_backward."""
 
     name = "sdpa_backward_cpu"
@@ -78,6 +114,14 @@ class FusedSdpaBackward:
             # The recomputed O: f32, contiguous over (batch, Sq, Dv).
             "output": Operand(DataType.f32, tuple(batch) + (seq_q, head_dim_v),
                               dense_strides(tuple(batch) + (seq_q, head_dim_v)))}
+        # Replays for other lengths (see ReplayedLengths): only calls without a mask tensor.
+        self.note_views({"query": q, "key": k, "value": v, "grad_output": grad_out, "stats": stats,
+                         "grad_query": dq, "grad_key": dk, "grad_value": dv},
+                        {"query": m.query.tensor_id, "key": m.key.tensor_id, "value": m.value.tensor_id,
+                         "grad_output": m.grad_output.tensor_id, "stats": m.stats.tensor_id,
+                         "grad_query": m.dq.tensor_id, "grad_key": m.dk.tensor_id, "grad_value": m.dv.tensor_id},
+                        lts, replayable=m.mask is None and m.grad_mask_id is None)
+        self.batch = tuple(batch)
         if m.mask is not None:
             operands["mask"] = operand(dtype(m.mask.tensor_id), _apply_chain(m.mask, lts, shapes))
         if m.grad_mask_id is not None:
@@ -105,9 +149,21 @@ class FusedSdpaBackward:
         forward_roles = {r: call.roles[r] for r in ("query", "key", "value", "output", "mask") if r in call.roles}
         self.forward_plan = dataclasses.replace(call, roles=forward_roles).forward_plan(self.queue)
         self.backward_plan = None if self.queue is not None else call.backward_plan()
-        self.shape_text = call.shape_text
+        self.lengths = (seq_q, seq_kv)
         self.isa = "subgroup" if self.queue is not None else _cpu.backward_isa([dt.value for dt in input_dtypes],
                                                                                 seq_q, seq_kv)
+
+    @property
+    def shape_text(self) -> str:
+        """The call's shape for the verbose log."""
+        options = self.call.options
+        return self.call.shape_text_for(*self.lengths, options["window_left"], options["window_right"])
+
+    def length_replay(self, probe) -> BackwardLengthReplay | None:
+        """A BackwardLengthReplay of this kernel for the lengths of other calls, or None where it cannot be made
+        (see ReplayedLengths.replay_lengths)."""
+        lengths = None if self.queue is not None else self.replay_lengths(probe)
+        return None if lengths is None else BackwardLengthReplay(self, *lengths)
 
     def dispatch_text(self) -> str:
         """isa=<build> and, on the CPU, why=<the rule that chose it> and the key pass's layout (for the verbose
