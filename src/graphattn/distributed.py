@@ -142,15 +142,19 @@ def unshard(x_local, comm, layout: str = "zigzag"):
 
 class _Exchange:
     """One hop of the ring on a communication thread: send `outgoing` (bytes) to the next rank while receiving
-    the previous rank's into `incoming`.  join() re-raises the thread's error."""
+    the previous rank's into `incoming`.  fill: (views of outgoing, arrays) copied into them first, on that
+    thread, so that packing the first hop overlaps the first kernels (which read the arrays themselves).
+    join() re-raises the thread's error."""
 
-    def __init__(self, comm, outgoing: np.ndarray, incoming: np.ndarray):
+    def __init__(self, comm, outgoing: np.ndarray, incoming: np.ndarray, fill: tuple = ((), ())):
         rank, size = _rank_size(comm)
         self.error = None
         self.waited_for = threading.Event()  # set by join(): the caller has nothing left to overlap
 
         def run():
             try:
+                for view, array in zip(*fill):
+                    np.copyto(view, array)  # NumPy lets the GIL go for such copies
                 _sendrecv(comm, outgoing, (rank + 1) % size, incoming, (rank - 1) % size, self.waited_for)
             except BaseException as why:  # handed to the main thread, which aborts the ring
                 self.error = why
@@ -194,11 +198,6 @@ def _abort_on_error(comm, what: str, fn):
               "aborting every rank", file=sys.stderr, flush=True)
         comm.Abort(1)
         raise
-
-
-def _pack(arrays: list) -> np.ndarray:
-    """The arrays' bytes in one new buffer (bf16/f16 travel as their bytes)."""
-    return np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays])
 
 
 def _unpack(buffer: np.ndarray, templates: list) -> list:
@@ -306,7 +305,7 @@ def _ring_forward(q, k, v, comm, is_causal, scale, enable_gqa, layout, return_st
     qn, kn, vn, kind, rank, size, chunk = _local_inputs(q, k, v, comm, layout)
     out = stats = None  # the f32 result so far and its log-sum-exp (-inf: no key seen yet), made at the first call
     templates = [kn, vn]
-    current = _pack(templates)  # the block in use, sent on meanwhile
+    current = np.empty(kn.nbytes + vn.nbytes, np.uint8)  # the block in use, sent on meanwhile (bf16/f16 as bytes)
     spare = np.empty_like(current)  # where the next block arrives
     # Each step's results are merged (forward) or summed (backward) before the next step's calls write theirs, so
     # a ring call keeps its kernels' result arrays from step to step: fresh ones, tens of MB each, cost their
@@ -314,8 +313,10 @@ def _ring_forward(q, k, v, comm, is_causal, scale, enable_gqa, layout, return_st
     parts = {}  # the result array of a call of `count` query chunks
     for step in range(size):
         source = (rank - step) % size  # the rank whose K/V block this rank holds now
-        exchange = _Exchange(comm, current, spare) if step < size - 1 else None
-        k_block, v_block = _unpack(current, templates)
+        # The first step reads this rank's own K and V, which its hop packs meanwhile.
+        fill = (_unpack(current, templates), templates) if step == 0 else ((), ())
+        exchange = _Exchange(comm, current, spare, fill) if step < size - 1 else None
+        k_block, v_block = templates if step == 0 else _unpack(current, templates)
         for first, count, keys, causal in _calls(rank, source, size, layout, is_causal):
             part, part_stats = functional.scaled_dot_product_attention(
                 _rows(qn, first, chunk, count), _rows(k_block, 0, chunk, keys), _rows(v_block, 0, chunk, keys),
@@ -362,14 +363,14 @@ def _ring_backward(grad_out, q, k, v, out, stats, comm, is_causal, scale, enable
     current = np.empty(split + sum_templates[0].nbytes + sum_templates[1].nbytes, np.uint8)
     spare = np.empty_like(current)
     grad_parts = {}  # the gradient arrays of a step's call-th call (see _ring_forward's parts), by shape
-    for view, array in zip(_unpack(current, kv_templates), (kn, vn)):
-        view[...] = array
     for step in range(size):
         source = (rank - step) % size
         send_kv, send_grads = step < size - 1, step > 0
         lo, hi = (0 if send_kv else split), (current.size if send_grads else split)
-        exchange = _Exchange(comm, current[lo:hi], spare[lo:hi]) if hi > lo else None
-        k_block, v_block = _unpack(current, kv_templates)
+        # The first step reads this rank's own K and V, which its hop packs meanwhile (as the forward's).
+        fill = (_unpack(current, kv_templates), kv_templates) if step == 0 else ((), ())
+        exchange = _Exchange(comm, current[lo:hi], spare[lo:hi], fill) if hi > lo else None
+        k_block, v_block = kv_templates if step == 0 else _unpack(current, kv_templates)
         parts = []  # (dk part, dv part, keys) of this step's calls, added to the accumulators once they arrive
         for call, (first, count, keys, causal) in enumerate(_calls(rank, source, size, layout, is_causal)):
             rows = dict(index=first, chunk=chunk, count=count)
