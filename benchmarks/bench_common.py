@@ -29,6 +29,15 @@ def attention_flops(batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: i
     return flops
 
 
+def add_ring_shape_arguments(parser) -> None:
+    """The ring benchmarks' shape: --ranks R of --threads T each, causal (1, --heads, --seq, --head-dim)."""
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=32768)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--head-dim", type=int, default=128)
+
+
 def cpu_model() -> str:
     """lscpu's model name (the figure is meaningless without it)."""
     return cpuinfo_field("model name") or platform.processor() or "unknown"

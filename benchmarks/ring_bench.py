@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from bench_common import add_ring_shape_arguments
+
 HERE = pathlib.Path(__file__).resolve().parent
 
 
@@ -153,11 +155,7 @@ def _mpiexec(ranks: int, threads: int, bind: bool = True) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=32768)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_ring_shape_arguments(parser)
     parser.add_argument("--dtypes", default="bf16,f32")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-binding", action="store_true", help="leave the ranks unbound (the OS places them)")

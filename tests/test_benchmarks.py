@@ -277,3 +277,16 @@ def test_hf_llama_bench_times_each_phase_with_both_implementations():
     rows = _json_rows(result.stdout)
     assert [r["phase"] for r in rows] == ["forward", "generate", "train_step"]
     assert all(r["graphattn_ms"] > 0 and r["sdpa_ms"] > 0 for r in rows)
+
+
+def test_ring_contention_times_a_ranks_share_alone_and_at_once():
+    result = subprocess.run([sys.executable, str(BENCH.parent / "ring_contention.py"), "--ranks", "2", "--threads", "1",
+                             "--seq", "256", "--heads", "2", "--head-dim", "16", "--dtype", "f32", "--repeats", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = _json_rows(result.stdout)
+    assert [(r["case"], len(r["call_ms"])) for r in rows] == [("alone", 1), ("at_once", 2)]
+    for r in rows:
+        assert r["single_ms"] > 0 and all(t > 0 for t in r["call_ms"])
+        assert r["ratio"] == pytest.approx(r["single_ms"] / (2 * max(r["call_ms"])))
+    assert "ranks x call ms" in result.stdout
