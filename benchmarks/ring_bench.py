@@ -1,9 +1,10 @@
 """Ring attention (graphattn.distributed) on R ranks of T threads against one process of R*T threads.
 
     python benchmarks/ring_bench.py [--ranks 4] [--threads 4] [--seq 32768] [--heads 16] [--head-dim 128]
-                                    [--dtypes bf16,f32] [--repeats 3]
+                                    [--dtypes bf16,f32] [--repeats 3] [--rounds 1] [--no-binding]
 
-Causal attention at (1, H, S, D), forward and backward, median of --repeats after a warm-up: the ring under
+Causal attention at (1, H, S, D), forward and backward, median of --repeats after a warm-up (and, with --rounds,
+the medians over that many launches of each, alternating; the ratio is the median of each round's): the ring under
 mpiexec (this environment's, else PATH's, which must be the MPI mpi4py runs on; each rank bound to its T cores
 by Hydra's or Open MPI's options), the single process with R*T threads, and the ring's two halves apart: its
 compute alone (the same kernel calls, each hop a copy on its own rank) and its communication alone (the same
@@ -23,7 +24,7 @@ import time
 
 import numpy as np
 
-from bench_common import add_ring_shape_arguments
+from bench_common import add_ring_shape_arguments, cpu_model
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -158,6 +159,8 @@ def main() -> None:
     add_ring_shape_arguments(parser)
     parser.add_argument("--dtypes", default="bf16,f32")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="launches of the ring and of the one process, alternating; figures are medians over them")
     parser.add_argument("--no-binding", action="store_true", help="leave the ranks unbound (the OS places them)")
     parser.add_argument("--worker", choices=["ring", "single"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -165,26 +168,37 @@ def main() -> None:
         return ring_worker(args)
     if args.worker == "single":
         return single_worker(args)
-    from bench_common import cpu_model
 
     common = ["--seq", str(args.seq), "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--dtypes",
               args.dtypes, "--repeats", str(args.repeats)]
-    ring = _launch([*_mpiexec(args.ranks, args.threads, not args.no_binding), sys.executable, __file__, "--worker", "ring",
-                    "--ranks", str(args.ranks), *common], args.threads)
-    single = _launch([sys.executable, __file__, "--worker", "single", *common], args.ranks * args.threads)
+    launches = {
+        "ring": ([*_mpiexec(args.ranks, args.threads, not args.no_binding), sys.executable, __file__, "--worker",
+                  "ring", "--ranks", str(args.ranks), *common], args.threads),
+        "single": ([sys.executable, __file__, "--worker", "single", *common], args.ranks * args.threads)}
+    rounds = []  # per round, (ring rows, single rows), one row per dtype each
+    for r in range(args.rounds):  # alternating which goes first, as the machine's pace drifts between launches
+        order = ("ring", "single") if r % 2 == 0 else ("single", "ring")
+        results = {name: _launch(*launches[name]) for name in order}
+        rounds.append((results["ring"], results["single"]))
     print(f"ring attention, causal (1, {args.heads}, {args.seq}, {args.head_dim}): {args.ranks} ranks x "
-          f"{args.threads} threads{' (unbound)' if args.no_binding else ''} against 1 x {args.ranks * args.threads} "
-          f"({cpu_model()})")
+          f"{args.threads} threads{' (unbound)' if args.no_binding else ''} against 1 x {args.ranks * args.threads}, "
+          f"{args.rounds} round(s) ({cpu_model()})")
     print(f"  {'dtype':<5} {'pass':<8} {'single ms':>10} {'ring ms':>10} {'single/ring':>11} {'compute ms':>10} "
           f"{'comm ms':>9} {'comm share':>10} {'overlap':>8}")
-    for r, s in zip(ring, single):
+    for i, first in enumerate(rounds[0][0]):
         for name in ("forward", "backward"):
-            total, compute, comm = r[f"{name}_ms"], r[f"{name}_compute_ms"], r[f"{name}_comm_ms"]
-            row = dict(r, bench=f"ring_{name}", single_ms=s[f"{name}_ms"], ratio=s[f"{name}_ms"] / total,
+            ring = [ring_rows[i] for ring_rows, _ in rounds]
+            median = {key: float(np.median([row[f"{name}{key}"] for row in ring]))
+                      for key in ("_ms", "_compute_ms", "_comm_ms")}
+            single = float(np.median([single_rows[i][f"{name}_ms"] for _, single_rows in rounds]))
+            ratios = [single_rows[i][f"{name}_ms"] / ring_rows[i][f"{name}_ms"] for ring_rows, single_rows in rounds]
+            total, compute, comm = median["_ms"], median["_compute_ms"], median["_comm_ms"]
+            row = dict(first, bench=f"ring_{name}", rounds=args.rounds, **{f"{name}{k}": v for k, v in median.items()},
+                       single_ms=single, ratio=float(np.median(ratios)), round_ratios=ratios,
                        comm_share=comm / total, overlap=(compute + comm - total) / comm if comm else 1.0,
                        cpu=cpu_model())
             print(json.dumps(row), flush=True)
-            print(f"  {r['dtype']:<5} {name:<8} {s[f'{name}_ms']:>10.1f} {total:>10.1f} {row['ratio']:>11.2f} "
+            print(f"  {first['dtype']:<5} {name:<8} {single:>10.1f} {total:>10.1f} {row['ratio']:>11.2f} "
                   f"{compute:>10.1f} {comm:>9.1f} {row['comm_share']:>10.2f} {row['overlap']:>8.2f}")
 
 

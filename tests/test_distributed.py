@@ -147,6 +147,21 @@ def test_ring_profile_accounts_each_ranks_time():
         assert parts == pytest.approx(r["total_ms"], abs=0.5)
 
 
+def test_ring_bench_takes_medians_over_alternating_rounds():
+    script = HERE.parent / "benchmarks" / "ring_bench.py"
+    env = dict(os.environ, PYTHONPATH=str(script.parent))
+    result = subprocess.run([sys.executable, str(script), "--ranks", "2", "--threads", "1", "--seq", "256", "--heads",
+                             "2", "--head-dim", "16", "--dtypes", "f32", "--repeats", "1", "--rounds", "2"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [r["bench"] for r in rows] == ["ring_forward", "ring_backward"]
+    for r in rows:
+        assert r["rounds"] == 2 and len(r["round_ratios"]) == 2
+        assert r["ratio"] == pytest.approx(float(np.median(r["round_ratios"])))
+        assert r["single_ms"] > 0 and r[r["bench"][5:] + "_ms"] > 0
+
+
 def test_example_runs_on_two_ranks():
     example = HERE.parent / "examples" / "ring_attention.py"
     env = dict(os.environ, OMP_NUM_THREADS="1")
