@@ -26,7 +26,7 @@ from .ops.philox import bits64
 from .ops.broadcast import broadcast_shapes
 from .interop import (from_numpy, is_torch_tensor, plain_torch_tensors, to_numpy, torch_empty, torch_empty_like,
                       torch_layout, torch_random_seed)
-from .plan_cache import SignatureCache
+from .plan_cache import SignatureCache, changed_copy
 from .tensor import array_strides
 
 _NEG_INF = float("-inf")
@@ -108,15 +108,6 @@ class _LengthFreePlan:
             verbose.log("compile", "functional", "sdpa_forward_cpu", f"{plan.dispatch_text()},plan=new lengths",
                         result.shape_text)
         return result
-
-
-def changed_copy(record, **changes):
-    """A copy of a dataclass record with these fields changed: dataclasses.replace without its walk over every
-    field (nor copy.copy's generic protocol), which cost a new length's replay more than the rest of it."""
-    copied = object.__new__(type(record))
-    copied.__dict__.update(record.__dict__)
-    copied.__dict__.update(changes)
-    return copied
 
 
 def new_dropout_seed() -> int:

@@ -19,7 +19,8 @@ from . import _cpu
 from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
 from .functional import (_OPEN, SignatureCache, _check_inputs, _free, _grouped_origin, _layout, _normalize_mask, _s64,
-                         _sycl_inputs, changed_copy, check_out_kind, checked_out, grouped_shapes)
+                         _sycl_inputs, check_out_kind, checked_out, grouped_shapes)
+from .plan_cache import changed_copy
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout

@@ -1,10 +1,20 @@
 """The plan caches of the functional API and of dynamic graph partitions: entries by call signature, least
-recently used evicted."""
+recently used evicted; and changed_copy, with which a replay derives an entry for new lengths from a cached one."""
 from __future__ import annotations
 
 from collections import OrderedDict
 
 CACHE_SIZE = 256
+
+
+def changed_copy(record, **changes):
+    """A copy of an object (a dataclass record, a kernel) with these attributes changed: dataclasses.replace
+    without its walk over every field, nor copy.copy's generic protocol, which cost a new length's replay more
+    than the rest of it."""
+    copied = object.__new__(type(record))
+    copied.__dict__.update(record.__dict__)
+    copied.__dict__.update(changes)
+    return copied
 
 
 class SignatureCache:

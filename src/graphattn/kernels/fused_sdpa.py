@@ -20,6 +20,7 @@ from ..dtypes import DataType
 from ..ops import OpKind
 from ..ops.philox import bits64
 from ..patterns.sdpa import InputChain, SdpaMatch
+from ..plan_cache import changed_copy
 from ..views import reshape_origin, reshape_strides, transpose_strides, untranspose_strides
 
 
@@ -217,10 +218,7 @@ class ReplayedLengths:
 
     def replayed(self, **changes):
         """A copy of this kernel with these attributes changed (a replay's plans and lengths)."""
-        kernel = type(self).__new__(type(self))
-        kernel.__dict__.update(self.__dict__)  # what copy.copy does, without its generic protocol's cost
-        kernel.__dict__.update(changes)
-        return kernel
+        return changed_copy(self, **changes)
 
 
 class LengthReplay:
