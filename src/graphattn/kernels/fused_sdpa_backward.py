@@ -41,12 +41,13 @@ def _check_reduction(grad: GradientOutput, operand: _View, batch: tuple, name: s
     return view
 
 
+RECOMPUTE_ROLES = ("query", "key", "value", "output", "mask")  # what the backward's O recompute reads and writes
+
+
 class BackwardLengthReplay:
     """A FusedSdpaBackward's lowering replayed for the sequence lengths of other calls: the backward's plan and
     the plan of its O recompute (native/cpu's LengthFreeBackward and LengthFreeForward), each operand's
     strides following its port's array and O dense at the new lengths."""
-
-    FORWARD_ROLES = ("query", "key", "value", "output")  # what the O recompute reads and writes
 
     def __init__(self, kernel: FusedSdpaBackward, seq_q, seq_kv):
         self.kernel = kernel
@@ -55,8 +56,8 @@ class BackwardLengthReplay:
         folds = call.folds + kernel.chain_folds
         self.backward = kernel.backward_plan.length_free(call.sources, folds, ((), (), ()))
         self.forward = kernel.forward_plan.length_free(
-            {role: call.sources[role] for role in self.FORWARD_ROLES},
-            tuple(fold for fold in folds if fold[0] in self.FORWARD_ROLES), ())
+            {role: call.sources[role] for role in RECOMPUTE_ROLES if role in call.sources},
+            tuple(fold for fold in folds if fold[0] in RECOMPUTE_ROLES), ())
         self.window = (call.options["window_left"], call.options["window_right"])
         ports = kernel.ports
         self.port_order = tuple(ports[role] for role in ("query", "key", "value", "stats", "grad_output",
@@ -146,7 +147,7 @@ class FusedSdpaBackward(ReplayedLengths):
             check_sycl_usable(input_dtypes, head_dim, head_dim_v)
             self.name = "sdpa_backward_sycl"
         # The forward recomputing O writes it where the backward reads it, and no stats.
-        forward_roles = {r: call.roles[r] for r in ("query", "key", "value", "output", "mask") if r in call.roles}
+        forward_roles = {r: call.roles[r] for r in RECOMPUTE_ROLES if r in call.roles}
         self.forward_plan = dataclasses.replace(call, roles=forward_roles).forward_plan(self.queue)
         self.backward_plan = None if self.queue is not None else call.backward_plan()
         self.lengths = (seq_q, seq_kv)
