@@ -328,7 +328,7 @@ def _ring_forward(q, k, v, comm, is_causal, scale, enable_gqa, layout, return_st
                 out = np.zeros(part.shape[:-2] + (rows, part.shape[-1]), np.float32)
                 stats = np.full(part_stats.shape[:-2] + (rows, 1), -np.inf, np.float32)
             _cpu.merge_attention(_rows(out, first, chunk, count), _rows(stats, first, chunk, count),
-                                 np.ascontiguousarray(part), part_stats, dtypes.kernel_code(part.dtype))
+                                 part, part_stats, dtypes.kernel_code(part.dtype))
         if exchange is not None:
             exchange.join()
             current, spare = spare, current

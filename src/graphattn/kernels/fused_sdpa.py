@@ -216,10 +216,6 @@ class ReplayedLengths:
                 return None
         return tuple(lengths)
 
-    def replayed(self, **changes):
-        """A copy of this kernel with these attributes changed (a replay's plans and lengths)."""
-        return changed_copy(self, **changes)
-
 
 class LengthReplay:
     """A FusedSdpaForward's lowering replayed for the sequence lengths of other calls (_cpu.LengthFreeForward):
@@ -240,7 +236,10 @@ class LengthReplay:
         seq_q, seq_kv = (n if type(n) is int else shapes[n[0]][n[1]] for n in self.lengths)
         q, k, v, mask, out, stats = (None if tid is None else strides[tid] for tid in self.port_order)
         plan = self.replay.plan_for(seq_q, seq_kv, q, k, v, mask, *self.window, out, stats)
-        return None if plan is None else self.kernel.with_plan(plan, seq_q, seq_kv)
+        if plan is None:
+            return None
+        # the softcap's plans are copies of the plan: the replay's own are made on demand
+        return changed_copy(self.kernel, plan=plan, _capped_plans={}, lengths=(seq_q, seq_kv))
 
 
 class FusedSdpaForward(ReplayedLengths):
@@ -319,10 +318,6 @@ class FusedSdpaForward(ReplayedLengths):
         ReplayedLengths.replay_lengths)."""
         lengths = None if self.on_sycl else self.replay_lengths(probe)
         return None if lengths is None else LengthReplay(self, *lengths)
-
-    def with_plan(self, plan, seq_q: int, seq_kv: int) -> FusedSdpaForward:
-        """This kernel with another plan, of these lengths (a LengthReplay's)."""
-        return self.replayed(plan=plan, _capped_plans={}, lengths=(seq_q, seq_kv))
 
     def plan_for(self, inputs: dict):
         """The kernel plan for a call with these inputs: the compiled one, or, with a softcap, its copy for the

@@ -17,6 +17,7 @@ from .. import _cpu, sycl_runtime
 from ..dtypes import DataType
 from ..ops import OpKind
 from ..patterns.sdpa_backward import GradientOutput, SdpaBackwardMatch
+from ..plan_cache import changed_copy
 from ..attention_spec import AttentionSpec, NotUsable, Operand, lower
 from ..logical_tensor import dense_strides
 from .fused_sdpa import (ReplayedLengths, WindowOperands, _apply_chain, _scalar, _scalar_chain, _u64, _View,
@@ -74,8 +75,8 @@ class BackwardLengthReplay:
         forward = self.forward.plan_for(seq_q, seq_kv, q, k, v, None, *self.window, o, None)
         if backward is None or forward is None:
             return None
-        return kernel.replayed(backward_plan=backward, forward_plan=forward, lengths=(seq_q, seq_kv),
-                               o_shape=kernel.call.batch + (seq_q, kernel.call.head_dim_v))
+        return changed_copy(kernel, backward_plan=backward, forward_plan=forward, lengths=(seq_q, seq_kv),
+                            o_shape=kernel.call.batch + (seq_q, kernel.call.head_dim_v))
 
 
 class FusedSdpaBackward(ReplayedLengths):
