@@ -8,9 +8,10 @@ Cases: NumPy inputs (plain, causal, stats); where torch is importable, torch
 tensors of shape (1, 1, 1, 16) (torch) and, for scale, PyTorch's own
 F.scaled_dot_product_attention on them (torch_sdpa).
 Also decode calls whose K/V length S is new on each call (new_length: the plan of an earlier length is
-re-made for it) against a call of that length again right after it, on other data (repeat_length), on NumPy and, where importable, torch
-inputs, with K/V contiguous and as views of one preallocated buffer (static_), and with sinks and a softcap
-(sinks_, NumPy, contiguous); their backward (backward_, NumPy, contiguous); and graph API partitions, the
+re-made for it) against a call of that length again right after it, on other data, its plan then cached
+(repeat_length), on NumPy and, where importable, torch inputs, with K/V contiguous and as views of one
+preallocated buffer (static_), and with sinks and a softcap (sinks_, NumPy, contiguous); their backward
+(backward_, NumPy, contiguous), also with a bool padding mask (backward_mask_); and graph API partitions, the
 forward's (graph_) and the training backward's (graph_backward_), compiled once with the K/V length unknown
 (-1) and executed on new lengths.
 Prints one JSON line per case and a table.
@@ -134,6 +135,18 @@ def length_cases(rng) -> dict:
                           *(functools.partial(ga.scaled_dot_product_attention_backward, out, q, kv, kv, out, stats,
                                               enable_gqa=True) for kv, (out, stats) in zip(data, forwards))))
         record("backward_", calls)
+    # the same backward with a padding mask (bool, (1, 1, 1, S)), as a padded batch's training step passes it
+    for lengths in rounds():
+        calls = []
+        for n in lengths:
+            data = contiguous(n)
+            masks = [rng.random((1, 1, 1, n)) < 0.9 for _ in data]
+            forwards = [ga.scaled_dot_product_attention(q, kv, kv, m, enable_gqa=True, return_stats=True)
+                        for kv, m in zip(data, masks)]
+            calls.append((data + masks + [a for f in forwards for a in f],
+                          *(functools.partial(ga.scaled_dot_product_attention_backward, out, q, kv, kv, out, stats, m,
+                                              enable_gqa=True) for kv, m, (out, stats) in zip(data, masks, forwards))))
+        record("backward_mask_", calls)
     times.update(graph_length_times(rng))
     times.update(graph_length_times(rng, backward=True))
     shape = (1, 2, "S", 32)

@@ -89,8 +89,8 @@ def test_window_whose_left_bound_about_the_row_is_minus_one(rng):
 def test_forward_and_backward_lower_one_call_alike(rng):
     """The functional forward and backward describe the same call: the same kernel batch and the same strides
     for every operand both read (here six batch dims, folded)."""
-    functional._cache._entries.clear()
-    functional_backward._plans._entries.clear()
+    functional._cache.clear()
+    functional_backward._plans.clear()
     shape = (2, 1, 2, 3, 1, 2)
     q, k, v = (random_array(shape + (9, 16), "f32", rng) for _ in range(3))
     out, stats = ga.scaled_dot_product_attention(q, k, v, window=(3, 0), return_stats=True)

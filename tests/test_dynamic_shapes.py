@@ -261,6 +261,10 @@ BACKWARD_REPLAYED = {
     "gqa_5d_bottom_right": dict(stats=True, softmax_mode="inf_as_zero", gqa="5d", heads_q=4, heads_kv=2,
                                 mask="causal_bottom_right"),
     "bshd_scale_divide": dict(stats=True, softmax_mode="inf_as_zero", layout="bshd", scale="divide"),
+    "additive_mask": dict(stats=True, softmax_mode="inf_as_zero", mask="add"),
+    "additive_mask_its_gradient": dict(stats=True, softmax_mode="inf_as_zero", mask="add", grad_mask=True),
+    "select_mask_gqa_4d": dict(stats=True, softmax_mode="inf_as_zero", mask="select", gqa="4d", heads_q=4,
+                               heads_kv=2),
 }
 
 
@@ -268,22 +272,25 @@ BACKWARD_REPLAYED = {
 @pytest.mark.parametrize("variant", sorted(BACKWARD_REPLAYED))
 def test_backward_partitions_replay_new_lengths(variant, dtype, rng, capsys):
     """A backward partition compiled with unknown lengths replays its compile (the backward's plan and its O
-    recompute's) for every later call of a class of lengths; each call's gradients against the reference."""
-    spec = SdpaGraphSpec(seq_q=-1, seq_kv=-1, dtype=dtype, **BACKWARD_REPLAYED[variant])
-    (partition,) = spec.build_backward().get_partitions()
+    recompute's) for every later call of a class of lengths, a mask tensor and its gradient (dS) included;
+    each call's gradients against the reference."""
+    options = dict(BACKWARD_REPLAYED[variant])
+    grad_mask = options.pop("grad_mask", False)
+    spec = SdpaGraphSpec(seq_q=-1, seq_kv=-1, dtype=dtype, **options)
+    (partition,) = spec.build_backward(grad_mask=grad_mask).get_partitions()
     assert partition.kind == "sdpa_backward"
     ports = partition.get_input_ports()
     compiled = partition.compile(ports, partition.get_output_ports(), ga.Engine("cpu"))
     # no more query rows than keys: bottom-right rows that see no key have no reference gradient (NaN there)
     for i, (seq_q, seq_kv) in enumerate([(9, 13), (3, 19), (5, 6), (2, 30)]):
-        concrete = SdpaGraphSpec(seq_q=seq_q, seq_kv=seq_kv, dtype=dtype, **BACKWARD_REPLAYED[variant])
-        graph, data = concrete.backward_case(rng)
+        concrete = SdpaGraphSpec(seq_q=seq_q, seq_kv=seq_kv, dtype=dtype, **options)
+        graph, data = concrete.backward_case(rng, grad_mask=grad_mask)
         got, log = _logged(capsys, compiled, ports, data)
         compiles = [line for line in log.splitlines() if ",compile," in line]
         assert len(compiles) == 1 and "sdpa_backward_cpu" in compiles[0], log
         assert ("plan=new lengths" in compiles[0]) == (i > 0), log
         assert f"sq={seq_q},skv={seq_kv}" in compiles[0], log
         want = ga.run_graph(graph, data, policy="debug")
-        for name in ("grad_query", "grad_key", "grad_value"):
+        for name in ("grad_query", "grad_key", "grad_value") + (("grad_mask",) if grad_mask else ()):
             tid = concrete.ids[name]
             assert_grad_close(got[tid], want[tid], dtype, f"{name} at lengths {(seq_q, seq_kv)}")

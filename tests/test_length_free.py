@@ -16,8 +16,8 @@ REPLAYED = "plan=new lengths"
 
 
 def _fresh_caches():
-    functional._cache._entries.clear()
-    functional._by_length_free._entries.clear()
+    functional._cache.clear()
+    functional._by_length_free.clear()
 
 
 def _numpy(x):
@@ -57,7 +57,7 @@ def _run_lengths(make, lengths, dtype, capsys, **kwargs):
         for got, want in zip(results, fresh):
             np.testing.assert_array_equal(_numpy(got), _numpy(want))
         # keep the replay's template: the next length replays the plan made for this one
-        functional._cache._entries.clear()
+        functional._cache.clear()
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
@@ -182,8 +182,8 @@ def test_backward_replays_its_plan_for_new_lengths(options, dtype, rng, monkeypa
     reference."""
     from graphattn import functional_backward
 
-    functional_backward._plans._entries.clear()
-    functional_backward._by_length_free._entries.clear()
+    functional_backward._plans.clear()
+    functional_backward._by_length_free.clear()
     planned = []
     plan = functional_backward._plan
     monkeypatch.setattr(functional_backward, "_plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
@@ -210,8 +210,8 @@ def _backward_plans_counted(monkeypatch) -> list:
     """Clears the backward's caches; the list grows by one per call planned from scratch."""
     from graphattn import functional_backward
 
-    functional_backward._plans._entries.clear()
-    functional_backward._by_length_free._entries.clear()
+    functional_backward._plans.clear()
+    functional_backward._by_length_free.clear()
     planned = []
     plan = functional_backward._plan
     monkeypatch.setattr(functional_backward, "_plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
@@ -241,6 +241,54 @@ def test_backward_replays_both_lengths_on_strided_views(dtype, rng, monkeypatch)
     assert len(planned) == 1, f"{len(planned)} plans for 5 pairs of lengths"
 
 
+MASKS = {  # name: (mask shape for lengths (L, S) and query heads H, bool or float, GQA)
+    "padding_bool": (lambda seq_q, seq_kv: (2, 1, 1, seq_kv), np.bool_, True),
+    "rows_bool_gqa": (lambda seq_q, seq_kv: (2, 1, seq_q, seq_kv), np.bool_, True),
+    "per_head_float_gqa": (lambda seq_q, seq_kv: (2, 8, seq_q, seq_kv), np.float32, True),
+    "two_dim_float": (lambda seq_q, seq_kv: (seq_q, seq_kv), np.float32, False),
+    "padding_float": (lambda seq_q, seq_kv: (2, 1, 1, seq_kv), np.float32, False),
+}
+
+
+def _random_mask(shape, dtype, rng):
+    if dtype == np.bool_:
+        mask = rng.random(shape) < 0.8
+        mask[..., 0] = True  # every row sees a key
+        return mask
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("mask_case", list(MASKS))
+def test_backward_with_a_mask_replays_for_new_lengths(mask_case, dtype, rng, monkeypatch):
+    """A backward with a mask (bool or float, broadcast over heads or rows, or as long as the scores) re-makes
+    its plan for new lengths of Q and K/V, the mask's with them: one plan for five pairs of lengths, each
+    call's dQ, dK, dV and dMask (float masks) against the reference."""
+    planned = _backward_plans_counted(monkeypatch)
+    shape_of, mask_dtype, gqa = MASKS[mask_case]
+    heads_kv = 2 if gqa else 8
+    for seq_q, seq_kv in ((7, 11), (3, 19), (12, 5), (9, 9), (1, 30)):
+        q = random_array((2, 8, seq_q, 16), dtype, rng)
+        k, v = (random_array((2, heads_kv, seq_kv, 16), dtype, rng) for _ in range(2))
+        mask = _random_mask(shape_of(seq_q, seq_kv), mask_dtype, rng)
+        kw = dict(enable_gqa=gqa, window=(4, 2) if seq_q == 9 else None)
+        out, stats = ga.scaled_dot_product_attention(q, k, v, mask, return_stats=True, **kw)
+        grad = random_array(out.shape, dtype, rng)
+        got = ga.scaled_dot_product_attention_backward(grad, q, k, v, out, stats, mask, return_mask_grad=True, **kw)
+        want = sdpa_reference_backward(grad, q, k, v, mask, **kw)
+        magnitude = max(float(np.abs(w).max()) for w in want[:3])
+        where = f"at lengths {(seq_q, seq_kv)}"
+        for name, g, w in zip(("dq", "dk", "dv"), got, want):
+            assert_grad_close(g, w, dtype, f"{name} {where}", magnitude)
+        if mask_dtype == np.bool_:
+            assert got[3] is None
+        else:
+            assert got[3].shape == mask.shape
+            assert_grad_close(got[3], want[3], dtype, f"dmask {where}", magnitude)
+    # the windowed call (9, 9) has its own template; a query of one row keeps its own class (1 is not a length)
+    assert len(planned) == 3, f"{len(planned)} plans for 5 pairs of lengths"
+
+
 def test_backward_replay_declines_where_a_batch_fold_breaks(rng, monkeypatch):
     """Five-dim GQA inputs have four batch dims once the heads are split, two of which the lowering folds into
     one kernel dim; a query that is a view of a wider dim 1 breaks that fold, so its call is planned anew
@@ -257,20 +305,27 @@ def test_backward_replay_declines_where_a_batch_fold_breaks(rng, monkeypatch):
         assert len(planned) == plans, (seq, view, len(planned))
 
 
-def test_a_loop_of_new_lengths_leaves_the_plan_cache_as_it_was(rng):
-    """Replays are not cached by length: a decode loop of more new lengths than the plan cache holds keeps
-    every other signature's plan in it, and plans only its first call."""
-    from graphattn.plan_cache import CACHE_SIZE
+def test_a_loop_of_new_lengths_leaves_the_plan_cache_as_it_was(rng, monkeypatch):
+    """Replays are cached apart from the plans made in full: a decode loop of more new lengths than the plan
+    cache holds keeps every other signature's plan in it, plans only its first call, and re-makes a length's
+    plan once however many calls (a model's layers) take that length."""
+    from graphattn.plan_cache import CACHE_SIZE, REPLAYED_CACHE_SIZE
 
     _fresh_caches()
+    remade = []
+    remake = functional._LengthFreePlan.remade
+    monkeypatch.setattr(functional._LengthFreePlan, "remade", lambda *a: remade.append(1) or remake(*a))
     other = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
     ga.scaled_dot_product_attention(other, other, other)
     q = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
     cache = rng.standard_normal((1, 2, 20 + CACHE_SIZE + 10, 8)).astype(np.float32)
     for n in range(20, 20 + CACHE_SIZE + 10):
         kv = np.ascontiguousarray(cache[:, :, :n])
-        got = ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+        for layer in range(3):
+            got = ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
         if n % 97 == 0:
             assert_close(got, sdpa_reference(q, kv, kv, enable_gqa=True), "f32", f"length {n}")
     assert len(functional._cache) == 2  # the other call's plan and the loop's first
+    assert functional._cache.replayed_count() == REPLAYED_CACHE_SIZE
     assert len(functional._by_length_free) == 2
+    assert len(remade) == CACHE_SIZE + 9  # once per length but the first

@@ -31,13 +31,14 @@ cdef enum:
     kMaxFolds = 96
     kReplayedViews = 6  # FORWARD_VIEWS from query to stats, whose strides follow the lengths
     kBackwardViews = 14  # BACKWARD_VIEWS
-    kBackwardReplayed = 9  # BACKWARD_REPLAYED
-    kBackwardGiven = 6  # of them, those whose strides are the caller's arrays' (the gradients are dense)
+    kBackwardReplayed = 11  # BACKWARD_REPLAYED
+    kBackwardGiven = 7  # of them, those whose strides are the caller's arrays' (the gradients are dense)
+    kBackwardGrads = 4  # the gradients of BACKWARD_REPLAYED: dQ, dK, dV, dMask
 
-# The backward views whose strides follow the lengths: the caller's Q, K, V, O, stats and dO, then the
+# The backward views whose strides follow the lengths: the caller's Q, K, V, O, stats, dO and mask, then the
 # gradients the functional backward allocates dense in their grouped shapes.
-BACKWARD_REPLAYED = ("query", "key", "value", "output", "stats", "grad_output", "grad_query", "grad_key",
-                     "grad_value")
+BACKWARD_REPLAYED = ("query", "key", "value", "output", "stats", "grad_output", "mask", "grad_query", "grad_key",
+                     "grad_value", "grad_mask")
 
 
 cdef struct StrideSource:
@@ -416,14 +417,18 @@ cdef class BackwardPlan:
     def length_free(self, dict sources, tuple folds, tuple grad_steps):
         """A LengthFreeBackward replaying this plan's layout for new sequence lengths.  sources and folds are
         the lowering's (see ForwardPlan.length_free), for the roles of BACKWARD_REPLAYED; grad_steps: for dQ,
-        dK and dV, the dense strides of their batch dims over rows * cols."""
+        dK, dV and dMask (the last left out where the call has none), the dense strides of their batch dims
+        over rows * cols."""
         cdef LengthFreeBackward replay = LengthFreeBackward.__new__(LengthFreeBackward)
         replay.template = self
         cdef int slot, i, g
         for slot in range(kBackwardReplayed):
             replay.view_index[slot] = BACKWARD_VIEWS.index(BACKWARD_REPLAYED[slot])
         _load_sources(&replay.sources[0][0], replay.has_view, sources, BACKWARD_REPLAYED)
-        for g in range(3):
+        if not 3 <= len(grad_steps) <= kBackwardGrads:
+            raise ValueError(f"grad_steps: 3 or {kBackwardGrads} gradients' strides, got {len(grad_steps)}")
+        replay.grad_dims[3] = 0
+        for g in range(len(grad_steps)):
             if len(grad_steps[g]) > kMaxArrayDims - 2:
                 raise ValueError(f"arrays of more than {kMaxArrayDims} dims are not supported")
             replay.grad_dims[g] = len(grad_steps[g])
@@ -436,35 +441,36 @@ cdef class BackwardPlan:
 cdef class LengthFreeBackward:
     """A BackwardPlan's layout as its lowering made it, replayed for new sequence lengths (as LengthFreeForward
     does the forward's): the views of the caller's Q, K, V, O, stats and dO take their arrays' strides times
-    the lowering's multipliers, the gradients' are dense in their grouped shapes; a fold of batch dims that
-    no longer holds declines."""
+    the lowering's multipliers, the gradients' (dMask's included) are dense in their grouped shapes; a fold of
+    batch dims that no longer holds declines."""
     cdef BackwardPlan template
     cdef int view_index[kBackwardReplayed]  # BACKWARD_VIEWS index of each BACKWARD_REPLAYED slot
     cdef bint has_view[kBackwardReplayed]
     cdef StrideSource sources[kBackwardReplayed][kViewDims]
-    cdef int grad_dims[3]
-    cdef int64_t grad_steps[3][kMaxArrayDims]
+    cdef int grad_dims[kBackwardGrads]
+    cdef int64_t grad_steps[kBackwardGrads][kMaxArrayDims]
     cdef FoldChecks folds
 
     def plan_for(self, int64_t seq_q, int64_t seq_kv, query, key, value, output, stats, grad_output,
-                 int64_t window_left, int64_t window_right, tuple grads=None):
+                 int64_t window_left, int64_t window_right, tuple grads=None, mask=None):
         """The BackwardPlan for these operands (NumPy arrays in their own shapes, of these lengths, or tuples of
-        their element strides) and the window about the row, or None where a fold of the lowering no longer
-        holds for their strides.  grads: dQ, dK and dV likewise, where they are not dense in their grouped
-        shapes (the graph API's gradients are the caller's arrays)."""
+        their element strides; mask None where the call has none) and the window about the row, or None where
+        a fold of the lowering no longer holds for their strides.  grads: dQ, dK, dV and dMask (where the call
+        has it) likewise, where they are not dense in their grouped shapes (the graph API's gradients are the
+        caller's arrays)."""
         cdef int64_t own[kBackwardReplayed][kMaxArrayDims]  # strides of each slot's array
         cdef int slot_index = 0
-        for operand in (query, key, value, output, stats, grad_output) + (grads or ()):
+        for operand in (query, key, value, output, stats, grad_output, mask) + (grads or ()):
             if _load_strides_of(operand, own[slot_index]):
                 return None
             slot_index += 1
         cdef SdpaForwardArgs* shape = &self.template.args.forward
-        cdef int64_t rows[3]
-        cdef int64_t cols[3]
-        rows[0], rows[1], rows[2] = seq_q, seq_kv, seq_kv
-        cols[0], cols[1], cols[2] = shape.head_dim_qk, shape.head_dim_qk, shape.head_dim_v
+        cdef int64_t rows[kBackwardGrads]
+        cdef int64_t cols[kBackwardGrads]
+        rows[0], rows[1], rows[2], rows[3] = seq_q, seq_kv, seq_kv, seq_q
+        cols[0], cols[1], cols[2], cols[3] = shape.head_dim_qk, shape.head_dim_qk, shape.head_dim_v, seq_kv
         cdef int g, i, n, slot
-        for g in range(3 if grads is None else 0):  # the gradients' dense strides
+        for g in range(kBackwardGrads if grads is None else 0):  # the gradients' dense strides
             n = self.grad_dims[g]
             for i in range(n):
                 own[kBackwardGiven + g][i] = self.grad_steps[g][i] * rows[g] * cols[g]

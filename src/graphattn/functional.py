@@ -6,7 +6,8 @@ backward and the graph API's fused partitions take too), and the plan is
 cached; later calls with the same signature only bind data and run the kernel.
 A call that differs from a planned one only in its sequence lengths (a decode
 loop's growing K/V) replays that plan's lowering for its lengths (_LengthFreePlan)
-instead: nothing is checked or lowered again.
+instead: nothing is checked or lowered again, and the cache keeps the result
+apart from the plans made in full (plan_cache.SignatureCache).
 """
 from __future__ import annotations
 
@@ -439,9 +440,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         # New lengths of a planned call re-make its plan; anything else is checked and lowered anew.
         free = _length_free_signature(q, k, v, mask, layouts, signature)
         template = None if free is None else _by_length_free.get(free)
-        if template is not None:  # not cached by length: a loop of new lengths would evict every other plan
+        if template is not None:
             entry = template.remade(q, k, v, mask, _element_strides(layouts) if torch_direct else (q, k, v, mask),
                                     torch_direct)
+            if entry is not None:
+                _cache.put(signature, entry, replayed=True)
         if entry is None:
             entry = _new_plan(q, k, v, mask, torch_direct, is_causal, enable_gqa, bounds, causal_alignment,
                               return_stats, dropout_p, queue, kind, mods)

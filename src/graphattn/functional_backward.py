@@ -82,15 +82,20 @@ _by_length_free = SignatureCache()  # _LengthFreeBackward by signature with the 
 
 def _length_free_signature(arrays: tuple, signature: tuple) -> tuple | None:
     """A backward signature with each sequence length of 2 or more left out (read from the signature's own
-    layouts: shape, strides, dtype), for plain non-empty NumPy arrays of a call without a mask; None for other
-    calls."""
-    if signature[1] is not None or any(type(a) is not np.ndarray for a in arrays):
+    layouts: shape, strides, dtype; a mask's two lengths both), for plain non-empty NumPy arrays (the mask
+    among them where the call has one); None for other calls."""
+    if any(type(a) is not np.ndarray for a in arrays if a is not None):
         return None
     free = []
     for shape, _, dtype in signature[0]:
         if 0 in shape:
             return None
         free.append((shape[:-2], _free(shape[-2]), shape[-1], dtype))
+    if signature[1] is not None:
+        shape, _, dtype = signature[1]
+        if 0 in shape:
+            return None
+        free.append((shape[:-2], _free(shape[-2]), _free(shape[-1]), dtype))
     return tuple(free) + signature[2:]
 
 
@@ -103,30 +108,34 @@ class _LengthFreeBackward:
     def __init__(self, plan: _BackwardPlan, bounds: tuple, alignment: str):
         self.plan, self.bounds, self.alignment = plan, bounds, alignment
         call = plan.call
-        # the dense gradients' batch strides over rows * cols
-        grad_steps = tuple(dense_strides(shape[:-2] + (1,))[:-1] for shape in plan.grad_shapes)
+        # the dense gradients' batch strides over rows * cols (dMask's where the call has it)
+        dense = plan.grad_shapes + (() if plan.grad_mask_shape is None else (plan.grad_mask_shape,))
+        grad_steps = tuple(dense_strides(shape[:-2] + (1,))[:-1] for shape in dense)
         self.replay = plan.kernel.length_free(call.sources, call.folds, grad_steps)
         self.open_window = (call.options["window_left"], call.options["window_right"])  # of calls without one
 
-    def remade(self, q, k, v, o, do, st) -> _BackwardPlan | None:
+    def remade(self, q, k, v, o, do, st, mask) -> _BackwardPlan | None:
         plan = self.plan
         seq_q, seq_kv = q.shape[-2], k.shape[-2]
-        if v.shape[-2] != seq_kv or o.shape[-2] != seq_q or do.shape[-2] != seq_q or st.shape[-2] != seq_q:
+        if v.shape[-2] != seq_kv or o.shape[-2] != seq_q or do.shape[-2] != seq_q or st.shape[-2] != seq_q or \
+                (mask is not None and (mask.shape[-2] not in (1, seq_q) or mask.shape[-1] not in (1, seq_kv))):
             return None  # a length rule broken: the full checks name it
         if self.bounds == _OPEN:
             left, right = self.open_window
         else:
             left, right = (_cpu.NO_KEY_LIMIT if w is None else w
                            for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
-        kernel = self.replay.plan_for(seq_q, seq_kv, q, k, v, o, st, do, left, right)
+        kernel = self.replay.plan_for(seq_q, seq_kv, q, k, v, o, st, do, left, right, None, mask)
         if kernel is None:
             return None
-        (gq, gk, gv, _), (dq, dk, dv) = plan.grouped, plan.grad_shapes
+        (gq, gk, gv, gm), (dq, dk, dv), dm = plan.grouped, plan.grad_shapes, plan.grad_mask_shape
         return changed_copy(plan, kernel=kernel, lengths=(seq_q, seq_kv, left, right),
-                        grouped=(gq[:-2] + (seq_q, gq[-1]), gk[:-2] + (seq_kv, gk[-1]), gv[:-2] + (seq_kv, gv[-1]),
-                                 None),
-                        grad_shapes=(dq[:-2] + (seq_q, dq[-1]), dk[:-2] + (seq_kv, dk[-1]), dv[:-2] + (seq_kv, dv[-1])),
-                        operand_shapes=(q.shape, k.shape, v.shape))
+                            grouped=(gq[:-2] + (seq_q, gq[-1]), gk[:-2] + (seq_kv, gk[-1]), gv[:-2] + (seq_kv, gv[-1]),
+                                     None if gm is None else gm[:-2] + mask.shape[-2:]),
+                            grad_shapes=(dq[:-2] + (seq_q, dq[-1]), dk[:-2] + (seq_kv, dk[-1]),
+                                         dv[:-2] + (seq_kv, dv[-1])),
+                            grad_mask_shape=None if dm is None else dm[:-2] + (seq_q, seq_kv),
+                            operand_shapes=(q.shape, k.shape, v.shape))
 
 
 def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad,
@@ -204,7 +213,7 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
         # Under GQA, the caller's arrays given as they are are viewed with their heads split: each stride's
         # origin is one of the array's own (a new length's replay reads them there).
         given_arrays = {"query": (q, query_copy), "key": (k, kv_copy), "value": (v, kv_copy), "output": (o, dense),
-                        "stats": (st, dense), "grad_output": (do, dense)} if gqa else {}
+                        "stats": (st, dense), "grad_output": (do, dense), "mask": (mask, mask_copy)} if gqa else {}
         operands = {name: Operand(dtype_of(dtype), tuple(shape), tuple(strides),
                                   _grouped_origin(given_arrays[name][0].ndim, tuple(shape))
                                   if name in given_arrays and not given_arrays[name][1] else None)
@@ -337,18 +346,19 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     plan = _plans.get(signature)
     if plan is None:
         # New lengths of a planned call re-make its plan; anything else is checked and planned anew.
-        free = _length_free_signature((q, k, v, o, do, st), signature) if queue is None else None
+        free = _length_free_signature((q, k, v, o, do, st, mask), signature) if queue is None else None
         template = None if free is None else _by_length_free.get(free)
         if template is not None:
-            plan = template.remade(q, k, v, o, do, st)
+            plan = template.remade(q, k, v, o, do, st, mask)
         if plan is None:
             plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
                          return_mask_grad, bounds, kind, mods, return_sinks_grad)
             if free is not None and plan.direct:
                 _by_length_free.put(free, _LengthFreeBackward(plan, bounds, causal_alignment))
-        _plans.put(signature, plan)
+        replayed = plan.lengths is not None
+        _plans.put(signature, plan, replayed)
         if torch_signature is not None and plan.direct:
-            _plans.put(torch_signature, plan)
+            _plans.put(torch_signature, plan, replayed)
         if verbose.enabled():
             _log_plan(plan, queue)
 

@@ -328,9 +328,10 @@ class DynamicCompiledPartition:
 
     A fused compile is replayed for calls that differ from a compiled one only in the sizes of unknown dims,
     the same unknown dims equal to each other (_length_free_key): the kernel's lowering is re-made for their
-    lengths and strides (the forward's kernels.fused_sdpa.LengthReplay, the backward's BackwardLengthReplay,
-    for backward partitions without a mask tensor) with nothing checked or lowered again.  It is made once per
-    such class of calls, where the partition compiled at probe lengths lowers the same but for the lengths."""
+    lengths and strides (the forward's kernels.fused_sdpa.LengthReplay, the backward's BackwardLengthReplay)
+    with nothing checked or lowered again, and kept apart from the full compiles (SignatureCache's replayed
+    tier).  It is made once per such class of calls, where the partition compiled at probe lengths lowers the
+    same but for the lengths."""
 
     def __init__(self, partition: Partition, inputs: dict, outputs: Sequence[LogicalTensor], engine: Engine):
         self.partition = partition
@@ -387,11 +388,13 @@ class DynamicCompiledPartition:
             key, lengths = self._length_free_key(layouts)
             replay = self._replays.get(key)
             compiled = self._replayed(replay, layouts, tensors) if isinstance(replay, _LengthTemplate) else None
-            if compiled is None:
+            if compiled is not None:
+                self._plans.put(layouts, compiled, replayed=True)
+            else:
                 compiled = self._compiled(layouts, tensors, len(inputs))
                 if replay is None:
                     self._replays.put(key, self._length_replay(compiled, layouts, lengths) or _NO_REPLAY)
-            self._plans.put(layouts, compiled)
+                self._plans.put(layouts, compiled)
         self._last = compiled
         compiled.execute(stream, inputs, outputs)
 

@@ -182,7 +182,7 @@ class ReplayedLengths:
     axis) of the query's rows and of the key's), the chains' folds (chain_folds, as KernelCall.folds), and
     whether every view knows its strides' sources (replayable).  The kernel sets self.call (its lowering)."""
 
-    def note_views(self, views: dict, ports: dict, lts: dict, replayable: bool = True) -> None:
+    def note_views(self, views: dict, ports: dict, lts: dict) -> None:
         """views: role -> _View of each operand read from a port (ports: role -> tensor id)."""
         self.ports = ports
         self.length_axes = tuple(None if views[role].origin is None or views[role].origin[-2] is None else
@@ -190,7 +190,7 @@ class ReplayedLengths:
         self.port_shapes = {ports[role]: lts[ports[role]].shape for role in ("query", "key")}
         self.chain_folds = tuple((role, outer, inner, size) for role, view in views.items()
                                  for outer, inner, size in view.folds)
-        self.replayable = replayable and all(view.origin is not None for view in views.values())
+        self.replayable = all(view.origin is not None for view in views.values())
 
     def replay_lengths(self, probe) -> tuple | None:
         """(seq_q, seq_kv) of a replay, each a fixed length or the (port id, axis) that gives it, or None where

@@ -21,7 +21,7 @@ from ..plan_cache import changed_copy
 from ..attention_spec import AttentionSpec, NotUsable, Operand, lower
 from ..logical_tensor import dense_strides
 from .fused_sdpa import (ReplayedLengths, WindowOperands, _apply_chain, _scalar, _scalar_chain, _u64, _View,
-                         check_sycl_usable, operand, output_view, plan_window, usm_address)
+                         check_sycl_usable, operand, output_view, plan_window, port_view, usm_address)
 
 
 def _gradient_view(grad: GradientOutput, lts, shapes) -> _View:
@@ -61,18 +61,20 @@ class BackwardLengthReplay:
             tuple(fold for fold in folds if fold[0] in RECOMPUTE_ROLES), ())
         self.window = (call.options["window_left"], call.options["window_right"])
         ports = kernel.ports
-        self.port_order = tuple(ports[role] for role in ("query", "key", "value", "stats", "grad_output",
-                                                         "grad_query", "grad_key", "grad_value"))
+        self.port_order = tuple(ports.get(role) for role in ("query", "key", "value", "stats", "grad_output", "mask",
+                                                             "grad_query", "grad_key", "grad_value", "grad_mask"))
 
     def kernel_for(self, shapes: dict, strides: dict) -> FusedSdpaBackward | None:
         """The kernel for ports' arrays of these shapes and element strides (by port id), or None where a fold
         of the lowering does not hold for them."""
         seq_q, seq_kv = (n if type(n) is int else shapes[n[0]][n[1]] for n in self.lengths)
         kernel = self.kernel
-        q, k, v, stats, grad_out, dq, dk, dv = (strides[tid] for tid in self.port_order)
+        q, k, v, stats, grad_out, mask, dq, dk, dv, dmask = (None if tid is None else strides[tid]
+                                                              for tid in self.port_order)
         o = dense_strides(kernel.batch + (seq_q, kernel.call.head_dim_v))
-        backward = self.backward.plan_for(seq_q, seq_kv, q, k, v, o, stats, grad_out, *self.window, (dq, dk, dv))
-        forward = self.forward.plan_for(seq_q, seq_kv, q, k, v, None, *self.window, o, None)
+        grads = (dq, dk, dv) if dmask is None else (dq, dk, dv, dmask)
+        backward = self.backward.plan_for(seq_q, seq_kv, q, k, v, o, stats, grad_out, *self.window, grads, mask)
+        forward = self.forward.plan_for(seq_q, seq_kv, q, k, v, mask, *self.window, o, None)
         if backward is None or forward is None:
             return None
         return changed_copy(kernel, backward_plan=backward, forward_plan=forward, lengths=(seq_q, seq_kv),
@@ -116,19 +118,19 @@ class FusedSdpaBackward(ReplayedLengths):
             # The recomputed O: f32, contiguous over (batch, Sq, Dv).
             "output": Operand(DataType.f32, tuple(batch) + (seq_q, head_dim_v),
                               dense_strides(tuple(batch) + (seq_q, head_dim_v)))}
-        # Replays for other lengths (see ReplayedLengths): only calls without a mask tensor.
-        self.note_views({"query": q, "key": k, "value": v, "grad_output": grad_out, "stats": stats,
-                         "grad_query": dq, "grad_key": dk, "grad_value": dv},
-                        {"query": m.query.tensor_id, "key": m.key.tensor_id, "value": m.value.tensor_id,
-                         "grad_output": m.grad_output.tensor_id, "stats": m.stats.tensor_id,
-                         "grad_query": m.dq.tensor_id, "grad_key": m.dk.tensor_id, "grad_value": m.dv.tensor_id},
-                        lts, replayable=m.mask is None and m.grad_mask_id is None)
-        self.batch = tuple(batch)
+        views = {"query": q, "key": k, "value": v, "grad_output": grad_out, "stats": stats,
+                 "grad_query": dq, "grad_key": dk, "grad_value": dv}
+        ports = {"query": m.query.tensor_id, "key": m.key.tensor_id, "value": m.value.tensor_id,
+                 "grad_output": m.grad_output.tensor_id, "stats": m.stats.tensor_id,
+                 "grad_query": m.dq.tensor_id, "grad_key": m.dk.tensor_id, "grad_value": m.dv.tensor_id}
         if m.mask is not None:
-            operands["mask"] = operand(dtype(m.mask.tensor_id), _apply_chain(m.mask, lts, shapes))
+            views["mask"], ports["mask"] = _apply_chain(m.mask, lts, shapes), m.mask.tensor_id
+            operands["mask"] = operand(dtype(m.mask.tensor_id), views["mask"])
         if m.grad_mask_id is not None:
-            grad_mask = lts[m.grad_mask_id]
-            operands["grad_mask"] = operand(grad_mask.dtype, _View(grad_mask.shape, grad_mask.strides))
+            views["grad_mask"], ports["grad_mask"] = port_view(lts[m.grad_mask_id]), m.grad_mask_id
+            operands["grad_mask"] = operand(lts[m.grad_mask_id].dtype, views["grad_mask"])
+        self.note_views(views, ports, lts)  # replays for other lengths (see ReplayedLengths)
+        self.batch = tuple(batch)
         self.scale = _scalar_chain(m.scale, lts, "scale")
         self.select_fill = _scalar_chain(m.select_fill, lts, "Select fill value")
         self.window = WindowOperands(m.bounds, lts)
