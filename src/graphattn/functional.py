@@ -27,7 +27,7 @@ from .ops.philox import bits64
 from .ops.broadcast import broadcast_shapes
 from .interop import (from_numpy, is_torch_tensor, plain_torch_tensors, to_numpy, torch_empty, torch_empty_like,
                       torch_layout, torch_random_seed)
-from .plan_cache import SignatureCache, changed_copy
+from .plan_cache import SignatureCache
 from .tensor import array_strides
 
 _NEG_INF = float("-inf")
@@ -84,12 +84,14 @@ class _LengthFreePlan:
         self.replay = entry.plan.length_free(call.sources, call.folds, dense_strides(call.call_batch + (1,))[:-1])
         self.window = entry.window
 
-    def remade(self, q, k, v, mask, strides: tuple, torch_input: bool) -> _ForwardPlan | None:
-        """The plan for these arrays, or None where the template's lowering does not hold for them.  strides:
-        their element strides in that order, or the NumPy arrays themselves (mask's None without one)."""
-        seq_q, seq_kv = q.shape[-2], k.shape[-2]
-        if v.shape[-2] != seq_kv or (mask is not None and (mask.shape[-2] not in (1, seq_q) or
-                                                           mask.shape[-1] not in (1, seq_kv))):
+    def remade(self, q, shapes: tuple, strides: tuple, torch_input: bool) -> _ForwardPlan | None:
+        """The plan for a call of query q, or None where the template's lowering does not hold for it.  shapes:
+        Q's, K's, V's and the mask's (None without one); strides: their element strides in that order, or the
+        NumPy arrays themselves (mask's None without one)."""
+        q_shape, k_shape, v_shape, mask_shape = shapes
+        seq_q, seq_kv = q_shape[-2], k_shape[-2]
+        if v_shape[-2] != seq_kv or (mask_shape is not None and (mask_shape[-2] not in (1, seq_q) or
+                                                                 mask_shape[-1] not in (1, seq_kv))):
             return None  # the call breaks a length rule: the full checks name it
         if self.bounds == _OPEN:
             left, right = self.window
@@ -101,9 +103,13 @@ class _LengthFreePlan:
             return None
         out_shape = self.out_head + (seq_q, self.head_dim_v)
         entry = self.entry
-        out_like_query = (q.is_contiguous() if torch_input else q.flags.c_contiguous) and tuple(q.shape) == out_shape
-        result = changed_copy(entry, plan=plan, runner=plan.bound(left, right, _NEG_INF, _NEG_INF).run,
-                              out_shape=out_shape, stats_shape=out_shape[:-1] + (1,), out_like_query=out_like_query,
+        # built field by field: a copy of the template's record costs twice as much
+        result = _ForwardPlan(call=entry.call, plan=plan, runner=plan.bound(left, right, _NEG_INF, _NEG_INF).run,
+                              copies=None, grouped=entry.grouped, out_shape=out_shape,
+                              stats_shape=out_shape[:-1] + (1,), out_dtype=entry.out_dtype,
+                              default_scale=entry.default_scale,
+                              out_like_query=q_shape == out_shape and (q.is_contiguous() if torch_input
+                                                                      else q.flags.c_contiguous),
                               window=(left, right), lengths=(seq_q, seq_kv))
         if verbose.enabled():
             verbose.log("compile", "functional", "sdpa_forward_cpu", f"{plan.dispatch_text()},plan=new lengths",
@@ -257,7 +263,7 @@ def _length_free_signature(q, k, v, mask, torch_layouts, signature: tuple) -> tu
     is not re-made for new lengths: SYCL ones, NumPy subclasses, and empty ones."""
     if torch_layouts is not None:
         (qs, _, qt, qc), (ks, _, kt, kc), (vs, _, vt, vc) = torch_layouts
-        if not qs.numel() or not ks.numel() or not vs.numel():
+        if 0 in qs or 0 in ks or 0 in vs:
             return None
         return (True, qs[:-2], _free(qs[-2]), qs[-1], ks[:-2], _free(ks[-2]), ks[-1], vs[:-2], _free(vs[-2]), vs[-1],
                 qt, kt, vt, qc, kc, vc) + signature[1:]
@@ -441,8 +447,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         free = _length_free_signature(q, k, v, mask, layouts, signature)
         template = None if free is None else _by_length_free.get(free)
         if template is not None:
-            entry = template.remade(q, k, v, mask, _element_strides(layouts) if torch_direct else (q, k, v, mask),
-                                    torch_direct)
+            if torch_direct:
+                entry = template.remade(q, (layouts[0][0], layouts[1][0], layouts[2][0], None),
+                                        _element_strides(layouts), True)
+            else:
+                entry = template.remade(q, (q.shape, k.shape, v.shape, None if mask is None else mask.shape),
+                                        (q, k, v, mask), False)
             if entry is not None:
                 _cache.put(signature, entry, replayed=True)
         if entry is None:

@@ -20,7 +20,6 @@ from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
 from .functional import (_OPEN, SignatureCache, _check_inputs, _free, _grouped_origin, _layout, _normalize_mask, _s64,
                          _sycl_inputs, check_out_kind, checked_out, grouped_shapes)
-from .plan_cache import changed_copy
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
@@ -129,13 +128,15 @@ class _LengthFreeBackward:
         if kernel is None:
             return None
         (gq, gk, gv, gm), (dq, dk, dv), dm = plan.grouped, plan.grad_shapes, plan.grad_mask_shape
-        return changed_copy(plan, kernel=kernel, lengths=(seq_q, seq_kv, left, right),
-                            grouped=(gq[:-2] + (seq_q, gq[-1]), gk[:-2] + (seq_kv, gk[-1]), gv[:-2] + (seq_kv, gv[-1]),
-                                     None if gm is None else gm[:-2] + mask.shape[-2:]),
-                            grad_shapes=(dq[:-2] + (seq_q, dq[-1]), dk[:-2] + (seq_kv, dk[-1]),
-                                         dv[:-2] + (seq_kv, dv[-1])),
-                            grad_mask_shape=None if dm is None else dm[:-2] + (seq_q, seq_kv),
-                            operand_shapes=(q.shape, k.shape, v.shape))
+        # built field by field: a copy of the template's record costs more
+        return _BackwardPlan(
+            call=plan.call, query_copy=None, kv_copy=None, mask_copy=None, dense=False,
+            grouped=(gq[:-2] + (seq_q, gq[-1]), gk[:-2] + (seq_kv, gk[-1]), gv[:-2] + (seq_kv, gv[-1]),
+                     None if gm is None else gm[:-2] + mask.shape[-2:]),
+            grad_shapes=(dq[:-2] + (seq_q, dq[-1]), dk[:-2] + (seq_kv, dk[-1]), dv[:-2] + (seq_kv, dv[-1])),
+            grad_mask_shape=None if dm is None else dm[:-2] + (seq_q, seq_kv), default_scale=plan.default_scale,
+            operand_shapes=(q.shape, k.shape, v.shape), grad_dtypes=plan.grad_dtypes, kernel=kernel,
+            lengths=(seq_q, seq_kv, left, right))
 
 
 def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad,
