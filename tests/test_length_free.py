@@ -247,10 +247,14 @@ MASKS = {  # name: (mask shape for lengths (L, S) and query heads H, bool or flo
     "per_head_float_gqa": (lambda seq_q, seq_kv: (2, 8, seq_q, seq_kv), np.float32, True),
     "two_dim_float": (lambda seq_q, seq_kv: (seq_q, seq_kv), np.float32, False),
     "padding_float": (lambda seq_q, seq_kv: (2, 1, 1, seq_kv), np.float32, False),
+    # a padding mask broadcast over the query rows as a view (stride 0), as an expanded torch mask is
+    "padding_expanded_bool": (lambda seq_q, seq_kv: (2, 1, seq_q, seq_kv), "expanded", True),
 }
 
 
 def _random_mask(shape, dtype, rng):
+    if dtype == "expanded":
+        return np.broadcast_to(_random_mask(shape[:-2] + (1, shape[-1]), np.bool_, rng), shape)
     if dtype == np.bool_:
         mask = rng.random(shape) < 0.8
         mask[..., 0] = True  # every row sees a key
@@ -280,7 +284,7 @@ def test_backward_with_a_mask_replays_for_new_lengths(mask_case, dtype, rng, mon
         where = f"at lengths {(seq_q, seq_kv)}"
         for name, g, w in zip(("dq", "dk", "dv"), got, want):
             assert_grad_close(g, w, dtype, f"{name} {where}", magnitude)
-        if mask_dtype == np.bool_:
+        if mask_dtype != np.float32:
             assert got[3] is None
         else:
             assert got[3].shape == mask.shape
