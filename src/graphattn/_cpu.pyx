@@ -460,6 +460,9 @@ cdef class LengthFreeBackward:
         caller's arrays)."""
         cdef int64_t own[kBackwardReplayed][kMaxArrayDims]  # strides of each slot's array
         cdef int slot_index = 0
+        if grads is not None and len(grads) != kBackwardGrads - (not self.has_view[kBackwardReplayed - 1]):
+            raise ValueError(f"grads: dQ, dK, dV{', dMask' if self.has_view[kBackwardReplayed - 1] else ''}'s "
+                             f"strides, got {len(grads)}")
         for operand in (query, key, value, output, stats, grad_output, mask) + (grads or ()):
             if _load_strides_of(operand, own[slot_index]):
                 return None
