@@ -1,6 +1,6 @@
 """Per-call overhead of ga.scaled_dot_product_attention on a tiny repeated call.
 
-    python benchmarks/call_overhead.py [--calls 20000]
+    python benchmarks/call_overhead.py [--calls 20000] [--rounds 5] [--new-lengths 200]
 
 Shape (1, 1, 1, 1, 16): the kernel's work is negligible, so the time is the
 Python path (cache lookup, binding, validation) plus the kernel launch.
@@ -14,7 +14,8 @@ preallocated buffer (static_), and with sinks and a softcap (sinks_, NumPy, cont
 (backward_, NumPy, contiguous), also with a bool padding mask (backward_mask_); and graph API partitions, the
 forward's (graph_) and the training backward's (graph_backward_), compiled once with the K/V length unknown
 (-1) and executed on new lengths.
-Prints one JSON line per case and a table.
+Prints one JSON line per case and a table, then each new_length case's premium over its repeat_length
+(call_overhead_premium lines and a second table).
 """
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ def measure(fn, calls: int) -> float:
     return best
 
 
-NEW_LENGTHS = 200  # lengths per round: fewer than the plan cache keeps
-ROUNDS = 5
+NEW_LENGTHS = 200  # lengths per round (--new-lengths)
+ROUNDS = 5  # (--rounds)
 
 
 _OTHER_WORK = np.ones(1 << 19, np.float32)  # 2 MiB: more than a core's L2
@@ -79,14 +80,14 @@ def paired_times(calls) -> tuple[list, list]:
     return new, repeat
 
 
-def length_cases(rng) -> dict:
+def length_cases(rng, rounds_count: int = ROUNDS, new_lengths: int = NEW_LENGTHS) -> dict:
     """{name: (shape, seconds per call)}: decode calls (1, 4, 1, 32) against K/V (1, 2, S, 32), a kernel small
-    enough that the plan's cost shows.  Each round calls NEW_LENGTHS lengths S that no call had before, each
+    enough that the plan's cost shows.  Each round calls new_lengths lengths S that no call had before, each
     timed on its first call (new_length) and on a call of the same length and layout right after, on other
-    data (repeat_length); the medians over every call of ROUNDS rounds, for contiguous K/V (a cache that grows
+    data (repeat_length); the medians over every call of rounds_count rounds, for contiguous K/V (a cache that grows
     by concatenation) and for views of one preallocated buffer (a static cache)."""
     q = rng.standard_normal((1, 4, 1, 32)).astype(np.float32)
-    longest = 64 + ROUNDS * NEW_LENGTHS
+    longest = 64 + rounds_count * new_lengths
     buffers = [rng.standard_normal((1, 2, longest, 32)).astype(np.float32) for _ in range(2)]
     kinds = {"": np.asarray}
     if torch is not None:
@@ -99,8 +100,8 @@ def length_cases(rng) -> dict:
         times.setdefault(prefix + "repeat_length", []).extend(repeat)
 
     def rounds():
-        for r in range(ROUNDS):
-            yield range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS)
+        for r in range(rounds_count):
+            yield range(64 + r * new_lengths, 64 + (r + 1) * new_lengths)
 
     def contiguous(n):  # K/V of length n from each buffer
         return [np.ascontiguousarray(b[:, :, :n]) for b in buffers]
@@ -147,15 +148,16 @@ def length_cases(rng) -> dict:
                           *(functools.partial(ga.scaled_dot_product_attention_backward, out, q, kv, kv, out, stats, m,
                                               enable_gqa=True) for kv, m, (out, stats) in zip(data, masks, forwards))))
         record("backward_mask_", calls)
-    times.update(graph_length_times(rng))
-    times.update(graph_length_times(rng, backward=True))
+    times.update(graph_length_times(rng, rounds_count, new_lengths))
+    times.update(graph_length_times(rng, rounds_count, new_lengths, backward=True))
     shape = (1, 2, "S", 32)
     return {name: (shape, float(np.median(t))) for name, t in times.items()}
 
 
-def graph_length_times(rng, backward: bool = False) -> dict:
+def graph_length_times(rng, rounds_count: int = ROUNDS, new_lengths: int = NEW_LENGTHS,
+                       backward: bool = False) -> dict:
     """{name: [seconds per call]}: the graph API's partition (the forward's, or with backward the training
-    backward's) compiled once with the K/V length unknown (-1), executed on NEW_LENGTHS new lengths per round
+    backward's) compiled once with the K/V length unknown (-1), executed on new_lengths new lengths per round
     (graph_new_length: each is planned on first sight), each followed by a call of the same length on other
     data (graph_repeat_length)."""
     options = dict(seq_q=1, heads_q=4, head_dim=32, stats=backward, softmax_mode="inf_as_zero")
@@ -166,9 +168,9 @@ def graph_length_times(rng, backward: bool = False) -> dict:
     stream = ga.Stream(engine)
     compiled = partition.compile(ports, partition.get_output_ports(), engine)
     new, repeat = [], []
-    for r in range(ROUNDS):
+    for r in range(rounds_count):
         calls = []
-        for n in range(64 + r * NEW_LENGTHS, 64 + (r + 1) * NEW_LENGTHS):
+        for n in range(64 + r * new_lengths, 64 + (r + 1) * new_lengths):
             concrete = SdpaGraphSpec(seq_kv=n, **options)
             if backward:
                 data = [concrete.backward_case(rng)[1] for _ in range(2)]
@@ -191,6 +193,8 @@ def graph_length_times(rng, backward: bool = False) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds of new lengths")
+    parser.add_argument("--new-lengths", type=int, default=NEW_LENGTHS, help="new lengths per round")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 1, 1, 1, 16)).astype(np.float32)
@@ -204,7 +208,7 @@ def main() -> None:
         cases["torch"] = (t.shape, lambda: ga.scaled_dot_product_attention(t, t, t))
         cases["torch_sdpa"] = (t.shape, lambda: F.scaled_dot_product_attention(t, t, t))
     timed = {name: (shape, measure(fn, args.calls)) for name, (shape, fn) in cases.items()}
-    timed.update(length_cases(rng))
+    timed.update(length_cases(rng, args.rounds, args.new_lengths))
     rows = []
     for name, (shape, seconds) in timed.items():
         row = {"bench": "call_overhead", "case": name, "shape": list(shape), "dtype": "f32",
@@ -212,6 +216,19 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     print_table(rows, [("case", "case", "<27"), ("us_per_call", "us/call", ">8.1f")])
+    # what a new length costs over a cached call of the same length, per pair of cases
+    premiums = []
+    for row in rows:
+        if row["case"].endswith("new_length"):
+            prefix = row["case"][:-len("new_length")]
+            repeat = next(r for r in rows if r["case"] == prefix + "repeat_length")
+            premiums.append({"bench": "call_overhead_premium", "case": prefix + "new_length",
+                             "us_over_cached": round(row["us_per_call"] - repeat["us_per_call"], 2),
+                             "cpu": row["cpu"], "threads": row["threads"]})
+    for row in premiums:
+        print(json.dumps(row))
+    print_table(premiums, [("case", "case", "<27"), ("us_over_cached", "+us", ">8.1f")],
+                "new length over its repeat_length")
 
 
 if __name__ == "__main__":

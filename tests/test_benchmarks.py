@@ -290,3 +290,21 @@ def test_ring_contention_times_a_ranks_share_alone_and_at_once():
         assert r["single_ms"] > 0 and all(t > 0 for t in r["call_ms"])
         assert r["ratio"] == pytest.approx(r["single_ms"] / (2 * max(r["call_ms"])))
     assert "ranks x call ms" in result.stdout
+
+
+def test_call_overhead_prints_each_new_length_premium():
+    """Each case of new lengths gets its premium over the cached call of the same length, as a JSON line and in a
+    table of its own."""
+    result = subprocess.run([sys.executable, str(BENCH.parent / "call_overhead.py"), "--calls", "50", "--rounds", "1",
+                             "--new-lengths", "3"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = _json_rows(result.stdout)
+    times = {r["case"]: r["us_per_call"] for r in rows if r["bench"] == "call_overhead"}
+    premiums = {r["case"]: r["us_over_cached"] for r in rows if r["bench"] == "call_overhead_premium"}
+    expected = {"new_length", "static_new_length", "sinks_new_length", "backward_new_length",
+                "backward_mask_new_length", "graph_new_length", "graph_backward_new_length"}
+    assert expected <= set(premiums), sorted(premiums)
+    for case, premium in premiums.items():
+        repeat = case[:-len("new_length")] + "repeat_length"
+        assert premium == pytest.approx(times[case] - times[repeat], abs=0.011)
+    assert "new length over its repeat_length" in result.stdout
