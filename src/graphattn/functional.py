@@ -90,8 +90,7 @@ class _LengthFreePlan:
         NumPy arrays themselves (mask's None without one)."""
         q_shape, k_shape, v_shape, mask_shape = shapes
         seq_q, seq_kv = q_shape[-2], k_shape[-2]
-        if v_shape[-2] != seq_kv or (mask_shape is not None and (mask_shape[-2] not in (1, seq_q) or
-                                                                 mask_shape[-1] not in (1, seq_kv))):
+        if v_shape[-2] != seq_kv or not _mask_fits(mask_shape, seq_q, seq_kv):
             return None  # the call breaks a length rule: the full checks name it
         if self.bounds == _OPEN:
             left, right = self.window
@@ -277,7 +276,7 @@ def _length_free_signature(q, k, v, mask, torch_layouts, signature: tuple) -> tu
     if mask is not None:
         if type(mask) is not np.ndarray or not mask.size:
             return None
-        free += (mask.shape[:-2], _free(mask.shape[-2]), _free(mask.shape[-1]), mask.dtype)
+        free += _free_mask(mask.shape, mask.dtype)
     return free + signature[4:]
 
 
@@ -285,6 +284,18 @@ def _free(length: int) -> int:
     """A sequence length in a length-free signature: 0 and 1 as they are (they change broadcasting and the
     checks), -1 for any other."""
     return length if length < 2 else -1
+
+
+def _free_mask(shape: tuple, dtype) -> tuple:
+    """A mask's part of a length-free signature: its batch dims, its two lengths as _free gives them, its
+    dtype."""
+    return shape[:-2], _free(shape[-2]), _free(shape[-1]), dtype
+
+
+def _mask_fits(mask_shape: tuple | None, seq_q: int, seq_kv: int) -> bool:
+    """Whether a mask of this shape (None: no mask) broadcasts to a replayed call's (seq_q, seq_kv) scores: the
+    length rule a replay re-checks (the others held for its template)."""
+    return mask_shape is None or (mask_shape[-2] in (1, seq_q) and mask_shape[-1] in (1, seq_kv))
 
 
 def _element_strides(torch_layouts) -> tuple:

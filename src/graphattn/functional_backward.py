@@ -18,8 +18,8 @@ import numpy as np
 from . import _cpu
 from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
-from .functional import (_OPEN, SignatureCache, _check_inputs, _free, _grouped_origin, _layout, _normalize_mask, _s64,
-                         _sycl_inputs, check_out_kind, checked_out, grouped_shapes)
+from .functional import (_OPEN, SignatureCache, _check_inputs, _free, _free_mask, _grouped_origin, _layout,
+                         _mask_fits, _normalize_mask, _s64, _sycl_inputs, check_out_kind, checked_out, grouped_shapes)
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
@@ -94,7 +94,7 @@ def _length_free_signature(arrays: tuple, signature: tuple) -> tuple | None:
         shape, _, dtype = signature[1]
         if 0 in shape:
             return None
-        free.append((shape[:-2], _free(shape[-2]), _free(shape[-1]), dtype))
+        free.append(_free_mask(shape, dtype))
     return tuple(free) + signature[2:]
 
 
@@ -117,7 +117,7 @@ class _LengthFreeBackward:
         plan = self.plan
         seq_q, seq_kv = q.shape[-2], k.shape[-2]
         if v.shape[-2] != seq_kv or o.shape[-2] != seq_q or do.shape[-2] != seq_q or st.shape[-2] != seq_q or \
-                (mask is not None and (mask.shape[-2] not in (1, seq_q) or mask.shape[-1] not in (1, seq_kv))):
+                not _mask_fits(None if mask is None else mask.shape, seq_q, seq_kv):
             return None  # a length rule broken: the full checks name it
         if self.bounds == _OPEN:
             left, right = self.open_window
