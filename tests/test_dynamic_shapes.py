@@ -294,3 +294,25 @@ def test_backward_partitions_replay_new_lengths(variant, dtype, rng, capsys):
         for name in ("grad_query", "grad_key", "grad_value") + (("grad_mask",) if grad_mask else ()):
             tid = concrete.ids[name]
             assert_grad_close(got[tid], want[tid], dtype, f"{name} at lengths {(seq_q, seq_kv)}")
+
+
+@pytest.mark.parametrize("replayed", [False, True])
+def test_an_output_that_maps_elements_to_one_place_is_refused(replayed, rng):
+    """A writable output view whose strides send several indices to one location (stride 0 over the heads) is
+    refused before anything is written, whether its call compiles in full or replays an earlier length."""
+    spec = SdpaGraphSpec(seq_q=-1, seq_kv=-1)
+    (partition,) = spec.build().get_partitions()
+    ports = partition.get_input_ports()
+    compiled = partition.compile(ports, partition.get_output_ports(), ga.Engine("cpu"))
+    if replayed:  # the class of lengths (4, 9) compiles here; (6, 11) below replays it
+        _run_dynamic(compiled, ports, _inputs(SdpaGraphSpec(seq_q=4, seq_kv=9), rng))
+    inputs = _inputs(SdpaGraphSpec(seq_q=6, seq_kv=11), rng)
+    (out,) = compiled.query_dynamic_outputs([ga.LogicalTensor(lt.id, lt.dtype, inputs[lt.id].shape) for lt in ports])
+    memory = np.zeros(out.shape[-2:], np.float32)
+    view = np.lib.stride_tricks.as_strided(memory, out.shape, (0, 0) + memory.strides)  # writable, heads on one place
+    engine = ga.Engine("cpu")
+    with pytest.raises(ValueError, match=rf"(output port {out.id} has strides .* several elements to one location|"
+                                         rf"tensor {out.id}: output strides .* in one place)"):
+        compiled.execute(ga.Stream(engine), [ga.Tensor(lt, engine, inputs[lt.id]) for lt in ports],
+                         [ga.Tensor(ga.LogicalTensor(out.id, out.dtype, out.shape), engine, view)])
+    assert not memory.any()

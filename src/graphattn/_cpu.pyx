@@ -6,6 +6,7 @@ A ForwardPlan holds everything a compiled partition knows at compile time
 runtime scalars and calls the kernel with the GIL released.
 """
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libcpp.vector cimport vector
 
 cimport numpy as cnp
 import numpy as np
@@ -689,6 +690,35 @@ def cpu_features():
 def thread_count():
     """Number of OpenMP threads the kernels use."""
     return max_threads()
+
+
+def first_shared_memory(tuple arrays, Py_ssize_t first_written):
+    """(i, j): the first array i from index first_written on (one to be written) and another j whose elements'
+    byte spans meet, or None.  The spans are the bounds np.may_share_memory checks by default, so arrays that
+    interleave without a common element count too.  Objects other than NumPy arrays, and empty arrays, take
+    no memory here."""
+    cdef Py_ssize_t n = len(arrays), i, j
+    cdef vector[int64_t] low = vector[int64_t](n, 0)
+    cdef vector[int64_t] high = vector[int64_t](n, 0)
+    cdef BufferExtent extent
+    cdef cnp.ndarray a
+    cdef int64_t base
+    for i in range(n):
+        if not cnp.PyArray_Check(arrays[i]):
+            continue
+        a = <cnp.ndarray>arrays[i]
+        _span(cnp.PyArray_NDIM(a), <const int64_t*>cnp.PyArray_DIMS(a), <const int64_t*>cnp.PyArray_STRIDES(a),
+              cnp.PyArray_ITEMSIZE(a), &extent)
+        if extent.end > extent.begin:
+            base = <int64_t><uintptr_t>cnp.PyArray_DATA(a)
+            low[i], high[i] = base + extent.begin, base + extent.end
+    for i in range(first_written, n):
+        if low[i] == high[i]:
+            continue
+        for j in range(n):
+            if j != i and low[j] != high[j] and low[i] < high[j] and low[j] < high[i]:
+                return i, j
+    return None
 
 
 DTYPE_CODES = {"f32": <int>DType.f32, "bf16": <int>DType.bf16, "f16": <int>DType.f16,

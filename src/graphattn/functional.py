@@ -580,10 +580,10 @@ def checked_out(out: np.ndarray, shape: tuple, dtype, inputs: dict, name: str) -
                          f"{out.shape} {out.dtype}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"{name} must be a writable C-contiguous array: the kernel writes it densely")
-    for input_name, a in inputs.items():
-        if a is not None and out.size and np.may_share_memory(out, a):
-            raise ValueError(f"{name} shares memory with {input_name}, which the kernel reads while it writes "
-                             f"{name}")
+    shared = _cpu.first_shared_memory(tuple(inputs.values()) + (out,), len(inputs))
+    if shared is not None:
+        raise ValueError(f"{name} shares memory with {list(inputs)[shared[1]]}, which the kernel reads while it "
+                         f"writes {name}")
     return out
 
 

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import sycl_runtime, verbose
+from . import _cpu, sycl_runtime, verbose
 from .dtypes import numpy_dtype
 from .engine import Engine, Stream
 from .kernels.fused_sdpa import FusedSdpaForward, LengthReplay, NotUsable
@@ -206,6 +206,7 @@ class CompiledPartition:
         # byte strides each bound array must have (size-1 dims take any stride, marked None)
         self._byte_strides = {lt.id: _byte_strides(lt, self._numpy_dtypes[lt.id].itemsize)
                               for lt in inputs + outputs}
+        self._overlapping = _overlapping_outputs(outputs)
 
     def with_layouts(self, kernel, shapes: dict, strides: dict, byte_strides: dict) -> CompiledPartition:
         """This compiled partition for other shapes and element strides of its ports (by id), run by this
@@ -219,6 +220,7 @@ class CompiledPartition:
         compiled._lts = {lt.id: lt for lt in compiled.inputs + compiled.outputs}
         compiled._numpy_dtypes = self._numpy_dtypes
         compiled._byte_strides = byte_strides
+        compiled._overlapping = _overlapping_outputs(compiled.outputs)
         return compiled
 
     @property
@@ -298,16 +300,15 @@ class CompiledPartition:
                 continue  # USM arrays: checked for shape and strides above; their memory is the queue's
             if not data.flags.writeable:
                 raise ValueError(f"{where}: output port {port_id} is read-only; pass a writable array")
-            if overlaps_itself(data.shape, data.strides):
+            if port_id in self._overlapping:
                 raise ValueError(f"{where}: output port {port_id} has strides {data.strides} (bytes) for shape "
                                  f"{data.shape} that map several elements to one location; pass an array with "
                                  "an element of its own for each index")
-            others = [(f"input port {i}", a) for i, a in inputs.items()] + \
-                     [(f"output port {i}", a) for i, a in outputs.items() if i != port_id]
-            for name, other in others:
-                if isinstance(other, np.ndarray) and other.size and data.size and np.may_share_memory(data, other):
-                    raise ValueError(f"{where}: output port {port_id} overlaps the memory of {name}; outputs "
-                                     "are not computed in place")
+        shared = _cpu.first_shared_memory(tuple(inputs.values()) + tuple(outputs.values()), len(inputs))
+        if shared is not None:
+            names = [f"input port {i}" for i in inputs] + [f"output port {i}" for i in outputs]
+            raise ValueError(f"{where}: {names[shared[0]]} overlaps the memory of {names[shared[1]]}; outputs are "
+                             "not computed in place")
 
 
 @dataclass(frozen=True)
@@ -490,6 +491,13 @@ def _data_strides(data) -> tuple:
 
 def _byte_strides(lt: LogicalTensor, itemsize: int) -> tuple:
     return tuple(None if d == 1 else s * itemsize for s, d in zip(lt.strides, lt.shape))
+
+
+def _overlapping_outputs(outputs: list[LogicalTensor]) -> frozenset:
+    """The output ports whose layout maps several elements to one location (views.overlaps_itself).  A bound
+    array has its port's shape and, over every dim of two or more, its strides (_bind), so the port's layout
+    decides it once."""
+    return frozenset(lt.id for lt in outputs if overlaps_itself(lt.shape, lt.strides))
 
 
 def _strides_match(actual: tuple, expected: tuple) -> bool:
