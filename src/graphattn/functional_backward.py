@@ -341,7 +341,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     mask = _normalize_mask(user_mask)
     # A signature seen before was checked when its plan was made: repeated calls only bind data (a small call
     # spent most of its time in these checks and stride walks).
-    signature = (tuple(_layout(a) for a in (q, k, v, o, do, st)), _layout(mask) if mask is not None else None,
+    signature = ((_layout(q), _layout(k), _layout(v), _layout(o), _layout(do), _layout(st)),
+                 _layout(mask) if mask is not None else None,
                  bool(enable_gqa), bounds, causal_alignment, dropout_p, bool(return_mask_grad), queue,
                  None if mods is None else mods.signature(), bool(return_sinks_grad))
     plan = _plans.get(signature)
