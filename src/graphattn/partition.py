@@ -279,7 +279,7 @@ class CompiledPartition:
                 raise TypeError(f"{where}: {what[:-1]} port {port.id} was compiled for {port.dtype.value}, got a "
                                 f"Tensor of {tensor.logical_tensor.dtype.value}")
             data = tensor.data
-            if type(data) is not np.ndarray and sycl_runtime.is_usm_array(data):  # NumPy's first: no attribute probe
+            if sycl_runtime.is_usm_array(data):
                 _checked_usm_array(data, port, where)
             else:
                 if data.dtype != self._numpy_dtypes[port.id]:

@@ -9,6 +9,8 @@ import glob
 import os
 import sys
 
+import numpy as np
+
 
 def configure_environment() -> None:
     """Makes the pip-installed OpenCL CPU runtime visible and turns on the SYCL runtime's on-disk kernel cache.
@@ -81,7 +83,8 @@ def queue_for(kind: str, index: int = 0, queue=None):
 
 
 def is_usm_array(x) -> bool:
-    return hasattr(x, "__sycl_usm_array_interface__")
+    # A NumPy array is answered first: probing it for the attribute costs an AttributeError.
+    return type(x) is not np.ndarray and hasattr(x, "__sycl_usm_array_interface__")
 
 
 def usm_address(array) -> int:

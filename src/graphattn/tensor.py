@@ -23,9 +23,7 @@ def element_strides(array: np.ndarray, name: str = "array") -> tuple[int, ...]:
 
 def array_strides(array) -> tuple[int, ...]:
     """Element strides of a NumPy array or of a USM array (dpnp, usm_ndarray)."""
-    if type(array) is not np.ndarray and sycl_runtime.is_usm_array(array):  # NumPy's first: no attribute probe
-        return sycl_runtime.usm_element_strides(array)
-    return element_strides(array)
+    return sycl_runtime.usm_element_strides(array) if sycl_runtime.is_usm_array(array) else element_strides(array)
 
 
 class Tensor:
