@@ -383,19 +383,23 @@ class DynamicCompiledPartition:
                     raise TypeError(f"partition {self.partition.id}: execute: {what} must be Tensors, got "
                                     f"{type(t).__name__}")
         tensors = list(inputs) + list(outputs)
-        layouts = tuple((t.id, tuple(t.data.shape), _data_strides(t.data)) for t in tensors)
-        compiled = self._plans.get(layouts)
+        # Keyed by NumPy's own shape and byte strides, which pin a layout as the element strides do (a port's
+        # dtype is fixed, and execute checks each array's); those are worked out on a new layout only.
+        seen = tuple((t.id, t.data.shape, t.data.strides) if type(t.data) is np.ndarray else
+                     (t.id, tuple(t.data.shape), _data_strides(t.data)) for t in tensors)
+        compiled = self._plans.get(seen)
         if compiled is None:
+            layouts = tuple((t.id, tuple(t.data.shape), _data_strides(t.data)) for t in tensors)
             key, lengths = self._length_free_key(layouts)
             replay = self._replays.get(key)
             compiled = self._replayed(replay, layouts, tensors) if isinstance(replay, _LengthTemplate) else None
             if compiled is not None:
-                self._plans.put(layouts, compiled, replayed=True)
+                self._plans.put(seen, compiled, replayed=True)
             else:
                 compiled = self._compiled(layouts, tensors, len(inputs))
                 if replay is None:
                     self._replays.put(key, self._length_replay(compiled, layouts, lengths) or _NO_REPLAY)
-                self._plans.put(layouts, compiled)
+                self._plans.put(seen, compiled)
         self._last = compiled
         compiled.execute(stream, inputs, outputs)
 
