@@ -126,28 +126,22 @@ def length_cases(rng, rounds_count: int = ROUNDS, new_lengths: int = NEW_LENGTHS
             calls.append((data, *(functools.partial(ga.scaled_dot_product_attention, q, kv, kv, enable_gqa=True,
                                                     sinks=sinks, softcap=30.0) for kv in data)))
         record("sinks_", calls)
-    # the backward of such decode calls (training with dynamic padding plans each new length the same way)
-    for lengths in rounds():
-        calls = []
-        for n in lengths:
-            data = contiguous(n)
-            forwards = [ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True, return_stats=True) for kv in data]
-            calls.append((data + [a for f in forwards for a in f],
-                          *(functools.partial(ga.scaled_dot_product_attention_backward, out, q, kv, kv, out, stats,
-                                              enable_gqa=True) for kv, (out, stats) in zip(data, forwards))))
-        record("backward_", calls)
-    # the same backward with a padding mask (bool, (1, 1, 1, S)), as a padded batch's training step passes it
-    for lengths in rounds():
-        calls = []
-        for n in lengths:
-            data = contiguous(n)
-            masks = [rng.random((1, 1, 1, n)) < 0.9 for _ in data]
-            forwards = [ga.scaled_dot_product_attention(q, kv, kv, m, enable_gqa=True, return_stats=True)
-                        for kv, m in zip(data, masks)]
-            calls.append((data + masks + [a for f in forwards for a in f],
-                          *(functools.partial(ga.scaled_dot_product_attention_backward, out, q, kv, kv, out, stats, m,
-                                              enable_gqa=True) for kv, m, (out, stats) in zip(data, masks, forwards))))
-        record("backward_mask_", calls)
+    # the backward of such decode calls (training with dynamic padding plans each new length the same way), and
+    # with a padding mask (bool, (1, 1, 1, S)), as a padded batch's training step passes it
+    masks = {"backward_": lambda n: None, "backward_mask_": lambda n: rng.random((1, 1, 1, n)) < 0.9}
+    for prefix, mask_of in masks.items():
+        for lengths in rounds():
+            calls = []
+            for n in lengths:
+                data = contiguous(n)
+                mask = [mask_of(n) for _ in data]
+                forwards = [ga.scaled_dot_product_attention(q, kv, kv, m, enable_gqa=True, return_stats=True)
+                            for kv, m in zip(data, mask)]
+                calls.append((data + [m for m in mask if m is not None] + [a for f in forwards for a in f],
+                              *(functools.partial(ga.scaled_dot_product_attention_backward, out, q, kv, kv, out,
+                                                  stats, m, enable_gqa=True)
+                                for kv, m, (out, stats) in zip(data, mask, forwards))))
+            record(prefix, calls)
     times.update(graph_length_times(rng, rounds_count, new_lengths))
     times.update(graph_length_times(rng, rounds_count, new_lengths, backward=True))
     shape = (1, 2, "S", 32)

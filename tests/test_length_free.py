@@ -180,13 +180,7 @@ def test_backward_replays_its_plan_for_new_lengths(options, dtype, rng, monkeypa
     """The functional backward re-makes a direct plan for new K/V lengths (functional_backward's
     _LengthFreeBackward): one plan for ten lengths, each call's gradients (dsinks included) against the
     reference."""
-    from graphattn import functional_backward
-
-    functional_backward._plans.clear()
-    functional_backward._by_length_free.clear()
-    planned = []
-    plan = functional_backward._plan
-    monkeypatch.setattr(functional_backward, "_plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
+    planned = _backward_plans_counted(monkeypatch)
     kw = dict(options)
     if kw.get("sinks") == "yes":
         kw["sinks"] = rng.standard_normal(8).astype(np.float32)

@@ -107,17 +107,6 @@ class FusedSdpaBackward(ReplayedLengths):
         dk = _check_reduction(m.dk, k, batch, "K", lts, shapes)
         dv = _check_reduction(m.dv, v, batch, "V", lts, shapes)
 
-        def dtype(tensor_id):
-            return lts[tensor_id].dtype
-        operands = {
-            "query": operand(dtype(m.query.tensor_id), q), "key": operand(dtype(m.key.tensor_id), k),
-            "value": operand(dtype(m.value.tensor_id), v),
-            "grad_output": operand(dtype(m.grad_output.tensor_id), grad_out),
-            "stats": operand(dtype(m.stats.tensor_id), stats), "grad_query": operand(dtype(m.dq.tensor_id), dq),
-            "grad_key": operand(dtype(m.dk.tensor_id), dk), "grad_value": operand(dtype(m.dv.tensor_id), dv),
-            # The recomputed O: f32, contiguous over (batch, Sq, Dv).
-            "output": Operand(DataType.f32, tuple(batch) + (seq_q, head_dim_v),
-                              dense_strides(tuple(batch) + (seq_q, head_dim_v)))}
         views = {"query": q, "key": k, "value": v, "grad_output": grad_out, "stats": stats,
                  "grad_query": dq, "grad_key": dk, "grad_value": dv}
         ports = {"query": m.query.tensor_id, "key": m.key.tensor_id, "value": m.value.tensor_id,
@@ -125,10 +114,12 @@ class FusedSdpaBackward(ReplayedLengths):
                  "grad_query": m.dq.tensor_id, "grad_key": m.dk.tensor_id, "grad_value": m.dv.tensor_id}
         if m.mask is not None:
             views["mask"], ports["mask"] = _apply_chain(m.mask, lts, shapes), m.mask.tensor_id
-            operands["mask"] = operand(dtype(m.mask.tensor_id), views["mask"])
         if m.grad_mask_id is not None:
             views["grad_mask"], ports["grad_mask"] = port_view(lts[m.grad_mask_id]), m.grad_mask_id
-            operands["grad_mask"] = operand(lts[m.grad_mask_id].dtype, views["grad_mask"])
+        operands = {role: operand(lts[ports[role]].dtype, view) for role, view in views.items()}
+        # The recomputed O: f32, contiguous over (batch, Sq, Dv).
+        operands["output"] = Operand(DataType.f32, tuple(batch) + (seq_q, head_dim_v),
+                                     dense_strides(tuple(batch) + (seq_q, head_dim_v)))
         self.note_views(views, ports, lts)  # replays for other lengths (see ReplayedLengths)
         self.batch = tuple(batch)
         self.scale = _scalar_chain(m.scale, lts, "scale")
