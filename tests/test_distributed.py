@@ -49,6 +49,26 @@ def test_a_rank_that_fails_ends_every_rank_with_an_error():
     assert time.monotonic() - start < 30
 
 
+def test_an_aborting_rank_waits_until_its_message_left_the_pipe():
+    """MPI_Abort kills the process manager that forwards stderr: the message must be read from the pipe first."""
+    import threading
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "w") as stream, os.fdopen(read_end, "rb") as reader:
+        start = time.monotonic()
+        gd._wait_until_read(stream)  # an empty pipe: at once
+        assert time.monotonic() - start < 0.5
+        stream.write("rank 1 of 3 failed")
+        stream.flush()
+        got = []
+        reading = threading.Timer(0.3, lambda: got.append(os.read(reader.fileno(), 100)))
+        reading.start()
+        start = time.monotonic()
+        gd._wait_until_read(stream)
+        waited = time.monotonic() - start
+        reading.join()
+        assert got == [b"rank 1 of 3 failed"] and 0.25 < waited < gd._DRAIN_SECONDS
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

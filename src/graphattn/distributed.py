@@ -21,6 +21,7 @@ An error on any rank prints it and aborts every rank of the communicator (MPI_Ab
 """
 from __future__ import annotations
 
+import array
 import os
 import sys
 import threading
@@ -187,6 +188,31 @@ def _sendrecv(comm, outgoing, dest, incoming, source, waited_for: threading.Even
             time.sleep(_POLL_SECONDS)
 
 
+# How long an aborting rank waits for its error message to leave its stderr pipe.
+_DRAIN_SECONDS = 2.0
+
+
+def _wait_until_read(stream) -> None:
+    """Returns once stream's pipe holds no unread bytes, or after _DRAIN_SECONDS: MPI_Abort kills the process
+    manager that forwards a rank's output, and what it had not yet read from the pipe is lost."""
+    try:
+        import fcntl
+        import termios
+        fd = stream.fileno()
+    except (ImportError, OSError, ValueError, AttributeError):
+        return
+    unread = array.array("i", [0])
+    deadline = time.monotonic() + _DRAIN_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            fcntl.ioctl(fd, termios.FIONREAD, unread)
+        except OSError:  # not a pipe or a socket: nothing waits to be read
+            return
+        if unread[0] == 0:
+            return
+        time.sleep(1e-3)
+
+
 def _abort_on_error(comm, what: str, fn):
     """fn(), or on any error its message on stderr and MPI_Abort of every rank (a ring never hangs on a rank
     that left it)."""
@@ -196,6 +222,7 @@ def _abort_on_error(comm, what: str, fn):
         rank, size = _rank_size(comm)
         print(f"graphattn.distributed.{what}: rank {rank} of {size} failed: {type(why).__name__}: {why}; "
               "aborting every rank", file=sys.stderr, flush=True)
+        _wait_until_read(sys.stderr)
         comm.Abort(1)
         raise
 
