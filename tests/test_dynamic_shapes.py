@@ -316,3 +316,45 @@ def test_an_output_that_maps_elements_to_one_place_is_refused(replayed, rng):
         compiled.execute(ga.Stream(engine), [ga.Tensor(lt, engine, inputs[lt.id]) for lt in ports],
                          [ga.Tensor(ga.LogicalTensor(out.id, out.dtype, out.shape), engine, view)])
     assert not memory.any()
+
+
+def test_a_replayed_layout_called_again_still_checks_what_its_key_leaves_out(rng):
+    """A replayed length's second call hits the partition kept for its layout, whose key pins shapes and
+    strides only: data of another dtype (of the same item size, put in the Tensor after it was made), a
+    read-only output and an output over an input's memory are each refused there too, naming the port,
+    before anything is written."""
+    spec = SdpaGraphSpec(seq_q=-1, seq_kv=-1)
+    (partition,) = spec.build().get_partitions()
+    ports = partition.get_input_ports()
+    compiled = partition.compile(ports, partition.get_output_ports(), ga.Engine("cpu"))
+    _run_dynamic(compiled, ports, _inputs(SdpaGraphSpec(seq_q=4, seq_kv=9), rng))  # compiles the class
+    inputs = _inputs(SdpaGraphSpec(seq_q=6, seq_kv=11), rng)
+    first = _run_dynamic(compiled, ports, inputs)  # replays it for (6, 11), kept for this layout
+    (out,) = partition.get_output_ports()
+    query, value = spec.ids["query"], spec.ids["value"]
+    engine = ga.Engine("cpu")
+    stream = ga.Stream(engine)
+
+    def execute(tensors, output):
+        compiled.execute(stream, tensors, [ga.Tensor(ga.LogicalTensor(out.id, "f32", output.shape), engine, output)])
+
+    plain = [ga.Tensor(lt, engine, inputs[lt.id]) for lt in ports]
+    result = np.zeros_like(first[out.id])
+    execute(plain, result)  # the kept partition: the same result
+    np.testing.assert_array_equal(result, first[out.id])
+    result[...] = 0
+    swapped = ga.Tensor(next(lt for lt in ports if lt.id == query), engine, inputs[query])
+    swapped.data = inputs[query].view(np.int32)  # f32's item size: the same key
+    with pytest.raises(TypeError, match=rf"port {query} was compiled for f32 \(float32\), got data of int32"):
+        execute([swapped if lt.id == query else t for lt, t in zip(ports, plain)], result)
+    read_only = result.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match=rf"output port {out.id} is read-only"):
+        execute(plain, read_only)
+    shared = inputs[value].copy()  # the value's memory, its first 6 rows also given as the output
+    over_input = [ga.Tensor(lt, engine, shared) if lt.id == value else t for lt, t in zip(ports, plain)]
+    before = shared.copy()
+    with pytest.raises(ValueError, match=rf"output port {out.id} overlaps the memory of input port {value}"):
+        execute(over_input, shared[:, :, :6, :])
+    assert not result.any()
+    np.testing.assert_array_equal(shared, before)

@@ -306,8 +306,8 @@ cdef class LengthFreeForward:
                  int64_t window_right, output=None, stats=None):
         """The ForwardPlan for these lengths, given query, key, value and mask (None without one) as their
         element strides (tuples) or as the NumPy arrays themselves, and the window about the row; None where a
-        fold of the lowering no longer holds.  The output and the stats are dense unless their element strides
-        are given (both, or the output alone where the call has no stats)."""
+        fold of the lowering no longer holds.  The output and the stats are dense unless given likewise (both,
+        or the output alone where the call has no stats)."""
         cdef int64_t own[kReplayedViews][kMaxArrayDims]  # strides of each array, by FORWARD_VIEWS index
         if _load_strides_of(query, own[0]) or _load_strides_of(key, own[1]) or _load_strides_of(value, own[2]) \
                 or _load_strides_of(mask, own[4]):
@@ -316,8 +316,8 @@ cdef class LengthFreeForward:
         cdef int64_t head_dim_v = self.args.head_dim_v
         cdef int n = self.batch_dims
         if output is not None:
-            _load_strides(output, own[3])
-            _load_strides(stats, own[5])
+            if _load_strides_of(output, own[3]) or _load_strides_of(stats, own[5]):
+                return None
         else:
             for i in range(n):  # the output's and the stats' dense strides
                 own[3][i] = self.batch_steps[i] * seq_q * head_dim_v

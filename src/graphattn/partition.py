@@ -202,6 +202,7 @@ class CompiledPartition:
         self.outputs = outputs
         self.kernel = kernel
         self._lts = {lt.id: lt for lt in inputs + outputs}
+        self._dtypes = {lt.id: lt.dtype for lt in inputs + outputs}
         self._numpy_dtypes = {lt.id: numpy_dtype(lt.dtype) for lt in inputs + outputs}
         # byte strides each bound array must have (size-1 dims take any stride, marked None)
         self._byte_strides = {lt.id: _byte_strides(lt, self._numpy_dtypes[lt.id].itemsize)
@@ -218,6 +219,7 @@ class CompiledPartition:
         compiled.inputs = [lt.concrete(shapes[lt.id], strides[lt.id]) for lt in self.inputs]
         compiled.outputs = [lt.concrete(shapes[lt.id], strides[lt.id]) for lt in self.outputs]
         compiled._lts = {lt.id: lt for lt in compiled.inputs + compiled.outputs}
+        compiled._dtypes = self._dtypes
         compiled._numpy_dtypes = self._numpy_dtypes
         compiled._byte_strides = byte_strides
         compiled._overlapping = _overlapping_outputs(compiled.outputs)
@@ -311,6 +313,46 @@ class CompiledPartition:
                              "not computed in place")
 
 
+class _ReplayedPartition(CompiledPartition):
+    """A dynamic partition's compile replayed for the lengths and layouts of one class of calls: those of the
+    arrays it was made for, which the cache key it is kept under pins (shapes, strides, port ids in order).
+    So execute checks only what that key leaves out: each Tensor's dtype and its data's, the outputs' memory.
+    Any other call gets the full checks of a compile for its layouts, which name what is wrong."""
+
+    def __init__(self, template: CompiledPartition, kernel, seen: tuple, input_count: int):
+        self.partition = template.partition
+        self.kernel = kernel
+        self.template = template
+        self._dtypes = template._dtypes
+        self._numpy_dtypes = template._numpy_dtypes
+        # a layout's overlap does not depend on the stride's unit: bytes (NumPy's) serve
+        self._overlapping = frozenset(entry[0] for entry in seen[input_count:] if overlaps_itself(entry[1], entry[2]))
+
+    def execute(self, stream: Stream, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> None:
+        bound_inputs, bound_outputs = self._bound(inputs), self._bound(outputs)
+        if bound_inputs is None or bound_outputs is None:
+            tensors = list(inputs) + list(outputs)
+            layouts = _layouts(tensors)
+            shapes = {tensor_id: shape for tensor_id, shape, _ in layouts}
+            strides = {tensor_id: stride for tensor_id, _, stride in layouts}
+            full = self.template.with_layouts(self.kernel, shapes, strides, {t.id: t.data.strides for t in tensors})
+            full.execute(stream, inputs, outputs)  # raises, naming the Tensor of the wrong dtype
+            return
+        self._check_outputs(bound_inputs, bound_outputs)
+        self.execute_unchecked(bound_inputs, bound_outputs)
+
+    def _bound(self, tensors: Sequence[Tensor]) -> dict | None:
+        """The tensors' arrays by port id, or None where a Tensor or its data has another dtype than its port."""
+        arrays = {}
+        dtypes, numpy_dtypes = self._dtypes, self._numpy_dtypes
+        for t in tensors:
+            data = t.data
+            if t.logical_tensor.dtype is not dtypes[t.id] or data.dtype != numpy_dtypes[t.id]:
+                return None
+            arrays[t.id] = data
+        return arrays
+
+
 @dataclass(frozen=True)
 class _LengthTemplate:
     """A dynamic partition's compile for one class of lengths, and its kernel's replay for the others."""
@@ -319,6 +361,7 @@ class _LengthTemplate:
 
 
 _NO_REPLAY = object()  # the replay cache's entry for a class of lengths whose every call compiles
+_OTHER_ARRAY = "element strides"  # marks a key entry of an array other than a NumPy ndarray
 
 
 class DynamicCompiledPartition:
@@ -384,24 +427,32 @@ class DynamicCompiledPartition:
                                     f"{type(t).__name__}")
         tensors = list(inputs) + list(outputs)
         # Keyed by NumPy's own shape and byte strides, which pin a layout as the element strides do (a port's
-        # dtype is fixed, and execute checks each array's); those are worked out on a new layout only.
+        # dtype is fixed, and execute checks each array's); those are worked out on a new layout only.  Other
+        # arrays' entries (element strides) are marked apart.
         seen = tuple((t.id, t.data.shape, t.data.strides) if type(t.data) is np.ndarray else
-                     (t.id, tuple(t.data.shape), _data_strides(t.data)) for t in tensors)
+                     (t.id, tuple(t.data.shape), _data_strides(t.data), _OTHER_ARRAY) for t in tensors)
         compiled = self._plans.get(seen)
         if compiled is None:
-            layouts = tuple((t.id, tuple(t.data.shape), _data_strides(t.data)) for t in tensors)
-            key, lengths = self._length_free_key(layouts)
-            replay = self._replays.get(key)
-            compiled = self._replayed(replay, layouts, tensors) if isinstance(replay, _LengthTemplate) else None
-            if compiled is not None:
-                self._plans.put(seen, compiled, replayed=True)
-            else:
-                compiled = self._compiled(layouts, tensors, len(inputs))
-                if replay is None:
-                    self._replays.put(key, self._length_replay(compiled, layouts, lengths) or _NO_REPLAY)
-                self._plans.put(seen, compiled)
+            compiled = self._planned(seen, tensors, len(inputs))
         self._last = compiled
         compiled.execute(stream, inputs, outputs)
+
+    def _planned(self, seen: tuple, tensors: list, input_count: int) -> CompiledPartition:
+        """The partition for a new layout (seen, execute's key): its class's template replayed where the call
+        differs from it only in its lengths, else a compile, kept."""
+        key, lengths = self._length_free_key(seen)
+        replay = self._replays.get(key)
+        if isinstance(replay, _LengthTemplate):
+            compiled = self._replayed(replay, seen, tensors, input_count)
+            if compiled is not None:
+                self._plans.put(seen, compiled, replayed=True)
+                return compiled
+        layouts = _layouts(tensors)
+        compiled = self._compiled(layouts, tensors, input_count)
+        if replay is None:
+            self._replays.put(key, self._length_replay(compiled, layouts, lengths) or _NO_REPLAY)
+        self._plans.put(seen, compiled)
+        return compiled
 
     def _compiled(self, layouts: tuple, tensors: list, input_count: int) -> CompiledPartition:
         for tensor_id, shape, _ in layouts:
@@ -413,12 +464,12 @@ class DynamicCompiledPartition:
         return self.partition.compile(concrete[:input_count], concrete[input_count:], self._engine)
 
     def _length_free_key(self, layouts: tuple) -> tuple[tuple, list]:
-        """The layouts' shapes with each unknown dim of size 2 or more named by its length's place in the
-        returned list of lengths (-2 - place), so that calls whose unknown dims are equal in the same places
-        share the key; 0 and 1 stay (they change broadcasting)."""
+        """The shapes of layouts (entries (tensor id, shape, ...)) with each unknown dim of size 2 or more named
+        by its length's place in the returned list of lengths (-2 - place), so that calls whose unknown dims
+        are equal in the same places share the key; 0 and 1 stay (they change broadcasting)."""
         lengths: list = []
         key = []
-        for tensor_id, shape, _ in layouts:
+        for tensor_id, shape, *_ in layouts:
             rank, axes = self._unknown.get(tensor_id, (None, ()))
             if axes and len(shape) == rank:
                 named = list(shape)
@@ -456,19 +507,17 @@ class DynamicCompiledPartition:
         replay = make(probe) if probe is not None else None
         return _LengthTemplate(compiled, replay) if replay is not None else None
 
-    def _replayed(self, template: _LengthTemplate, layouts: tuple, tensors: list) -> CompiledPartition | None:
-        """The partition for these layouts (of these tensors) from a template's replay, or None where the
+    def _replayed(self, template: _LengthTemplate, seen: tuple, tensors: list,
+                  input_count: int) -> CompiledPartition | None:
+        """The partition for the layouts seen (of these tensors) from a template's replay, or None where the
         lowering's folds do not hold for their strides."""
-        shapes = {tensor_id: shape for tensor_id, shape, _ in layouts}
-        strides = {tensor_id: stride for tensor_id, _, stride in layouts}
-        kernel = template.replay.kernel_for(shapes, strides)
+        kernel = template.replay.kernel_for({t.id: t.data for t in tensors})
         if kernel is None:
             return None
-        compiled = template.compiled.with_layouts(kernel, shapes, strides, {t.id: t.data.strides for t in tensors})
         if verbose.enabled():
             verbose.log("compile", f"partition={self.partition.id}", kernel.name,
                         f"{kernel.dispatch_text()},plan=new lengths", kernel.shape_text)
-        return compiled
+        return _ReplayedPartition(template.compiled, kernel, seen, input_count)
 
     def _check_compiled_dims(self, tensor_id: int, shape: tuple) -> None:
         compiled = self._lts[tensor_id]
@@ -484,6 +533,11 @@ def _port(lts: dict, tensor_id: int, partition_id: int) -> LogicalTensor:
     except KeyError:
         raise ValueError(f"partition {partition_id}: tensor {tensor_id} is neither an input nor an output "
                          "port") from None
+
+
+def _layouts(tensors: list) -> tuple:
+    """(tensor id, shape, element strides) of each tensor's data."""
+    return tuple((t.id, tuple(t.data.shape), _data_strides(t.data)) for t in tensors)
 
 
 def _data_strides(data) -> tuple:

@@ -89,10 +89,10 @@ def overlaps_itself(shape: Sequence[int], strides: Sequence[int]) -> bool:
     stride layout passes; a broadcast (stride 0) does not.  Exotic interleavings that never collide fail it too,
     which only costs a copy.
     """
-    if any(d == 0 for d in shape):
+    if 0 in shape:
         return False
     reach = 0
-    for size, stride in sorted(((d, abs(s)) for d, s in zip(shape, strides) if d > 1), key=lambda x: x[1]):
+    for stride, size in sorted([(abs(s), d) for d, s in zip(shape, strides) if d > 1]):
         if stride <= reach:
             return True
         reach += stride * (size - 1)

@@ -230,11 +230,11 @@ class LengthReplay:
         ports = kernel.ports
         self.port_order = tuple(ports.get(role) for role in ("query", "key", "value", "mask", "output", "stats"))
 
-    def kernel_for(self, shapes: dict, strides: dict) -> FusedSdpaForward | None:
-        """The kernel for ports' arrays of these shapes and element strides (by port id), or None where a fold
-        of the lowering does not hold for them."""
-        seq_q, seq_kv = (n if type(n) is int else shapes[n[0]][n[1]] for n in self.lengths)
-        q, k, v, mask, out, stats = (None if tid is None else strides[tid] for tid in self.port_order)
+    def kernel_for(self, arrays: dict) -> FusedSdpaForward | None:
+        """The kernel for the ports' NumPy arrays (by port id), or None where a fold of the lowering does not
+        hold for their strides."""
+        seq_q, seq_kv = (n if type(n) is int else arrays[n[0]].shape[n[1]] for n in self.lengths)
+        q, k, v, mask, out, stats = (None if tid is None else arrays[tid] for tid in self.port_order)
         plan = self.replay.plan_for(seq_q, seq_kv, q, k, v, mask, *self.window, out, stats)
         if plan is None:
             return None

@@ -64,12 +64,12 @@ class BackwardLengthReplay:
         self.port_order = tuple(ports.get(role) for role in ("query", "key", "value", "stats", "grad_output", "mask",
                                                              "grad_query", "grad_key", "grad_value", "grad_mask"))
 
-    def kernel_for(self, shapes: dict, strides: dict) -> FusedSdpaBackward | None:
-        """The kernel for ports' arrays of these shapes and element strides (by port id), or None where a fold
-        of the lowering does not hold for them."""
-        seq_q, seq_kv = (n if type(n) is int else shapes[n[0]][n[1]] for n in self.lengths)
+    def kernel_for(self, arrays: dict) -> FusedSdpaBackward | None:
+        """The kernel for the ports' NumPy arrays (by port id), or None where a fold of the lowering does not
+        hold for their strides."""
+        seq_q, seq_kv = (n if type(n) is int else arrays[n[0]].shape[n[1]] for n in self.lengths)
         kernel = self.kernel
-        q, k, v, stats, grad_out, mask, dq, dk, dv, dmask = (None if tid is None else strides[tid]
+        q, k, v, stats, grad_out, mask, dq, dk, dv, dmask = (None if tid is None else arrays[tid]
                                                               for tid in self.port_order)
         o = dense_strides(kernel.batch + (seq_q, kernel.call.head_dim_v))
         grads = (dq, dk, dv) if dmask is None else (dq, dk, dv, dmask)
