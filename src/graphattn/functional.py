@@ -42,7 +42,7 @@ _OPEN = (_NO_LIMIT, _NO_LIMIT)  # the bounds of a call without window or is_caus
 _KERNEL_FLOATS = frozenset(numpy_dtype(dt) for dt in (DataType.f32, DataType.bf16, DataType.f16))
 
 
-@dataclass
+@dataclass(slots=True)
 class _ForwardPlan:
     """What one signature (layouts, dtypes and flags of the operands) fixes of a forward call: the checks
     passed, the lowered kernel call, and the shapes of the outputs and of any copies."""
@@ -97,19 +97,17 @@ class _LengthFreePlan:
         else:
             left, right = (_cpu.NO_KEY_LIMIT if w is None else w
                            for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
-        plan = self.replay.plan_for(seq_q, seq_kv, *strides, left, right)
-        if plan is None:
+        bound = self.replay.bound_for(seq_q, seq_kv, *strides, left, right, _NEG_INF, _NEG_INF)
+        if bound is None:
             return None
+        plan = bound.plan
         out_shape = self.out_head + (seq_q, self.head_dim_v)
         entry = self.entry
-        # built field by field: cheaper than a copy of the template's record (changed_copy)
-        result = _ForwardPlan(call=entry.call, plan=plan, runner=plan.bound(left, right, _NEG_INF, _NEG_INF).run,
-                              copies=None, grouped=entry.grouped, out_shape=out_shape,
-                              stats_shape=out_shape[:-1] + (1,), out_dtype=entry.out_dtype,
-                              default_scale=entry.default_scale,
-                              out_like_query=q_shape == out_shape and (q.is_contiguous() if torch_input
-                                                                      else q.flags.c_contiguous),
-                              window=(left, right), lengths=(seq_q, seq_kv))
+        # built field by field, in order: cheaper than a copy of the template's record (changed_copy)
+        result = _ForwardPlan(entry.call, plan, bound.run, None, entry.grouped,
+                              out_shape, out_shape[:-1] + (1,), entry.out_dtype, entry.default_scale,
+                              q_shape == out_shape and (q.is_contiguous() if torch_input else q.flags.c_contiguous),
+                              (left, right), (seq_q, seq_kv))
         if verbose.enabled():
             verbose.log("compile", "functional", "sdpa_forward_cpu", f"{plan.dispatch_text()},plan=new lengths",
                         result.shape_text)
@@ -261,23 +259,21 @@ def _length_free_signature(q, k, v, mask, torch_layouts, signature: tuple) -> tu
     """The call's signature with each sequence length of 2 or more left out (-1), or None for calls whose plan
     is not re-made for new lengths: SYCL ones, NumPy subclasses, and empty ones."""
     if torch_layouts is not None:
-        (qs, _, qt, qc), (ks, _, kt, kc), (vs, _, vt, vc) = torch_layouts
-        if 0 in qs or 0 in ks or 0 in vs:
-            return None
-        return (True, qs[:-2], _free(qs[-2]), qs[-1], ks[:-2], _free(ks[-2]), ks[-1], vs[:-2], _free(vs[-2]), vs[-1],
-                qt, kt, vt, qc, kc, vc) + signature[1:]
-    if not (type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray):  # USM ones included
+        (qs, _, qd, qc), (ks, _, kd, kc), (vs, _, vd, vc) = torch_layouts
+        rest = (qc, kc, vc) + signature[1:]
+    elif type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray:  # not USM ones
+        (qs, _, qd), (ks, _, kd), (vs, _, vd) = signature[:3]  # their _layout
+        rest = signature[4:]
+        if mask is not None:
+            if type(mask) is not np.ndarray or not mask.size:
+                return None
+            rest = _free_mask(mask.shape, mask.dtype) + rest
+    else:
         return None
-    if not q.size or not k.size or not v.size:
+    if 0 in qs or 0 in ks or 0 in vs:
         return None
-    qs, ks, vs = q.shape, k.shape, v.shape
-    free = (False, qs[:-2], _free(qs[-2]), qs[-1], ks[:-2], _free(ks[-2]), ks[-1], vs[:-2], _free(vs[-2]), vs[-1],
-            q.dtype, k.dtype, v.dtype)
-    if mask is not None:
-        if type(mask) is not np.ndarray or not mask.size:
-            return None
-        free += _free_mask(mask.shape, mask.dtype)
-    return free + signature[4:]
+    return (torch_layouts is not None, qs[:-2], _free(qs[-2]), qs[-1], ks[:-2], _free(ks[-2]), ks[-1], vs[:-2],
+            _free(vs[-2]), vs[-1], qd, kd, vd) + rest
 
 
 def _free(length: int) -> int:
