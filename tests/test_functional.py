@@ -449,6 +449,7 @@ def test_signature_cache_keeps_the_entries_used_since_it_was_half_full():
     assert len(cache) == _CACHE_SIZE
     assert cache.get(3) == "3" and cache.get(2) is None and cache.get(_CACHE_SIZE // 2 + 1) == str(_CACHE_SIZE // 2 + 1)
 
+
 def test_signature_cache_keeps_replayed_entries_apart():
     """Entries re-made for new lengths go to a tier of their own: more of them than it holds evict only the
     oldest of them, never an entry made in full, and both tiers answer get."""
@@ -466,7 +467,6 @@ def test_signature_cache_keeps_replayed_entries_apart():
     assert cache.get(-1) is None and cache.get(-2 * REPLAYED_CACHE_SIZE) is None
     cache.clear()
     assert len(cache) == 0 and cache.replayed_count() == 0 and cache.get(0) is None
-
 
 
 @pytest.mark.parametrize("kwargs", [

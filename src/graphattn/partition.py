@@ -193,7 +193,50 @@ def _check_matches_port(lt: LogicalTensor, port: LogicalTensor, where: str) -> N
         raise ValueError(f"{where}: shape {lt.shape} is incompatible with the graph's {port.shape}")
 
 
-class CompiledPartition:
+class _PartitionRun:
+    """What a compiled partition and a dynamic partition's replay share: the kernel's run for arrays keyed by
+    port id, and the per-call checks of the outputs' memory.  Subclasses set partition, kernel and
+    _overlapping (the output ports whose layout maps several elements to one location)."""
+
+    @property
+    def kernel_name(self) -> str:
+        return self.kernel.name
+
+    def execute_unchecked(self, inputs: dict, outputs: dict) -> None:
+        """execute without the per-call checks, for arrays keyed by port id that the caller already knows match the
+        compiled shapes, strides and dtypes (the functional API's signature cache guarantees it)."""
+        if verbose.enabled():
+            import time
+            start = time.perf_counter()
+            self.kernel.execute(inputs, outputs)
+            elapsed = (time.perf_counter() - start) * 1e3
+            verbose.log("exec", f"partition={self.partition.id}", self.kernel.name,
+                        getattr(self.kernel, "shape_text", f"ops={self.partition.get_ops()}"), f"{elapsed:.4f}ms")
+        else:
+            self.kernel.execute(inputs, outputs)
+
+    def _check_outputs(self, inputs: dict, outputs: dict) -> None:
+        """Outputs must be writable, each element of an output one memory location (no stride 0 over a dim of
+        two or more, no strides that fold two elements onto one), and no output may share memory with an input
+        or another output: the kernels write them from many threads while they read the inputs."""
+        where = f"partition {self.partition.id}: execute"
+        for port_id, data in outputs.items():
+            if not isinstance(data, np.ndarray):
+                continue  # USM arrays: checked for shape and strides above; their memory is the queue's
+            if not data.flags.writeable:
+                raise ValueError(f"{where}: output port {port_id} is read-only; pass a writable array")
+            if port_id in self._overlapping:
+                raise ValueError(f"{where}: output port {port_id} has strides {data.strides} (bytes) for shape "
+                                 f"{data.shape} that map several elements to one location; pass an array with "
+                                 "an element of its own for each index")
+        shared = _cpu.first_shared_memory(tuple(inputs.values()) + tuple(outputs.values()), len(inputs))
+        if shared is not None:
+            names = [f"input port {i}" for i in inputs] + [f"output port {i}" for i in outputs]
+            raise ValueError(f"{where}: {names[shared[0]]} overlaps the memory of {names[shared[1]]}; outputs are "
+                             "not computed in place")
+
+
+class CompiledPartition(_PartitionRun):
     """A partition compiled for concrete shapes and layouts; execute runs it."""
 
     def __init__(self, partition: Partition, inputs: list[LogicalTensor], outputs: list[LogicalTensor], kernel):
@@ -225,10 +268,6 @@ class CompiledPartition:
         compiled._overlapping = _overlapping_outputs(compiled.outputs)
         return compiled
 
-    @property
-    def kernel_name(self) -> str:
-        return self.kernel.name
-
     def query_logical_tensor(self, tensor_id: int) -> LogicalTensor:
         """The concrete logical tensor (shape, strides) of an input or output port after compilation."""
         return _port(self._lts, tensor_id, self.partition.id)
@@ -242,19 +281,6 @@ class CompiledPartition:
         bound_outputs = self._bind(outputs, self.outputs, "outputs")
         self._check_outputs(bound_inputs, bound_outputs)
         self.execute_unchecked(bound_inputs, bound_outputs)
-
-    def execute_unchecked(self, inputs: dict, outputs: dict) -> None:
-        """execute without the per-call checks, for arrays keyed by port id that the caller already knows match the
-        compiled shapes, strides and dtypes (the functional API's signature cache guarantees it)."""
-        if verbose.enabled():
-            import time
-            start = time.perf_counter()
-            self.kernel.execute(inputs, outputs)
-            elapsed = (time.perf_counter() - start) * 1e3
-            verbose.log("exec", f"partition={self.partition.id}", self.kernel.name,
-                        getattr(self.kernel, "shape_text", f"ops={self.partition.get_ops()}"), f"{elapsed:.4f}ms")
-        else:
-            self.kernel.execute(inputs, outputs)
 
     def bound_runner(self, fixed_inputs: dict):
         """The kernel's own call for repeated executions whose inputs in fixed_inputs (keyed by port id) never
@@ -292,28 +318,7 @@ class CompiledPartition:
             arrays[port.id] = data
         return arrays
 
-    def _check_outputs(self, inputs: dict, outputs: dict) -> None:
-        """Outputs must be writable, each element of an output one memory location (no stride 0 over a dim of
-        two or more, no strides that fold two elements onto one), and no output may share memory with an input
-        or another output: the kernels write them from many threads while they read the inputs."""
-        where = f"partition {self.partition.id}: execute"
-        for port_id, data in outputs.items():
-            if not isinstance(data, np.ndarray):
-                continue  # USM arrays: checked for shape and strides above; their memory is the queue's
-            if not data.flags.writeable:
-                raise ValueError(f"{where}: output port {port_id} is read-only; pass a writable array")
-            if port_id in self._overlapping:
-                raise ValueError(f"{where}: output port {port_id} has strides {data.strides} (bytes) for shape "
-                                 f"{data.shape} that map several elements to one location; pass an array with "
-                                 "an element of its own for each index")
-        shared = _cpu.first_shared_memory(tuple(inputs.values()) + tuple(outputs.values()), len(inputs))
-        if shared is not None:
-            names = [f"input port {i}" for i in inputs] + [f"output port {i}" for i in outputs]
-            raise ValueError(f"{where}: {names[shared[0]]} overlaps the memory of {names[shared[1]]}; outputs are "
-                             "not computed in place")
-
-
-class _ReplayedPartition(CompiledPartition):
+class _ReplayedPartition(_PartitionRun):
     """A dynamic partition's compile replayed for the lengths and layouts of one class of calls: those of the
     arrays it was made for, which the cache key it is kept under pins (shapes, strides, port ids in order).
     So execute checks only what that key leaves out: each Tensor's dtype and its data's, the outputs' memory.
@@ -390,7 +395,7 @@ class DynamicCompiledPartition:
         self._lts = {lt.id: lt for lt in self.inputs + self.outputs}
         self._engine = engine
         self._plans = SignatureCache()
-        self._last: CompiledPartition | None = None
+        self._last: _PartitionRun | None = None
         # the unknown dims of each port (its rank, its axes), and the replays by length-free key
         self._unknown = {lt.id: (lt.ndim, tuple(axis for axis, d in enumerate(lt.shape) if d == UNKNOWN_DIM))
                          for lt in self.inputs + self.outputs}
@@ -437,7 +442,7 @@ class DynamicCompiledPartition:
         self._last = compiled
         compiled.execute(stream, inputs, outputs)
 
-    def _planned(self, seen: tuple, tensors: list, input_count: int) -> CompiledPartition:
+    def _planned(self, seen: tuple, tensors: list, input_count: int) -> _PartitionRun:
         """The partition for a new layout (seen, execute's key): its class's template replayed where the call
         differs from it only in its lengths, else a compile, kept."""
         key, lengths = self._length_free_key(seen)
@@ -447,7 +452,9 @@ class DynamicCompiledPartition:
             if compiled is not None:
                 self._plans.put(seen, compiled, replayed=True)
                 return compiled
-        layouts = _layouts(tensors)
+        # element strides: an array other than NumPy's has them in its key entry already
+        layouts = tuple(entry[:3] if len(entry) == 4 else (entry[0], entry[1], _data_strides(t.data))
+                        for entry, t in zip(seen, tensors))
         compiled = self._compiled(layouts, tensors, input_count)
         if replay is None:
             self._replays.put(key, self._length_replay(compiled, layouts, lengths) or _NO_REPLAY)
@@ -508,7 +515,7 @@ class DynamicCompiledPartition:
         return _LengthTemplate(compiled, replay) if replay is not None else None
 
     def _replayed(self, template: _LengthTemplate, seen: tuple, tensors: list,
-                  input_count: int) -> CompiledPartition | None:
+                  input_count: int) -> _ReplayedPartition | None:
         """The partition for the layouts seen (of these tensors) from a template's replay, or None where the
         lowering's folds do not hold for their strides."""
         kernel = template.replay.kernel_for({t.id: t.data for t in tensors})

@@ -1,6 +1,6 @@
 """The plan caches of the functional API and of dynamic graph partitions: entries by call signature, least
 recently used evicted, and entries replayed for new lengths in a smaller tier of their own; and changed_copy,
-with which a replay derives an entry for new lengths from a cached one."""
+with which a graph partition's replay derives the kernel of new lengths from the compiled one."""
 from __future__ import annotations
 
 from collections import OrderedDict, deque
