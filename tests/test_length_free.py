@@ -327,3 +327,93 @@ def test_a_loop_of_new_lengths_leaves_the_plan_cache_as_it_was(rng, monkeypatch)
     assert functional._cache.replayed_count() == REPLAYED_CACHE_SIZE
     assert len(functional._by_length_free) == 2
     assert len(remade) == CACHE_SIZE + 9  # once per length but the first
+
+
+def _key(arrays, flags=(True, (-1, 0), "top_left", False, 0.0, None), free=False):
+    return _cpu.signature_key(arrays, functional._FREE_AXES, flags, free)
+
+
+def test_a_signature_key_tells_apart_what_a_plan_depends_on(rng):
+    """The bytes a NumPy call's plans are cached under: equal for calls of equal layouts, dtypes and flags, and
+    different where any of them differs (strides, dtype, byte order, a mask, each flag); the length-free key
+    leaves out the sequence lengths of 2 or more and the strides, and keeps lengths 0 and 1."""
+    q = rng.standard_normal((1, 4, 3, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 9, 8)).astype(np.float32)
+    mask = np.ones((1, 1, 3, 9), bool)
+    base = _key((q, k, k, None))
+    assert type(base) is bytes
+    assert _key((q.copy(), k.copy(), k.copy(), None)) == base
+    wide = rng.standard_normal((1, 2, 20, 8)).astype(np.float32)
+    others = [
+        _key((q, wide[:, :, :9], k, None)),                          # another stride
+        _key((q, k.astype(np.float16), k, None)),                    # another dtype
+        _key((q, k.astype(">f4"), k, None)),                         # another byte order
+        _key((q, k, k, mask)),                                       # a mask
+        _key((q, k, k, mask.astype(np.float32))),                    # a mask of another dtype
+        _key((q[..., :4], k[..., :4], k, None)),                     # another head size
+        _key((q, k, k, None), (False, (-1, 0), "top_left", False, 0.0, None)),
+        _key((q, k, k, None), (True, (-1, -1), "top_left", False, 0.0, None)),
+        _key((q, k, k, None), (True, (-1, 0), "bottom_right", False, 0.0, None)),
+        _key((q, k, k, None), (True, (-1, 0), "top_left", True, 0.0, None)),
+        _key((q, k, k, None), (True, (-1, 0), "top_left", False, 0.25, None)),
+        _key((q, k, k, None), (True, (-1, 0), "top_left", False, 0.0, (30.0, None, (4,)))),
+        _key((q, k, k, None), (True, (-1, 0), "top_left", False, 0.0, (30.0, (4,), None))),
+        _key((q, k, k, None), (True, (-1, 0), "top_left", False, 0.0, (50.0, None, (4,)))),
+        _key((q, k, k, None), (True, (-1, 0), "top_left", False, 0.0, (30.0, None, (1, 4)))),
+    ]
+    assert len(set(others + [base])) == len(others) + 1
+    free = _key((q, k, k, None), free=True)
+    longer = rng.standard_normal((1, 2, 17, 8)).astype(np.float32)
+    assert free != base
+    assert _key((q, wide[:, :, :9], wide[:, :, :9], None), free=True) == free  # strides left out
+    assert _key((q, longer, longer, None), free=True) == free
+    assert _key((q, k[:, :, :1], k[:, :, :1], None), free=True) != free  # a length of 1 stays
+    assert _key((q, k, k, mask), free=True) == _key((q, longer, longer, np.ones((1, 1, 3, 17), bool)), free=True)
+    assert _key((q, k, k, mask), free=True) != _key((q, k, k, mask[..., :1]), free=True)
+
+
+class _Subclass(np.ndarray):
+    pass
+
+
+def test_a_signature_key_is_none_where_a_tuple_must_do(rng):
+    q = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
+    assert _key((q, q, q, None), free=True) is not None
+    assert _key((q, q[:, :, :0], q[:, :, :0], None), free=True) is None  # an empty operand has no free key
+    assert _key((q, q[:, :, :0], q[:, :, :0], None)) is not None
+    assert _key((q.view(_Subclass), q, q, None)) is None  # a NumPy subclass
+    assert _key((q, q, q, None), (True, (1 << 70, 0), "top_left", False, 0.0, None)) is None
+    assert _key((q, q, q, None), (np.True_, (-1, 0), "top_left", False, 0.0, None)) is None
+    assert _key((q, q, q, None), (True, (-1, 0), "top_left", False, 0.0, [1])) is None
+
+
+def test_a_byte_swapped_call_after_a_native_one_is_still_refused(rng):
+    """A cached plan serves only arrays of its own byte order: a big-endian call of the same shape is checked
+    and refused by name."""
+    q = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
+    ga.scaled_dot_product_attention(q, q, q)
+    swapped = q.astype(">f4")
+    with pytest.raises(TypeError, match="query dtype >f4"):
+        ga.scaled_dot_product_attention(swapped, swapped, swapped)
+    with pytest.raises(TypeError, match="dtype >f4"):
+        ga.scaled_dot_product_attention_backward(q, swapped, swapped, swapped, q, np.zeros((1, 2, 3, 1), np.float32))
+
+
+def test_a_key_naming_its_lengths_tells_equal_lengths_from_unequal(rng):
+    """The graph API's length-free key (name_lengths): unknown dims are named by the place of their size among
+    the sizes met, so calls share it only where their lengths are equal in the same places; a dim marked on an
+    array of another rank stays as it is, and dtypes=False leaves the dtypes out."""
+    def key(*arrays, axes=(4, 0b10, 4, 0b10), dtypes=True):
+        return _cpu.signature_key(list(arrays), axes, (0, 1), True, name_lengths=True, dtypes=dtypes)
+
+    def a(n, dtype=np.float32, rank=4):
+        return np.zeros((1, 2, n, 8)[4 - rank:], dtype)
+
+    assert key(a(5), a(7)) == key(a(9), a(11))
+    assert key(a(5), a(7)) != key(a(9), a(9))
+    assert key(a(6), a(6)) == key(a(12), a(12))
+    assert key(a(5), a(1)) != key(a(5), a(2))  # a length of 1 stays
+    assert key(a(5), a(7, rank=3)) != key(a(5), a(9, rank=3))  # rank 3 where 4 is marked: its dims stay
+    assert key(a(5), a(7, np.float16)) != key(a(5), a(7))
+    assert key(a(5), a(7, np.float16), dtypes=False) == key(a(5), a(7), dtypes=False)
+    assert key(a(5), a(7)) != _cpu.signature_key([a(5), a(7)], (4, 0b10, 4, 0b10), (0, 1), True)  # -1 for all

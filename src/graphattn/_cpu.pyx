@@ -7,6 +7,8 @@ runtime scalars and calls the kernel with the GIL released.
 """
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libcpp.vector cimport vector
+from libc.string cimport memcpy
+from cpython.bytes cimport PyBytes_FromStringAndSize
 
 cimport numpy as cnp
 import numpy as np
@@ -126,8 +128,23 @@ cdef int _load_strides(object strides, int64_t* into) except -1:
 cdef int _load_array_strides(object array, int64_t* into) except -1:
     # A NumPy array's element strides into a C array; 1 (nothing usable loaded) where a byte stride is not a
     # whole number of elements, which the full checks of a new plan then name.
-    strides = array.strides
-    cdef int64_t itemsize = array.itemsize
+    if not cnp.PyArray_Check(array):  # another array kind with NumPy's attributes
+        return _load_byte_strides(array.strides, array.itemsize, into)
+    cdef cnp.ndarray a = <cnp.ndarray>array
+    cdef int n = cnp.PyArray_NDIM(a)
+    if n > kMaxArrayDims:
+        raise ValueError(f"arrays of more than {kMaxArrayDims} dims are not supported")
+    cdef int64_t itemsize = cnp.PyArray_ITEMSIZE(a)
+    cdef const cnp.npy_intp* strides = cnp.PyArray_STRIDES(a)
+    cdef int i
+    for i in range(n):
+        if strides[i] % itemsize:
+            return 1
+        into[i] = strides[i] // itemsize
+    return 0
+
+
+cdef int _load_byte_strides(tuple strides, int64_t itemsize, int64_t* into) except -1:
     cdef int n = len(strides)
     if n > kMaxArrayDims:
         raise ValueError(f"arrays of more than {kMaxArrayDims} dims are not supported")
@@ -139,6 +156,174 @@ cdef int _load_array_strides(object array, int64_t* into) except -1:
             return 1
         into[i] = stride // itemsize
     return 0
+
+
+# A call's signature as one bytes object (signature_key), what the plan caches of the functional API and of
+# dynamic graph partitions key NumPy calls on: bytes keep their hash, so a signature is hashed once however
+# often the caches look it up, store and evict it, and it is built with no tuple per operand.
+cdef enum:
+    kKeyWords = 512
+    kKeyFull = 1        # first word: a signature with every length and stride,
+    kKeyLengthFree = 2  # or one with the sequence lengths (2 or more) and the strides left out
+    kNoArray = -1       # an absent operand's word
+    kTagNone = 1        # each flag's first word: its type (the encoding stays one-to-one)
+    kTagBool = 2
+    kTagInt = 3
+    kTagFloat = 4
+    kTagStr = 5
+    kTagTuple = 6
+
+_MAX_PACKED_INT = (1 << 63) - 1
+
+
+cdef struct KeyOptions:
+    bint dtypes  # the key holds the arrays' dtypes
+    bint naming  # a length is written -2 - its place among the distinct lengths met so far (else -1):
+    int count    # those lengths, in order
+    int64_t lengths[kMaxArrayDims]
+
+
+cdef int _pack_array(int64_t* words, int at, cnp.ndarray a, bint length_free, int rank, int64_t free_mask,
+                     KeyOptions* options) except -2:
+    # One operand's dims, dtype and (full keys only) byte strides at words[at:]; the next free index, or -1
+    # where it is not packed (too many dims or distinct lengths) or a length-free key does not exist for it (an
+    # empty array).  Its free dims (length_free): bit b of free_mask is dim -1 - b, where the array has rank
+    # dims (rank 0: any).
+    cdef int n = cnp.PyArray_NDIM(a)
+    if at + 4 + 2 * n + 1 > kKeyWords:
+        return -1
+    cdef const cnp.npy_intp* dims = cnp.PyArray_DIMS(a)
+    cdef const cnp.npy_intp* strides = cnp.PyArray_STRIDES(a)
+    cdef bint empty = cnp.PyArray_SIZE(a) == 0
+    if length_free and empty:
+        return -1
+    words[at] = n
+    if options.dtypes:
+        words[at + 1] = cnp.PyArray_TYPE(a)
+        words[at + 2] = cnp.PyArray_ISNOTSWAPPED(a)
+        words[at + 3] = cnp.PyArray_ITEMSIZE(a)
+        at += 3
+    at += 1
+    cdef int i, j
+    cdef bint free
+    for i in range(n):
+        # lengths 0 and 1 stay in a length-free key (they change broadcasting and the checks)
+        free = length_free and (rank == 0 or rank == n) and (free_mask >> (n - 1 - i)) & 1 and dims[i] >= 2
+        if not free:
+            words[at + i] = dims[i]
+        elif not options.naming:
+            words[at + i] = -1
+        else:
+            j = 0
+            while j < options.count and options.lengths[j] != dims[i]:
+                j += 1
+            if j == options.count:
+                if j == kMaxArrayDims:
+                    return -1
+                options.lengths[j] = dims[i]
+                options.count += 1
+            words[at + i] = -2 - j
+    at += n
+    if not length_free:
+        if empty:  # an empty array's strides do not matter: its shape stands for them, then a marker
+            words[at] = -1
+            at += 1
+        else:
+            for i in range(n):
+                words[at + i] = strides[i]
+            at += n
+    return at
+
+
+cdef int _pack_value(int64_t* words, int at, object value) except -2:
+    # A flag (None, bool, int, float, str, or a tuple of them) at words[at:], type first; the next free index,
+    # or -1 where it is not packed (another type, an int beyond 64 bits, no room left).
+    if at + 2 > kKeyWords:
+        return -1
+    cdef double real
+    cdef bytes text
+    cdef Py_ssize_t n, i
+    kind = type(value)
+    if value is None:
+        words[at] = kTagNone
+        return at + 1
+    if value is True or value is False:
+        words[at] = kTagBool
+        words[at + 1] = value
+        return at + 2
+    if kind is int:
+        if not -_MAX_PACKED_INT <= value <= _MAX_PACKED_INT:
+            return -1
+        words[at] = kTagInt
+        words[at + 1] = value
+        return at + 2
+    if kind is float:
+        real = value
+        words[at] = kTagFloat
+        memcpy(&words[at + 1], &real, sizeof(double))
+        return at + 2
+    if kind is str:
+        text = (<str>value).encode("utf-8", "surrogatepass")
+        n = len(text)
+        if at + 2 + (n + 7) // 8 > kKeyWords:
+            return -1
+        words[at] = kTagStr
+        words[at + 1] = n
+        words[at + 1 + (n + 7) // 8] = 0  # the last word's padding
+        memcpy(&words[at + 2], <char*>text, n)
+        return at + 2 + (n + 7) // 8
+    if kind is tuple:
+        n = len(<tuple>value)
+        words[at] = kTagTuple
+        words[at + 1] = n
+        at += 2
+        for i in range(n):
+            at = _pack_value(words, at, (<tuple>value)[i])
+            if at < 0:
+                return -1
+        return at
+    return -1
+
+
+def signature_key(arrays, tuple free_axes, tuple flags, bint length_free=False, bint name_lengths=False,
+                  bint dtypes=True):
+    """A call's signature as bytes: each of arrays' (a tuple or list) dims, dtype and byte strides (exactly
+    np.ndarray, or None for an absent operand), then flags (None, bools, ints, floats, strs and tuples of them).
+
+    length_free: the same with the sequence lengths of 2 or more left out, and no strides, the key under which
+    a plan is replayed for new lengths.  free_axes holds two ints per array, (rank, mask): bit b of mask marks
+    dim -1 - b as a length where the array has rank dims (rank 0: any).  Such a dim is -1, or with name_lengths
+    -2 - (the place of its size among the distinct sizes met so far), so that calls share the key only where
+    their lengths are equal in the same places.  dtypes=False leaves the arrays' dtypes out.
+
+    None where a call is not keyed so: another array type, a value of another type, too many dims, or
+    (length_free) an empty operand; the caller then keys on a tuple."""
+    cdef int64_t words[kKeyWords]
+    words[0] = kKeyLengthFree if length_free else kKeyFull
+    cdef int at = 1
+    cdef KeyOptions options
+    options.naming = name_lengths
+    options.dtypes = dtypes
+    options.count = 0
+    cdef Py_ssize_t i
+    for i in range(len(arrays)):
+        a = arrays[i]
+        if a is None:
+            words[at] = kNoArray
+            at += 1
+            continue
+        if type(a) is not np.ndarray:
+            return None
+        if length_free:
+            at = _pack_array(words, at, <cnp.ndarray>a, True, free_axes[2 * i], free_axes[2 * i + 1], &options)
+        else:
+            at = _pack_array(words, at, <cnp.ndarray>a, False, 0, 0, &options)
+        if at < 0:
+            return None
+    at = _pack_value(words, at, flags)
+    if at < 0:
+        return None
+    return PyBytes_FromStringAndSize(<char*>words, at * sizeof(int64_t))
 
 
 cdef int _load_strides_of(object source, int64_t* into) except -1:

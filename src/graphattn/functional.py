@@ -34,6 +34,8 @@ _NEG_INF = float("-inf")
 _RUNS_ON_HOST = object()  # the cache's entry for USM calls the SYCL kernels cannot take
 _cache = SignatureCache()  # compiled partitions of the forward
 _by_length_free = SignatureCache()  # _LengthFreePlan by signature with the sequence lengths left out
+# the sequence lengths in signature_key: dim -2 of Q, K and V, both of the mask's
+_FREE_AXES = (0, 0b10) * 3 + (0, 0b11)
 
 ALIGNMENTS = key_window.ALIGNMENTS
 _NO_LIMIT = key_window.NO_LIMIT
@@ -442,16 +444,24 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     bounds = (_NO_LIMIT, 0 if is_causal else _NO_LIMIT) if window is None else \
         key_window.effective_window(window, is_causal)
     # A signature seen before was validated when it was built: only new ones are checked.
+    mods_signature = None if mods is None else mods.signature()
     if torch_direct:
         signature = (layouts, bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p)
     else:
-        signature = (_layout(q), _layout(k), _layout(v), _layout(mask) if mask is not None else None,
-                     bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p, queue,
-                     None if mods is None else mods.signature())
+        # NumPy arrays key on bytes (_cpu.signature_key), anything else on a tuple
+        flags = (bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p, mods_signature)
+        signature = None if queue is not None else _cpu.signature_key((q, k, v, mask), _FREE_AXES, flags)
+        if signature is None:
+            signature = (_layout(q), _layout(k), _layout(v), _layout(mask) if mask is not None else None,
+                         bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p, queue,
+                         mods_signature)
     entry = _cache.get(signature)
     if entry is None:
         # New lengths of a planned call re-make its plan; anything else is checked and lowered anew.
-        free = _length_free_signature(q, k, v, mask, layouts, signature)
+        if type(signature) is bytes:
+            free = _cpu.signature_key((q, k, v, mask), _FREE_AXES, flags, True)
+        else:
+            free = _length_free_signature(q, k, v, mask, layouts, signature)
         template = None if free is None else _by_length_free.get(free)
         if template is not None:
             if torch_direct:

@@ -77,6 +77,8 @@ class _BackwardPlan:
 _GRADS_OUT_NAMES = ("grads_out[0] (dq)", "grads_out[1] (dk)", "grads_out[2] (dv)")
 _plans = SignatureCache()
 _by_length_free = SignatureCache()  # _LengthFreeBackward by signature with the sequence lengths left out
+# the sequence lengths in signature_key: dim -2 of Q, K, V, O, dO and the stats, both of the mask's
+_FREE_AXES = (0, 0b10) * 6 + (0, 0b11)
 
 
 def _length_free_signature(arrays: tuple, signature: tuple) -> tuple | None:
@@ -341,14 +343,19 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     mask = _normalize_mask(user_mask)
     # A signature seen before was checked when its plan was made: repeated calls only bind data (a small call
     # spent most of its time in these checks and stride walks).
-    signature = ((_layout(q), _layout(k), _layout(v), _layout(o), _layout(do), _layout(st)),
-                 _layout(mask) if mask is not None else None,
-                 bool(enable_gqa), bounds, causal_alignment, dropout_p, bool(return_mask_grad), queue,
-                 None if mods is None else mods.signature(), bool(return_sinks_grad))
+    # NumPy arrays key on bytes (_cpu.signature_key), anything else on a tuple.
+    flags = (bool(enable_gqa), bounds, causal_alignment, dropout_p, bool(return_mask_grad),
+             None if mods is None else mods.signature(), bool(return_sinks_grad))
+    operands = (q, k, v, o, do, st, mask)
+    signature = _cpu.signature_key(operands, _FREE_AXES, flags) if queue is None else None
+    if signature is None:
+        signature = ((_layout(q), _layout(k), _layout(v), _layout(o), _layout(do), _layout(st)),
+                     _layout(mask) if mask is not None else None) + flags + (queue,)
     plan = _plans.get(signature)
     if plan is None:
         # New lengths of a planned call re-make its plan; anything else is checked and planned anew.
-        free = _length_free_signature((q, k, v, o, do, st, mask), signature) if queue is None else None
+        free = None if queue is not None else _cpu.signature_key(operands, _FREE_AXES, flags, True) \
+            if type(signature) is bytes else _length_free_signature(operands, signature)
         template = None if free is None else _by_length_free.get(free)
         if template is not None:
             plan = template.remade(q, k, v, o, do, st, mask)

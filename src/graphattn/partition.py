@@ -324,14 +324,13 @@ class _ReplayedPartition(_PartitionRun):
     So execute checks only what that key leaves out: each Tensor's dtype and its data's, the outputs' memory.
     Any other call gets the full checks of a compile for its layouts, which name what is wrong."""
 
-    def __init__(self, template: CompiledPartition, kernel, seen: tuple, input_count: int):
+    def __init__(self, template: CompiledPartition, kernel, outputs: list):
         self.partition = template.partition
         self.kernel = kernel
         self.template = template
         self._dtypes = template._dtypes
         self._numpy_dtypes = template._numpy_dtypes
-        # a layout's overlap does not depend on the stride's unit: bytes (NumPy's) serve
-        self._overlapping = frozenset(entry[0] for entry in seen[input_count:] if overlaps_itself(entry[1], entry[2]))
+        self._overlapping = frozenset(t.id for t in outputs if _overlaps_itself(t.data))
 
     def execute(self, stream: Stream, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> None:
         bound_inputs, bound_outputs = self._bound(inputs), self._bound(outputs)
@@ -400,6 +399,11 @@ class DynamicCompiledPartition:
         self._unknown = {lt.id: (lt.ndim, tuple(axis for axis, d in enumerate(lt.shape) if d == UNKNOWN_DIM))
                          for lt in self.inputs + self.outputs}
         self._replays = SignatureCache()
+        # signature_key's (rank, mask of unknown dims counted from the last) per port, and in the ports' order
+        self._free_axes = {tensor_id: (rank, sum(1 << (rank - 1 - axis) for axis in axes))
+                           for tensor_id, (rank, axes) in self._unknown.items()}
+        self._port_ids = tuple(lt.id for lt in self.inputs + self.outputs)
+        self._port_free_axes = tuple(x for tensor_id in self._port_ids for x in self._free_axes[tensor_id])
 
     @property
     def kernel_name(self) -> str:
@@ -431,34 +435,57 @@ class DynamicCompiledPartition:
                     raise TypeError(f"partition {self.partition.id}: execute: {what} must be Tensors, got "
                                     f"{type(t).__name__}")
         tensors = list(inputs) + list(outputs)
-        # Keyed by NumPy's own shape and byte strides, which pin a layout as the element strides do (a port's
-        # dtype is fixed, and execute checks each array's); those are worked out on a new layout only.  Other
-        # arrays' entries (element strides) are marked apart.
-        seen = tuple((t.id, t.data.shape, t.data.strides) if type(t.data) is np.ndarray else
-                     (t.id, tuple(t.data.shape), _data_strides(t.data), _OTHER_ARRAY) for t in tensors)
-        compiled = self._plans.get(seen)
+        # Keyed by the port ids and NumPy's own shapes and byte strides, which pin a layout as the element
+        # strides do (a port's dtype is fixed, and execute checks each array's), packed as bytes
+        # (_cpu.signature_key); the element strides are worked out on a new layout only.  Where an array is not
+        # NumPy's, the key is the tuple of layouts seen.
+        ids = tuple([t.id for t in tensors])
+        arrays = [t.data for t in tensors]
+        key = _cpu.signature_key(arrays, (), ids)
+        if key is None:
+            key = self._seen(tensors)
+        compiled = self._plans.get(key)
         if compiled is None:
-            compiled = self._planned(seen, tensors, len(inputs))
+            compiled = self._planned(key, ids, arrays, tensors, len(inputs))
         self._last = compiled
         compiled.execute(stream, inputs, outputs)
 
-    def _planned(self, seen: tuple, tensors: list, input_count: int) -> _PartitionRun:
-        """The partition for a new layout (seen, execute's key): its class's template replayed where the call
-        differs from it only in its lengths, else a compile, kept."""
-        key, lengths = self._length_free_key(seen)
-        replay = self._replays.get(key)
+    @staticmethod
+    def _seen(tensors: list) -> tuple:
+        """The layouts of a call's tensors: (tensor id, shape, byte strides) of a NumPy array, (tensor id,
+        shape, element strides, _OTHER_ARRAY) of another."""
+        return tuple((t.id, t.data.shape, t.data.strides) if type(t.data) is np.ndarray else
+                     (t.id, tuple(t.data.shape), _data_strides(t.data), _OTHER_ARRAY) for t in tensors)
+
+    def _planned(self, key, ids: tuple, arrays: list, tensors: list, input_count: int) -> _PartitionRun:
+        """The partition for a new layout (kept under execute's key; ids and arrays: the tensors' ids and data in
+        order): its class's template replayed where the call differs from it only in its lengths, else a
+        compile."""
+        free = None
+        if type(key) is bytes:  # NumPy arrays: the length-free key in one native call
+            axes = self._port_free_axes if ids == self._port_ids else \
+                tuple(x for tensor_id in ids for x in self._free_axes.get(tensor_id, (0, 0)))
+            # no dtypes, as in _length_free_key: a replay's execute checks them (_ReplayedPartition._bound)
+            free = _cpu.signature_key(arrays, axes, ids, True, name_lengths=True, dtypes=False)
+        seen = None if type(key) is bytes else key
+        if free is None:
+            seen = seen or self._seen(tensors)
+            free = self._length_free_key(seen)[0]
+        replay = self._replays.get(free)
         if isinstance(replay, _LengthTemplate):
-            compiled = self._replayed(replay, seen, tensors, input_count)
+            compiled = self._replayed(replay, dict(zip(ids, arrays)), tensors[input_count:])
             if compiled is not None:
-                self._plans.put(seen, compiled, replayed=True)
+                self._plans.put(key, compiled, replayed=True)
                 return compiled
+        seen = seen or self._seen(tensors)
         # element strides: an array other than NumPy's has them in its key entry already
         layouts = tuple(entry[:3] if len(entry) == 4 else (entry[0], entry[1], _data_strides(t.data))
                         for entry, t in zip(seen, tensors))
         compiled = self._compiled(layouts, tensors, input_count)
         if replay is None:
-            self._replays.put(key, self._length_replay(compiled, layouts, lengths) or _NO_REPLAY)
-        self._plans.put(seen, compiled)
+            lengths = self._length_free_key(seen)[1]
+            self._replays.put(free, self._length_replay(compiled, layouts, lengths) or _NO_REPLAY)
+        self._plans.put(key, compiled)
         return compiled
 
     def _compiled(self, layouts: tuple, tensors: list, input_count: int) -> CompiledPartition:
@@ -514,17 +541,16 @@ class DynamicCompiledPartition:
         replay = make(probe) if probe is not None else None
         return _LengthTemplate(compiled, replay) if replay is not None else None
 
-    def _replayed(self, template: _LengthTemplate, seen: tuple, tensors: list,
-                  input_count: int) -> _ReplayedPartition | None:
-        """The partition for the layouts seen (of these tensors) from a template's replay, or None where the
-        lowering's folds do not hold for their strides."""
-        kernel = template.replay.kernel_for({t.id: t.data for t in tensors})
+    def _replayed(self, template: _LengthTemplate, arrays: dict, outputs: list) -> _ReplayedPartition | None:
+        """The partition for these arrays (by port id; outputs: the output Tensors) from a template's replay, or
+        None where the lowering's folds do not hold for their strides."""
+        kernel = template.replay.kernel_for(arrays)
         if kernel is None:
             return None
         if verbose.enabled():
             verbose.log("compile", f"partition={self.partition.id}", kernel.name,
                         f"{kernel.dispatch_text()},plan=new lengths", kernel.shape_text)
-        return _ReplayedPartition(template.compiled, kernel, seen, input_count)
+        return _ReplayedPartition(template.compiled, kernel, outputs)
 
     def _check_compiled_dims(self, tensor_id: int, shape: tuple) -> None:
         compiled = self._lts[tensor_id]
@@ -556,6 +582,14 @@ def _data_strides(data) -> tuple:
 
 def _byte_strides(lt: LogicalTensor, itemsize: int) -> tuple:
     return tuple(None if d == 1 else s * itemsize for s, d in zip(lt.strides, lt.shape))
+
+
+def _overlaps_itself(data) -> bool:
+    """views.overlaps_itself of an array's layout: a C-contiguous NumPy array never does; NumPy's byte strides
+    serve as they are (an overlap does not depend on the stride's unit)."""
+    if type(data) is np.ndarray:
+        return not data.flags.c_contiguous and overlaps_itself(data.shape, data.strides)
+    return overlaps_itself(tuple(data.shape), _data_strides(data))
 
 
 def _overlapping_outputs(outputs: list[LogicalTensor]) -> frozenset:

@@ -233,8 +233,8 @@ class LengthReplay:
     def kernel_for(self, arrays: dict) -> FusedSdpaForward | None:
         """The kernel for the ports' NumPy arrays (by port id), or None where a fold of the lowering does not
         hold for their strides."""
-        seq_q, seq_kv = (n if type(n) is int else arrays[n[0]].shape[n[1]] for n in self.lengths)
-        q, k, v, mask, out, stats = (None if tid is None else arrays[tid] for tid in self.port_order)
+        seq_q, seq_kv = [n if type(n) is int else arrays[n[0]].shape[n[1]] for n in self.lengths]
+        q, k, v, mask, out, stats = map(arrays.get, self.port_order)  # an absent role's id is None: None
         plan = self.replay.plan_for(seq_q, seq_kv, q, k, v, mask, *self.window, out, stats)
         if plan is None:
             return None

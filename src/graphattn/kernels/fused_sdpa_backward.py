@@ -67,10 +67,10 @@ class BackwardLengthReplay:
     def kernel_for(self, arrays: dict) -> FusedSdpaBackward | None:
         """The kernel for the ports' NumPy arrays (by port id), or None where a fold of the lowering does not
         hold for their strides."""
-        seq_q, seq_kv = (n if type(n) is int else arrays[n[0]].shape[n[1]] for n in self.lengths)
+        seq_q, seq_kv = [n if type(n) is int else arrays[n[0]].shape[n[1]] for n in self.lengths]
         kernel = self.kernel
-        q, k, v, stats, grad_out, mask, dq, dk, dv, dmask = (None if tid is None else arrays[tid]
-                                                              for tid in self.port_order)
+        # an absent role's id is None: None
+        q, k, v, stats, grad_out, mask, dq, dk, dv, dmask = map(arrays.get, self.port_order)
         o = dense_strides(kernel.batch + (seq_q, kernel.call.head_dim_v))
         grads = (dq, dk, dv) if dmask is None else (dq, dk, dv, dmask)
         backward = self.backward.plan_for(seq_q, seq_kv, q, k, v, o, stats, grad_out, *self.window, grads, mask)
