@@ -12,7 +12,7 @@ from graphattn.testing import (STATS_TOLERANCE, assert_close, assert_grad_close,
                                sdpa_reference_backward)
 
 
-REPLAYED = "plan=new lengths"
+REPLAYED = "plan=replayed"
 
 
 def _fresh_caches():
@@ -43,6 +43,9 @@ def _run_lengths(make, lengths, dtype, capsys, **kwargs):
         if index:
             assert REPLAYED in log, f"length {length}: planned anew, not replayed:\n{log}"
         results = replayed if isinstance(replayed, tuple) else (replayed,)
+        quiet = ga.scaled_dot_product_attention(q, k, v, mask, **kwargs)  # unlogged: NumPy's one native call
+        for got, want in zip(quiet if isinstance(quiet, tuple) else (quiet,), results):
+            np.testing.assert_array_equal(_numpy(got), _numpy(want))
         expected = sdpa_reference(*(_numpy(a) for a in (q, k, v)), None if mask is None else _numpy(mask),
                                   **{k: v for k, v in kwargs.items() if k not in ("dropout_p", "dropout_seed")})
         expected = expected if isinstance(expected, tuple) else (expected,)
@@ -107,6 +110,19 @@ def test_five_batch_dims_fold_at_every_length(rng, capsys):
     _run_lengths(make, [3, 6, 11], "f32", capsys)
 
 
+def test_a_new_length_whose_strides_break_a_fold_is_planned_anew(rng):
+    """Batch dims folded by the first call's lowering: a K of a new length whose outer batch stride no longer
+    steps over the inner ones (a view of a wider buffer) is planned in full, with the right result."""
+    _fresh_caches()
+    q, k, v = (random_array((2, 3, 2, 2, 4, 8), "f32", rng) for _ in range(3))
+    ga.scaled_dot_product_attention(q, k, v)
+    wide = random_array((3, 3, 2, 2, 6, 8), "f32", rng)[::2]  # the outermost stride skips a block
+    k = wide[..., :5, :]
+    v = random_array((2, 3, 2, 2, 5, 8), "f32", rng)
+    assert_close(ga.scaled_dot_product_attention(q, k, v), sdpa_reference(q, k, v), "f32", "strided K")
+    assert len(functional._cache) == 2
+
+
 def test_dropout_draws_the_same_mask_as_a_fresh_plan(rng, capsys):
     def make(n):
         return tuple(random_array((2, 2, n, 8), "f32", rng) for _ in range(3)) + (None,)
@@ -136,6 +152,31 @@ def test_a_length_rule_broken_by_a_new_length_is_named(rng):
     with pytest.raises(ValueError, match="key and value sequence lengths differ"):
         ga.scaled_dot_product_attention(q, random_array((1, 2, 6, 8), "f32", rng),
                                         random_array((1, 2, 7, 8), "f32", rng))
+
+
+def test_a_new_length_writes_into_out_and_checks_it(rng):
+    """out= on a replayed call: the result is written into it and returned as it; an out of the plan's old
+    shape, or one over an input's memory, is refused by name with nothing written."""
+    _fresh_caches()
+    q = random_array((1, 4, 2, 8), "f32", rng)
+    ga.scaled_dot_product_attention(q, *(random_array((1, 2, 5, 8), "f32", rng) for _ in range(2)), enable_gqa=True,
+                                    return_stats=True)
+    k, v = (random_array((1, 2, 9, 8), "f32", rng) for _ in range(2))
+    out = np.full((1, 4, 2, 8), np.nan, np.float32)
+    got, stats = ga.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_stats=True, out=out)
+    assert got is out
+    expected, expected_stats = sdpa_reference(q, k, v, enable_gqa=True, return_stats=True)
+    assert_close(out, expected, "f32", "out")
+    assert_close(stats, expected_stats, "f32", "stats", tolerance=STATS_TOLERANCE)
+    k, v = (random_array((1, 2, 11, 8), "f32", rng) for _ in range(2))
+    wrong = np.zeros((1, 4, 3, 8), np.float32)
+    with pytest.raises(ValueError, match=r"out must have the result's shape \(1, 4, 2, 8\)"):
+        ga.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_stats=True, out=wrong)
+    assert not wrong.any()
+    before = q.copy()
+    with pytest.raises(ValueError, match="out shares memory with query"):
+        ga.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_stats=True, out=q)
+    np.testing.assert_array_equal(q, before)
 
 
 def test_the_replay_declines_where_a_batch_fold_no_longer_holds(rng):
@@ -304,15 +345,15 @@ def test_backward_replay_declines_where_a_batch_fold_breaks(rng, monkeypatch):
 
 
 def test_a_loop_of_new_lengths_leaves_the_plan_cache_as_it_was(rng, monkeypatch):
-    """Replays are cached apart from the plans made in full: a decode loop of more new lengths than the plan
-    cache holds keeps every other signature's plan in it, plans only its first call, and re-makes a length's
-    plan once however many calls (a model's layers) take that length."""
-    from graphattn.plan_cache import CACHE_SIZE, REPLAYED_CACHE_SIZE
+    """A decode loop of more new lengths than the plan cache holds keeps every other signature's plan in it,
+    plans only its first call and keeps nothing per length: every later call, a model's other layers too, runs
+    through the first call's plan replayed at its lengths."""
+    from graphattn.plan_cache import CACHE_SIZE
 
     _fresh_caches()
-    remade = []
-    remake = functional._LengthFreePlan.remade
-    monkeypatch.setattr(functional._LengthFreePlan, "remade", lambda *a: remade.append(1) or remake(*a))
+    replays = []
+    run = functional._LengthFreePlan.run
+    monkeypatch.setattr(functional._LengthFreePlan, "run", lambda *a: replays.append(1) or run(*a))
     other = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
     ga.scaled_dot_product_attention(other, other, other)
     q = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
@@ -324,9 +365,9 @@ def test_a_loop_of_new_lengths_leaves_the_plan_cache_as_it_was(rng, monkeypatch)
         if n % 97 == 0:
             assert_close(got, sdpa_reference(q, kv, kv, enable_gqa=True), "f32", f"length {n}")
     assert len(functional._cache) == 2  # the other call's plan and the loop's first
-    assert functional._cache.replayed_count() == REPLAYED_CACHE_SIZE
+    assert functional._cache.replayed_count() == 0
     assert len(functional._by_length_free) == 2
-    assert len(remade) == CACHE_SIZE + 9  # once per length but the first
+    assert len(replays) == 3 * (CACHE_SIZE + 10) - 1  # every call but the first, which planned
 
 
 def _key(arrays, flags=(True, (-1, 0), "top_left", False, 0.0, None), free=False):

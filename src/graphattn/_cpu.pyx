@@ -166,6 +166,7 @@ cdef enum:
     kKeyFull = 1        # first word: a signature with every length and stride,
     kKeyLengthFree = 2  # or one with the sequence lengths (2 or more) and the strides left out
     kNoArray = -1       # an absent operand's word
+    kLayoutArray = -2   # the first word of an operand given as a layout tuple (an array's first is its rank)
     kTagNone = 1        # each flag's first word: its type (the encoding stays one-to-one)
     kTagBool = 2
     kTagInt = 3
@@ -235,6 +236,60 @@ cdef int _pack_array(int64_t* words, int at, cnp.ndarray a, bint length_free, in
     return at
 
 
+cdef int _pack_layout(int64_t* words, int at, tuple layout, bint length_free, int rank, int64_t free_mask,
+                      KeyOptions* options) except -2:
+    # _pack_array for an array described by (shape, element strides, dtype, on the CPU) (interop.torch_layout's
+    # entries), its dtype by identity (torch's dtypes are singletons): the same words after a marker of its own.
+    shape, strides, dtype, on_cpu = layout
+    cdef Py_ssize_t n = len(shape)
+    if n > kMaxArrayDims or at + 4 + 2 * n > kKeyWords:
+        return -1
+    cdef int i, j
+    cdef int64_t size
+    cdef bint empty = False
+    for i in range(n):
+        empty = empty or shape[i] == 0
+    if length_free and empty:
+        return -1
+    words[at] = kLayoutArray
+    words[at + 1] = n
+    at += 2
+    if options.dtypes:
+        words[at] = <int64_t>id(dtype)
+        words[at + 1] = on_cpu is True
+        at += 2
+    cdef bint free
+    for i in range(n):
+        size = shape[i]
+        free = length_free and (rank == 0 or rank == n) and (free_mask >> (n - 1 - i)) & 1 and size >= 2
+        if not free:
+            words[at + i] = size
+        elif not options.naming:
+            words[at + i] = -1
+        else:
+            j = 0
+            while j < options.count and options.lengths[j] != size:
+                j += 1
+            if j == options.count:
+                if j == kMaxArrayDims:
+                    return -1
+                options.lengths[j] = size
+                options.count += 1
+            words[at + i] = -2 - j
+    at += n
+    if not length_free:
+        if empty:
+            words[at] = -1
+            at += 1
+        else:
+            if len(strides) != n:
+                return -1
+            for i in range(n):
+                words[at + i] = strides[i]
+            at += n
+    return at
+
+
 cdef int _pack_value(int64_t* words, int at, object value) except -2:
     # A flag (None, bool, int, float, str, or a tuple of them) at words[at:], type first; the next free index,
     # or -1 where it is not packed (another type, an int beyond 64 bits, no room left).
@@ -288,7 +343,9 @@ cdef int _pack_value(int64_t* words, int at, object value) except -2:
 def signature_key(arrays, tuple free_axes, tuple flags, bint length_free=False, bint name_lengths=False,
                   bint dtypes=True):
     """A call's signature as bytes: each of arrays' (a tuple or list) dims, dtype and byte strides (exactly
-    np.ndarray, or None for an absent operand), then flags (None, bools, ints, floats, strs and tuples of them).
+    np.ndarray, or None for an absent operand; or a layout (shape, element strides, dtype, on the CPU) as
+    interop.torch_layout gives a torch tensor's), then flags (None, bools, ints, floats, strs and tuples of
+    them).
 
     length_free: the same with the sequence lengths of 2 or more left out, and no strides, the key under which
     a plan is replayed for new lengths.  free_axes holds two ints per array, (rank, mask): bit b of mask marks
@@ -312,12 +369,18 @@ def signature_key(arrays, tuple free_axes, tuple flags, bint length_free=False, 
             words[at] = kNoArray
             at += 1
             continue
-        if type(a) is not np.ndarray:
-            return None
-        if length_free:
-            at = _pack_array(words, at, <cnp.ndarray>a, True, free_axes[2 * i], free_axes[2 * i + 1], &options)
+        if type(a) is np.ndarray:
+            if length_free:
+                at = _pack_array(words, at, <cnp.ndarray>a, True, free_axes[2 * i], free_axes[2 * i + 1], &options)
+            else:
+                at = _pack_array(words, at, <cnp.ndarray>a, False, 0, 0, &options)
+        elif type(a) is tuple and len(<tuple>a) == 4:
+            if length_free:
+                at = _pack_layout(words, at, <tuple>a, True, free_axes[2 * i], free_axes[2 * i + 1], &options)
+            else:
+                at = _pack_layout(words, at, <tuple>a, False, 0, 0, &options)
         else:
-            at = _pack_array(words, at, <cnp.ndarray>a, False, 0, 0, &options)
+            return None
         if at < 0:
             return None
     at = _pack_value(words, at, flags)
@@ -459,20 +522,32 @@ cdef class ForwardPlan:
                     uint64_t dropout_seed, uint64_t dropout_offset, const BufferExtent* extents,
                     uintptr_t alibi_slopes=0, uintptr_t sinks=0) except *:
         # extents: the buffers of FORWARD_VIEWS, or NULL (unknown)
-        cdef SdpaForwardArgs local = self.args
-        cdef Status status
-        _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, window_left, window_right,
-                              select_fill, window_fill, dropout_seed, dropout_offset)
-        local.alibi.slopes.data = <const void*>alibi_slopes
-        local.sinks.data = <const void*>sinks
-        cdef int i
-        if extents != NULL:
-            for i in range(8):
-                _forward_view(&local, i).buffer = extents[i]
-        with nogil:
-            status = sdpa_forward(local)
-        if not status.ok:
-            raise ValueError(status.message.decode())
+        _run_forward(&self.args, query, key, value, output, mask, stats, scale, window_left, window_right,
+                     select_fill, window_fill, dropout_seed, dropout_offset, extents, alibi_slopes, sinks)
+
+
+cdef int _run_forward(const SdpaForwardArgs* args, uintptr_t query, uintptr_t key, uintptr_t value,
+                      uintptr_t output, uintptr_t mask, uintptr_t stats, float scale, int64_t window_left,
+                      int64_t window_right, float select_fill, float window_fill, uint64_t dropout_seed,
+                      uint64_t dropout_offset, const BufferExtent* extents, uintptr_t alibi_slopes,
+                      uintptr_t sinks) except -1:
+    # The kernel on args with this call's data and scalars, the GIL released; extents: the buffers of
+    # FORWARD_VIEWS, or NULL (unknown).  Raises ValueError on bad arguments.
+    cdef SdpaForwardArgs local = args[0]
+    cdef Status status
+    _set_data_and_scalars(&local, query, key, value, output, mask, stats, scale, window_left, window_right,
+                          select_fill, window_fill, dropout_seed, dropout_offset)
+    local.alibi.slopes.data = <const void*>alibi_slopes
+    local.sinks.data = <const void*>sinks
+    cdef int i
+    if extents != NULL:
+        for i in range(8):
+            _forward_view(&local, i).buffer = extents[i]
+    with nogil:
+        status = sdpa_forward(local)
+    if not status.ok:
+        raise ValueError(status.message.decode())
+    return 0
 
 
 cdef class LengthFreeForward:
@@ -486,6 +561,56 @@ cdef class LengthFreeForward:
     cdef int batch_dims
     cdef int64_t batch_steps[kMaxArrayDims]
     cdef FoldChecks folds
+    cdef tuple out_head  # what call_numpy allocates (set_results)
+    cdef int out_type
+    cdef bint with_stats
+
+    def set_results(self, tuple out_head, out_dtype, bint stats):
+        """What call_numpy returns: an output of out_head + (seq_q, head_dim_v) in out_dtype (a NumPy dtype) and,
+        with stats, f32 stats of out_head + (seq_q, 1)."""
+        if len(out_head) + 2 > kMaxArrayDims:
+            raise ValueError(f"arrays of more than {kMaxArrayDims} dims are not supported")
+        self.out_head = out_head
+        self.out_type = np.dtype(out_dtype).num
+        self.with_stats = stats
+
+    def call_numpy(self, query, key, value, int64_t window_left, int64_t window_right, float scale,
+                   int64_t dropout_seed, int64_t dropout_offset, alibi_slopes=None, sinks=None):
+        """The call on NumPy query, key and value (no mask) at their own lengths, into new results as
+        set_results says: the output, or (output, stats); None where K and V differ in length or a fold of the
+        lowering no longer holds (nothing is run: the caller's full checks name the fault)."""
+        cdef cnp.ndarray q = <cnp.ndarray?>query
+        cdef cnp.ndarray k = <cnp.ndarray?>key
+        cdef cnp.ndarray v = <cnp.ndarray?>value
+        if cnp.PyArray_NDIM(q) < 2 or cnp.PyArray_NDIM(k) < 2 or cnp.PyArray_NDIM(v) < 2:
+            return None
+        cdef int64_t seq_q = cnp.PyArray_DIMS(q)[cnp.PyArray_NDIM(q) - 2]
+        cdef int64_t seq_kv = cnp.PyArray_DIMS(k)[cnp.PyArray_NDIM(k) - 2]
+        if cnp.PyArray_DIMS(v)[cnp.PyArray_NDIM(v) - 2] != seq_kv:
+            return None
+        cdef SdpaForwardArgs args
+        if self._replayed(&args, seq_q, seq_kv, q, k, v, None, window_left, window_right, None, None):
+            return None
+        cdef cnp.npy_intp dims[kMaxArrayDims]
+        cdef int n = len(self.out_head)
+        cdef int i
+        for i in range(n):
+            dims[i] = self.out_head[i]
+        dims[n] = seq_q
+        dims[n + 1] = args.head_dim_v
+        output = cnp.PyArray_EMPTY(n + 2, dims, self.out_type, 0)
+        stats = None
+        if self.with_stats:
+            dims[n + 1] = 1
+            stats = cnp.PyArray_EMPTY(n + 2, dims, cnp.NPY_FLOAT32, 0)
+        cdef BufferExtent extents[8]
+        _extents_of(q, k, v, output, None, stats, alibi_slopes, sinks, extents)
+        _run_forward(&args, _host_address(q), _host_address(k), _host_address(v), _host_address(output), 0,
+                     _host_address(stats) if stats is not None else 0, scale, window_left, window_right,
+                     float("-inf"), float("-inf"), <uint64_t>dropout_seed, <uint64_t>dropout_offset, extents,
+                     _host_address(alibi_slopes) if alibi_slopes is not None else 0,
+                     _host_address(sinks) if sinks is not None else 0)
+        return output if stats is None else (output, stats)
 
     def plan_for(self, int64_t seq_q, int64_t seq_kv, query, key, value, mask, int64_t window_left,
                  int64_t window_right, output=None, stats=None):
@@ -493,16 +618,46 @@ cdef class LengthFreeForward:
         element strides (tuples) or as the NumPy arrays themselves, and the window about the row; None where a
         fold of the lowering no longer holds.  The output and the stats are dense unless given likewise (both,
         or the output alone where the call has no stats)."""
+        cdef ForwardPlan plan = ForwardPlan.__new__(ForwardPlan)
+        if self._replayed(&plan.args, seq_q, seq_kv, query, key, value, mask, window_left, window_right, output,
+                          stats):
+            return None
+        return plan
+
+    def run(self, int64_t seq_q, int64_t seq_kv, strides, int64_t window_left, int64_t window_right, query, key,
+            value, output, mask, stats, float scale, int64_t dropout_seed, int64_t dropout_offset,
+            alibi_slopes=None, sinks=None):
+        """The kernel at these lengths through this replay, with no plan object: plan_for's arguments (strides:
+        those of query, key, value and mask as plan_for takes them; dense output and stats), then the data
+        (NumPy arrays or torch CPU tensors) and the scalars as BoundForward.run takes them.  False where a fold
+        of the lowering no longer holds (nothing run), else True."""
+        cdef SdpaForwardArgs args
+        q_strides, k_strides, v_strides, mask_strides = strides
+        if self._replayed(&args, seq_q, seq_kv, q_strides, k_strides, v_strides, mask_strides, window_left,
+                          window_right, None, None):
+            return False
+        cdef BufferExtent extents[8]
+        _extents_of(query, key, value, output, mask, stats, alibi_slopes, sinks, extents)
+        _run_forward(&args, _host_address(query), _host_address(key), _host_address(value), _host_address(output),
+                     _host_address(mask) if mask is not None else 0, _host_address(stats) if stats is not None else 0,
+                     scale, window_left, window_right, float("-inf"), float("-inf"), <uint64_t>dropout_seed,
+                     <uint64_t>dropout_offset, extents, _host_address(alibi_slopes) if alibi_slopes is not None else 0,
+                     _host_address(sinks) if sinks is not None else 0)
+        return True
+
+    cdef int _replayed(self, SdpaForwardArgs* into, int64_t seq_q, int64_t seq_kv, query, key, value, mask,
+                       int64_t window_left, int64_t window_right, output, stats) except -1:
+        # plan_for's arguments into `into`: 0, or 1 where a fold no longer holds (into then half made).
         cdef int64_t own[kReplayedViews][kMaxArrayDims]  # strides of each array, by FORWARD_VIEWS index
         if _load_strides_of(query, own[0]) or _load_strides_of(key, own[1]) or _load_strides_of(value, own[2]) \
                 or _load_strides_of(mask, own[4]):
-            return None
+            return 1
         cdef int i, view
         cdef int64_t head_dim_v = self.args.head_dim_v
         cdef int n = self.batch_dims
         if output is not None:
             if _load_strides_of(output, own[3]) or _load_strides_of(stats, own[5]):
-                return None
+                return 1
         else:
             for i in range(n):  # the output's and the stats' dense strides
                 own[3][i] = self.batch_steps[i] * seq_q * head_dim_v
@@ -512,20 +667,19 @@ cdef class LengthFreeForward:
             own[5][n] = 1
             own[5][n + 1] = 1
         if not _folds_hold(&self.folds, &own[0][0]):
-            return None
-        cdef ForwardPlan plan = ForwardPlan.__new__(ForwardPlan)
-        plan.args = self.args
-        plan.args.seq_q = seq_q
-        plan.args.seq_kv = seq_kv
-        plan.args.window.left = window_left
-        plan.args.window.right = window_right
+            return 1
+        into[0] = self.args
+        into.seq_q = seq_q
+        into.seq_kv = seq_kv
+        into.window.left = window_left
+        into.window.right = window_right
         cdef TensorView* target
         for view in range(kReplayedViews):
             if self.has_view[view]:
-                target = _forward_view(&plan.args, view)
+                target = _forward_view(into, view)
                 for i in range(kViewDims):
                     target.strides[i] = _source_stride(&self.sources[view][i], own[view])
-        return plan
+        return 0
 
     def bound_for(self, int64_t seq_q, int64_t seq_kv, query, key, value, mask, int64_t window_left,
                   int64_t window_right, float select_fill, float window_fill):

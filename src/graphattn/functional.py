@@ -5,13 +5,14 @@ AttentionSpec and lowered to its kernel call (attention_spec.py, the route the
 backward and the graph API's fused partitions take too), and the plan is
 cached; later calls with the same signature only bind data and run the kernel.
 A call that differs from a planned one only in its sequence lengths (a decode
-loop's growing K/V) replays that plan's lowering for its lengths (_LengthFreePlan)
-instead: nothing is checked or lowered again, and the cache keeps the result
-apart from the plans made in full (plan_cache.SignatureCache).
+loop's growing K/V) runs through that plan's lowering replayed at the kernel's
+call for its lengths and strides (_LengthFreePlan): nothing is checked, lowered
+or kept per length, so a new length costs what a length seen before costs.
 """
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,7 @@ from .tensor import array_strides
 
 _NEG_INF = float("-inf")
 _RUNS_ON_HOST = object()  # the cache's entry for USM calls the SYCL kernels cannot take
+_NOT_REPLAYED = object()  # the length-free cache's entry for a class of calls planned per length (copies)
 _cache = SignatureCache()  # compiled partitions of the forward
 _by_length_free = SignatureCache()  # _LengthFreePlan by signature with the sequence lengths left out
 # the sequence lengths in signature_key: dim -2 of Q, K and V, both of the mask's
@@ -48,7 +50,7 @@ _KERNEL_FLOATS = frozenset(numpy_dtype(dt) for dt in (DataType.f32, DataType.bf1
 class _ForwardPlan:
     """What one signature (layouts, dtypes and flags of the operands) fixes of a forward call: the checks
     passed, the lowered kernel call, and the shapes of the outputs and of any copies."""
-    call: KernelCall          # the lowered call (for a plan re-made for new lengths, the one it was made from)
+    call: KernelCall          # the lowered call
     plan: object              # the kernel's plan (_cpu.ForwardPlan, or the SYCL plugin's)
     runner: object            # the host kernel's direct call (BoundForward.run), or None on SYCL
     copies: tuple | None      # the full shapes Q, K, V and the mask are copied to where the kernel cannot walk
@@ -60,60 +62,92 @@ class _ForwardPlan:
     default_scale: float      # 1 / sqrt(E), the scale of calls without one
     out_like_query: bool      # the output has the query's shape and C-contiguous layout (its dtype always)
     window: tuple             # the kernel's (left, right), as the runner has it
-    lengths: tuple | None = None  # (seq_q, seq_kv) of a plan re-made for new lengths: call is the template's
-
-    @property
-    def shape_text(self) -> str:
-        """The call's shape for the verbose log."""
-        if self.lengths is None:
-            return self.call.shape_text
-        return self.call.shape_text_for(*self.lengths, *self.window)
 
 
 class _LengthFreePlan:
     """A forward plan made for one call, which calls that differ from it only in sequence lengths (each 2 or
-    more) re-make for theirs: their checks passed with its own (the lengths' rules are re-checked here) and
-    native/cpu replays its lowering for their strides where the lowering's batch folds still hold."""
+    more) run through at their own lengths: their checks passed with its own (the lengths' rules are re-checked
+    here) and native/cpu replays its lowering for their strides at the kernel's call, where the lowering's
+    batch folds still hold.  Nothing is kept per length: such a call costs the same at any length, new or not."""
 
     def __init__(self, entry: _ForwardPlan, bounds: tuple, alignment: str):
         self.entry = entry
         self.bounds = bounds          # the window (left, right) before alignment, is_causal included
         self.alignment = alignment
+        # the kernel's window is the template's at any length without a window or a row shift (top-left)
+        self.fixed_window = bounds == _OPEN or key_window.row_shift(alignment, 1, 2) == 0
         self.out_head = entry.out_shape[:-2]
         self.head_dim_v = entry.out_shape[-1]
+        self.out_dtype, self.default_scale = entry.out_dtype, entry.default_scale
         # the dense output's batch strides over seq_q * head_dim_v: the products of the inner batch dims
         call = entry.call
         self.replay = entry.plan.length_free(call.sources, call.folds, dense_strides(call.call_batch + (1,))[:-1])
         self.window = entry.window
+        self.stats = "stats" in call.roles  # the plan returns the stats
+        self.replay.set_results(self.out_head, self.out_dtype, self.stats)
 
-    def remade(self, q, shapes: tuple, strides: tuple, torch_input: bool) -> _ForwardPlan | None:
-        """The plan for a call of query q, or None where the template's lowering does not hold for it.  shapes:
-        Q's, K's, V's and the mask's (None without one); strides: their element strides in that order, or the
-        NumPy arrays themselves (mask's None without one)."""
-        q_shape, k_shape, v_shape, mask_shape = shapes
-        seq_q, seq_kv = q_shape[-2], k_shape[-2]
-        if v_shape[-2] != seq_kv or not _mask_fits(mask_shape, seq_q, seq_kv):
-            return None  # the call breaks a length rule: the full checks name it
-        if self.bounds == _OPEN:
+    def run(self, q, k, v, mask, out, layouts, scale, seed: int, offset: int, mods, kind: str):
+        """The call's results (as scaled_dot_product_attention returns them), or None where the template's
+        lowering does not hold for it (nothing is written).  q, k, v, mask: NumPy arrays, or with layouts
+        (interop.torch_layout's of Q, K and V) torch tensors and no mask; out: the caller's output array or
+        None; seed and offset: the dropout's (_dropout_bits)."""
+        if layouts is None and mask is None and out is None and kind == "numpy" and self.fixed_window and \
+                not verbose.enabled():  # all of it in one native call
+            return self.replay.call_numpy(q, k, v, *self.window,
+                                          self.default_scale if scale is None else arguments.scale_value(scale),
+                                          seed, offset, *(() if mods is None else (mods.alibi_slopes, mods.sinks)))
+        if layouts is None:
+            q_shape, seq_kv, strides = q.shape, k.shape[-2], (q, k, v, mask)
+            if v.shape[-2] != seq_kv or mask is not None and not _mask_fits(mask.shape, q_shape[-2], seq_kv):
+                return None  # the call breaks a length rule: the full checks name it
+        else:
+            (q_shape, q_strides, _, _), (k_shape, k_strides, _, _), (v_shape, v_strides, _, _) = layouts
+            seq_kv, strides = k_shape[-2], (q_strides, k_strides, v_strides, None)
+            if v_shape[-2] != seq_kv:
+                return None
+        seq_q = q_shape[-2]
+        if self.fixed_window:
             left, right = self.window
         else:
             left, right = (_cpu.NO_KEY_LIMIT if w is None else w
                            for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
-        bound = self.replay.bound_for(seq_q, seq_kv, *strides, left, right, _NEG_INF, _NEG_INF)
-        if bound is None:
-            return None
-        plan = bound.plan
         out_shape = self.out_head + (seq_q, self.head_dim_v)
-        entry = self.entry
-        # built field by field, in order: cheaper than a copy of the template's record (changed_copy)
-        result = _ForwardPlan(entry.call, plan, bound.run, None, entry.grouped,
-                              out_shape, out_shape[:-1] + (1,), entry.out_dtype, entry.default_scale,
-                              q_shape == out_shape and (q.is_contiguous() if torch_input else q.flags.c_contiguous),
-                              (left, right), (seq_q, seq_kv))
+        if layouts is not None:
+            out = torch_empty_like(q) if q_shape == out_shape and q.is_contiguous() else \
+                torch_empty(out_shape, self.out_dtype)
+            stats = torch_empty(out_shape[:-1] + (1,), np.float32) if self.stats else None
+        else:
+            out = np.empty(out_shape, self.out_dtype) if out is None else \
+                checked_out(out, out_shape, self.out_dtype, {"query": q, "key": k, "value": v, "attn_mask": mask},
+                            "out")
+            stats = np.empty(out_shape[:-1] + (1,), np.float32) if self.stats else None
+        scale_value = self.default_scale if scale is None else arguments.scale_value(scale)
+        per_head = () if mods is None else (mods.alibi_slopes, mods.sinks)
         if verbose.enabled():
-            verbose.log("compile", "functional", "sdpa_forward_cpu", f"{plan.dispatch_text()},plan=new lengths",
-                        result.shape_text)
-        return result
+            return self._run_logged(seq_q, seq_kv, strides, left, right, q, k, v, out, mask, stats, scale_value,
+                                    seed, offset, per_head, layouts is not None, kind)
+        if not self.replay.run(seq_q, seq_kv, strides, left, right, q, k, v, out, mask, stats, scale_value, seed,
+                               offset, *per_head):
+            return None
+        if layouts is not None or kind == "numpy":  # as they are
+            return out if stats is None else (out, stats)
+        return _results(out, stats, False, kind)
+
+    def _run_logged(self, seq_q, seq_kv, strides, left, right, q, k, v, out, mask, stats, scale, seed, offset,
+                    per_head, torch_input, kind):
+        """run's kernel call with its verbose lines: the replayed plan and the call's time."""
+        plan = self.replay.plan_for(seq_q, seq_kv, *strides, left, right)
+        if plan is None:
+            return None
+        shape_text = self.entry.call.shape_text_for(seq_q, seq_kv, left, right)
+        verbose.log("compile", "functional", "sdpa_forward_cpu", f"{plan.dispatch_text()},plan=replayed",
+                    shape_text)
+        start = time.perf_counter()
+        self.replay.run(seq_q, seq_kv, strides, left, right, q, k, v, out, mask, stats, scale, seed, offset,
+                        *per_head)
+        verbose.log("exec", "functional", "sdpa_forward_cpu", shape_text,
+                    f"{(time.perf_counter() - start) * 1e3:.4f}ms")
+        return _results(out, stats, torch_input, kind)
 
 
 def new_dropout_seed() -> int:
@@ -257,49 +291,10 @@ def _grouped_origin(array_ndim: int, grouped: tuple) -> tuple:
     return tuple(full[:-3]) + (None if head is None else (head[0], grouped[-3]), head) + tuple(full[-2:])
 
 
-def _length_free_signature(q, k, v, mask, torch_layouts, signature: tuple) -> tuple | None:
-    """The call's signature with each sequence length of 2 or more left out (-1), or None for calls whose plan
-    is not re-made for new lengths: SYCL ones, NumPy subclasses, and empty ones."""
-    if torch_layouts is not None:
-        (qs, _, qd, qc), (ks, _, kd, kc), (vs, _, vd, vc) = torch_layouts
-        rest = (qc, kc, vc) + signature[1:]
-    elif type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray:  # not USM ones
-        (qs, _, qd), (ks, _, kd), (vs, _, vd) = signature[:3]  # their _layout
-        rest = signature[4:]
-        if mask is not None:
-            if type(mask) is not np.ndarray or not mask.size:
-                return None
-            rest = _free_mask(mask.shape, mask.dtype) + rest
-    else:
-        return None
-    if 0 in qs or 0 in ks or 0 in vs:
-        return None
-    return (torch_layouts is not None, qs[:-2], _free(qs[-2]), qs[-1], ks[:-2], _free(ks[-2]), ks[-1], vs[:-2],
-            _free(vs[-2]), vs[-1], qd, kd, vd) + rest
-
-
-def _free(length: int) -> int:
-    """A sequence length in a length-free signature: 0 and 1 as they are (they change broadcasting and the
-    checks), -1 for any other."""
-    return length if length < 2 else -1
-
-
-def _free_mask(shape: tuple, dtype) -> tuple:
-    """A mask's part of a length-free signature: its batch dims, its two lengths as _free gives them, its
-    dtype."""
-    return shape[:-2], _free(shape[-2]), _free(shape[-1]), dtype
-
-
 def _mask_fits(mask_shape: tuple | None, seq_q: int, seq_kv: int) -> bool:
     """Whether a mask of this shape (None: no mask) broadcasts to a replayed call's (seq_q, seq_kv) scores: the
     length rule a replay re-checks (the others held for its template)."""
     return mask_shape is None or (mask_shape[-2] in (1, seq_q) and mask_shape[-1] in (1, seq_kv))
-
-
-def _element_strides(torch_layouts) -> tuple:
-    """The element strides of torch Q, K and V (torch_layout's), and None for the mask they never have."""
-    (_, qs, _, _), (_, ks, _, _), (_, vs, _, _) = torch_layouts
-    return qs, ks, vs, None
 
 
 def _new_plan(q, k, v, mask, torch_direct, is_causal, enable_gqa, bounds, alignment, return_stats, dropout_p,
@@ -422,10 +417,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     # torch Q, K, V without a mask go to the kernel as they are (no NumPy views): on decode-sized calls the
     # views cost more than torch's whole call.  New signatures are still checked and built through NumPy.
     mods = score_mods.checked(softcap, alibi_slopes, sinks, query)
-    torch_direct = attn_mask is None and mods is None and plain_torch_tensors(query, key, value)
+    numpy_in = type(query) is np.ndarray and type(key) is np.ndarray and type(value) is np.ndarray
+    torch_direct = not numpy_in and attn_mask is None and mods is None and plain_torch_tensors(query, key, value)
     layouts = torch_layout(query, key, value) if torch_direct else None
     torch_direct = layouts is not None
-    on_sycl = None if torch_direct else _sycl_inputs(query, key, value, attn_mask)
+    # NumPy arrays (the common case) are no USM arrays: that costs no call
+    on_sycl = None if torch_direct or numpy_in and (attn_mask is None or type(attn_mask) is np.ndarray) else \
+        _sycl_inputs(query, key, value, attn_mask)
     if on_sycl is not None:
         q, k, v, mask, queue = on_sycl
         kind = "usm"
@@ -443,41 +441,36 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     # The window as (left, right), is_causal included; a plain call costs no function call here.
     bounds = (_NO_LIMIT, 0 if is_causal else _NO_LIMIT) if window is None else \
         key_window.effective_window(window, is_causal)
-    # A signature seen before was validated when it was built: only new ones are checked.
-    mods_signature = None if mods is None else mods.signature()
+    # A host call is looked up first without its sequence lengths: the plan made for one length runs every
+    # other (_LengthFreePlan), so that a new length costs what a length seen before does.
+    flags = (bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p,
+             None if mods is None else mods.signature())
+    free = template = None
+    if queue is None:
+        free = _cpu.signature_key(layouts if torch_direct else (q, k, v, mask), _FREE_AXES, flags, True)
+        template = None if free is None else _by_length_free.get(free)
+        if template is not None and template is not _NOT_REPLAYED:
+            seed, offset = _dropout_bits(dropout_p, dropout_seed, dropout_offset, kind)
+            result = template.run(q, k, v, mask, out, layouts, scale, seed, offset, mods, kind)
+            if result is not None:
+                return result
+    # Else by the whole signature; one seen before was validated when it was planned: only new ones are checked.
     if torch_direct:
-        signature = (layouts, bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p)
-    else:
-        # NumPy arrays key on bytes (_cpu.signature_key), anything else on a tuple
-        flags = (bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p, mods_signature)
-        signature = None if queue is not None else _cpu.signature_key((q, k, v, mask), _FREE_AXES, flags)
+        signature = (layouts,) + flags
+    else:  # NumPy arrays key on bytes (_cpu.signature_key), anything else on a tuple
+        signature = None if queue is not None else _cpu.signature_key((q, k, v, mask), (), flags)
         if signature is None:
             signature = (_layout(q), _layout(k), _layout(v), _layout(mask) if mask is not None else None,
-                         bool(enable_gqa), bounds, causal_alignment, bool(return_stats), dropout_p, queue,
-                         mods_signature)
+                         queue) + flags
     entry = _cache.get(signature)
     if entry is None:
-        # New lengths of a planned call re-make its plan; anything else is checked and lowered anew.
-        if type(signature) is bytes:
-            free = _cpu.signature_key((q, k, v, mask), _FREE_AXES, flags, True)
-        else:
-            free = _length_free_signature(q, k, v, mask, layouts, signature)
-        template = None if free is None else _by_length_free.get(free)
-        if template is not None:
-            if torch_direct:
-                entry = template.remade(q, (layouts[0][0], layouts[1][0], layouts[2][0], None),
-                                        _element_strides(layouts), True)
-            else:
-                entry = template.remade(q, (q.shape, k.shape, v.shape, None if mask is None else mask.shape),
-                                        (q, k, v, mask), False)
-            if entry is not None:
-                _cache.put(signature, entry, replayed=True)
-        if entry is None:
-            entry = _new_plan(q, k, v, mask, torch_direct, is_causal, enable_gqa, bounds, causal_alignment,
-                              return_stats, dropout_p, queue, kind, mods)
-            if free is not None and entry is not _RUNS_ON_HOST and entry.copies is None:
-                _by_length_free.put(free, _LengthFreePlan(entry, bounds, causal_alignment))
-            _cache.put(signature, entry)
+        entry = _new_plan(q, k, v, mask, torch_direct, is_causal, enable_gqa, bounds, causal_alignment,
+                          return_stats, dropout_p, queue, kind, mods)
+        if template is None and free is not None and entry is not _RUNS_ON_HOST:
+            # the first plan of its class of lengths: the template of the others, where it copies nothing
+            _by_length_free.put(free, _LengthFreePlan(entry, bounds, causal_alignment) if entry.copies is None
+                                else _NOT_REPLAYED)
+        _cache.put(signature, entry)
     if entry is _RUNS_ON_HOST:
         host = [None if a is None else sycl_runtime.to_host(a) for a in (q, k, v, mask)]
         result = scaled_dot_product_attention(*host, dropout_p, is_causal, scale, enable_gqa,
@@ -489,13 +482,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         return results if return_stats else results[0]
 
     scale_value = entry.default_scale if scale is None else arguments.scale_value(scale)
-    seed = offset = 0
-    if dropout_p > 0.0:
-        if dropout_seed is None:  # torch callers draw from torch's generator, so torch.manual_seed repeats it
-            seed = torch_random_seed() if kind == "torch" else new_dropout_seed()
-        else:
-            seed = _s64(dropout_seed, "dropout_seed")
-        offset = _s64(dropout_offset, "dropout_offset")
+    seed, offset = _dropout_bits(dropout_p, dropout_seed, dropout_offset, kind)
     if entry.copies is not None:  # strides the kernel cannot walk: contiguous copies (see _build)
         if torch_direct:
             q, k, v = (to_numpy(x, name)[0] for x, name in ((q, "query"), (k, "key"), (v, "value")))
@@ -528,6 +515,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return _results(out, stats, torch_direct, kind)
 
 
+def _dropout_bits(dropout_p: float, dropout_seed, dropout_offset, kind: str) -> tuple[int, int]:
+    """(seed, offset) of a call's dropout, (0, 0) without dropout; dropout_seed None draws a fresh seed, from
+    torch's generator for torch callers (so that torch.manual_seed repeats it)."""
+    if dropout_p == 0.0:
+        return 0, 0
+    if dropout_seed is None:
+        seed = torch_random_seed() if kind == "torch" else new_dropout_seed()
+    else:
+        seed = _s64(dropout_seed, "dropout_seed")
+    return seed, _s64(dropout_offset, "dropout_offset")
+
+
 def _run_sycl(entry: _ForwardPlan, q, k, v, out, mask, stats, scale, seed, offset, queue, mods=None) -> None:
     """The SYCL kernel on USM arrays (the modifiers' host arrays copied to the queue); their results are ready on
     return (dpnp does not know the kernel's event)."""
@@ -544,8 +543,6 @@ def _run_sycl(entry: _ForwardPlan, q, k, v, out, mask, stats, scale, seed, offse
 
 def _run_logged(entry: _ForwardPlan, q, k, v, out, mask, stats, scale, seed, offset, queue, mods=None) -> None:
     """A kernel call with its verbose exec line: the kernel, the call's shape and its time."""
-    import time
-
     start = time.perf_counter()
     if entry.runner is not None:
         per_head = () if mods is None else (mods.alibi_slopes, mods.sinks)
@@ -553,7 +550,7 @@ def _run_logged(entry: _ForwardPlan, q, k, v, out, mask, stats, scale, seed, off
     else:
         _run_sycl(entry, q, k, v, out, mask, stats, scale, seed, offset, queue, mods)
     verbose.log("exec", "functional", "sdpa_forward_cpu" if queue is None else "sdpa_forward_sycl",
-                entry.shape_text, f"{(time.perf_counter() - start) * 1e3:.4f}ms")
+                entry.call.shape_text, f"{(time.perf_counter() - start) * 1e3:.4f}ms")
 
 
 _torch_ops = None  # graphattn.torch_autograd, once a torch call has been seen (it imports torch)

@@ -18,7 +18,7 @@ import numpy as np
 from . import _cpu
 from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
-from .functional import (_OPEN, SignatureCache, _check_inputs, _free, _free_mask, _grouped_origin, _layout,
+from .functional import (_OPEN, SignatureCache, _check_inputs, _grouped_origin, _layout,
                          _mask_fits, _normalize_mask, _s64, _sycl_inputs, check_out_kind, checked_out, grouped_shapes)
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
@@ -79,25 +79,6 @@ _plans = SignatureCache()
 _by_length_free = SignatureCache()  # _LengthFreeBackward by signature with the sequence lengths left out
 # the sequence lengths in signature_key: dim -2 of Q, K, V, O, dO and the stats, both of the mask's
 _FREE_AXES = (0, 0b10) * 6 + (0, 0b11)
-
-
-def _length_free_signature(arrays: tuple, signature: tuple) -> tuple | None:
-    """A backward signature with each sequence length of 2 or more left out (read from the signature's own
-    layouts: shape, strides, dtype; a mask's two lengths both), for plain non-empty NumPy arrays (the mask
-    among them where the call has one); None for other calls."""
-    if any(type(a) is not np.ndarray for a in arrays if a is not None):
-        return None
-    free = []
-    for shape, _, dtype in signature[0]:
-        if 0 in shape:
-            return None
-        free.append((shape[:-2], _free(shape[-2]), shape[-1], dtype))
-    if signature[1] is not None:
-        shape, _, dtype = signature[1]
-        if 0 in shape:
-            return None
-        free.append(_free_mask(shape, dtype))
-    return tuple(free) + signature[2:]
 
 
 class _LengthFreeBackward:
@@ -354,8 +335,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     plan = _plans.get(signature)
     if plan is None:
         # New lengths of a planned call re-make its plan; anything else is checked and planned anew.
-        free = None if queue is not None else _cpu.signature_key(operands, _FREE_AXES, flags, True) \
-            if type(signature) is bytes else _length_free_signature(operands, signature)
+        free = None if queue is not None else _cpu.signature_key(operands, _FREE_AXES, flags, True)
         template = None if free is None else _by_length_free.get(free)
         if template is not None:
             plan = template.remade(q, k, v, o, do, st, mask)
