@@ -144,6 +144,22 @@ def test_torch_projections_transposed_as_transformers_does(dtype, capsys):
     _run_lengths(make, [5, 6, 17], dtype, capsys, is_causal=True)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_torch_decode_with_stats_at_new_lengths(dtype, capsys):
+    """A torch decode step's query (N, Hq, 1, D) against contiguous K/V of a new length each call, GQA, with the
+    stats: the output laid out as the query, the stats made for it."""
+    torch = pytest.importorskip("torch")
+    tdtype = torch.float32 if dtype == "f32" else torch.bfloat16
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 8, 1, 32, generator=gen).to(tdtype)
+
+    def make(n):
+        k, v = (torch.randn(2, 2, n, 32, generator=gen).to(tdtype) for _ in range(2))
+        return q, k, v, None
+
+    _run_lengths(make, [9, 10, 33], dtype, capsys, enable_gqa=True, return_stats=True)
+
+
 def test_a_length_rule_broken_by_a_new_length_is_named(rng):
     """The replay re-checks the length rules: K and V of different lengths still raise the full check's error."""
     _fresh_caches()

@@ -561,18 +561,48 @@ cdef class LengthFreeForward:
     cdef int batch_dims
     cdef int64_t batch_steps[kMaxArrayDims]
     cdef FoldChecks folds
-    cdef tuple out_head  # what call_numpy allocates (set_results)
+    cdef tuple out_head  # what call_numpy and call_layouts allocate (set_results)
+    cdef object out_dtype
     cdef int out_type
     cdef bint with_stats
 
     def set_results(self, tuple out_head, out_dtype, bint stats):
-        """What call_numpy returns: an output of out_head + (seq_q, head_dim_v) in out_dtype (a NumPy dtype) and,
-        with stats, f32 stats of out_head + (seq_q, 1)."""
+        """What call_numpy and call_layouts return: an output of out_head + (seq_q, head_dim_v) in out_dtype (a
+        NumPy dtype) and, with stats, f32 stats of out_head + (seq_q, 1)."""
         if len(out_head) + 2 > kMaxArrayDims:
             raise ValueError(f"arrays of more than {kMaxArrayDims} dims are not supported")
         self.out_head = out_head
-        self.out_type = np.dtype(out_dtype).num
+        self.out_dtype = np.dtype(out_dtype)
+        self.out_type = self.out_dtype.num
         self.with_stats = stats
+
+    def call_layouts(self, tuple layouts, query, key, value, int64_t window_left, int64_t window_right,
+                     float scale, int64_t dropout_seed, int64_t dropout_offset, empty_like, empty):
+        """call_numpy for torch CPU tensors, their layouts as interop.torch_layout gives them: the results are
+        empty_like(query) where the query has the output's shape and is contiguous, else empty(shape, NumPy
+        dtype) (interop's torch_empty_like and torch_empty)."""
+        q_layout, k_layout, v_layout = layouts
+        q_shape, k_shape, v_shape = q_layout[0], k_layout[0], v_layout[0]
+        if len(q_shape) < 2 or len(k_shape) < 2 or len(v_shape) < 2:
+            return None
+        cdef int64_t seq_q = q_shape[len(q_shape) - 2]
+        cdef int64_t seq_kv = k_shape[len(k_shape) - 2]
+        if v_shape[len(v_shape) - 2] != seq_kv:
+            return None
+        cdef SdpaForwardArgs args
+        if self._replayed(&args, seq_q, seq_kv, q_layout[1], k_layout[1], v_layout[1], None, window_left,
+                          window_right, None, None):
+            return None
+        out_shape = self.out_head + (seq_q, args.head_dim_v)
+        output = empty_like(query) if q_shape == out_shape and query.is_contiguous() else \
+            empty(out_shape, self.out_dtype)
+        stats = empty(self.out_head + (seq_q, 1), np.float32) if self.with_stats else None
+        cdef BufferExtent extents[8]  # unknown: torch's layouts are the key's
+        _extents_of(query, key, value, output, None, stats, None, None, extents)
+        _run_forward(&args, _host_address(query), _host_address(key), _host_address(value), _host_address(output), 0,
+                     _host_address(stats) if stats is not None else 0, scale, window_left, window_right,
+                     float("-inf"), float("-inf"), <uint64_t>dropout_seed, <uint64_t>dropout_offset, extents, 0, 0)
+        return output if stats is None else (output, stats)
 
     def call_numpy(self, query, key, value, int64_t window_left, int64_t window_right, float scale,
                    int64_t dropout_seed, int64_t dropout_offset, alibi_slopes=None, sinks=None):

@@ -91,11 +91,15 @@ class _LengthFreePlan:
         lowering does not hold for it (nothing is written).  q, k, v, mask: NumPy arrays, or with layouts
         (interop.torch_layout's of Q, K and V) torch tensors and no mask; out: the caller's output array or
         None; seed and offset: the dropout's (_dropout_bits)."""
-        if layouts is None and mask is None and out is None and kind == "numpy" and self.fixed_window and \
-                not verbose.enabled():  # all of it in one native call
-            return self.replay.call_numpy(q, k, v, *self.window,
-                                          self.default_scale if scale is None else arguments.scale_value(scale),
-                                          seed, offset, *(() if mods is None else (mods.alibi_slopes, mods.sinks)))
+        if self.fixed_window and out is None and not verbose.enabled():  # all of it in one native call
+            left, right = self.window
+            scale_value = self.default_scale if scale is None else arguments.scale_value(scale)
+            if layouts is not None:  # torch's: never a mask or modifiers
+                return self.replay.call_layouts(layouts, q, k, v, left, right, scale_value, seed, offset,
+                                                torch_empty_like, torch_empty)
+            if mask is None and kind == "numpy":
+                return self.replay.call_numpy(q, k, v, left, right, scale_value, seed, offset,
+                                              *(() if mods is None else (mods.alibi_slopes, mods.sinks)))
         if layouts is None:
             q_shape, seq_kv, strides = q.shape, k.shape[-2], (q, k, v, mask)
             if v.shape[-2] != seq_kv or mask is not None and not _mask_fits(mask.shape, q_shape[-2], seq_kv):
@@ -450,7 +454,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         free = _cpu.signature_key(layouts if torch_direct else (q, k, v, mask), _FREE_AXES, flags, True)
         template = None if free is None else _by_length_free.get(free)
         if template is not None and template is not _NOT_REPLAYED:
-            seed, offset = _dropout_bits(dropout_p, dropout_seed, dropout_offset, kind)
+            seed, offset = (0, 0) if dropout_p == 0.0 else _dropout_bits(dropout_p, dropout_seed, dropout_offset, kind)
             result = template.run(q, k, v, mask, out, layouts, scale, seed, offset, mods, kind)
             if result is not None:
                 return result
