@@ -195,8 +195,7 @@ def _check_matches_port(lt: LogicalTensor, port: LogicalTensor, where: str) -> N
 
 class _PartitionRun:
     """What a compiled partition and a dynamic partition's replay share: the kernel's run for arrays keyed by
-    port id, and the per-call checks of the outputs' memory.  Subclasses set partition, kernel and
-    _overlapping (the output ports whose layout maps several elements to one location)."""
+    port id, and the per-call checks of the outputs' memory.  Subclasses set partition and kernel."""
 
     @property
     def kernel_name(self) -> str:
@@ -215,17 +214,18 @@ class _PartitionRun:
         else:
             self.kernel.execute(inputs, outputs)
 
-    def _check_outputs(self, inputs: dict, outputs: dict) -> None:
+    def _check_outputs(self, inputs: dict, outputs: dict, overlapping: frozenset) -> None:
         """Outputs must be writable, each element of an output one memory location (no stride 0 over a dim of
-        two or more, no strides that fold two elements onto one), and no output may share memory with an input
-        or another output: the kernels write them from many threads while they read the inputs."""
+        two or more, no strides that fold two elements onto one: overlapping names the ports whose layout does),
+        and no output may share memory with an input or another output: the kernels write them from many
+        threads while they read the inputs."""
         where = f"partition {self.partition.id}: execute"
         for port_id, data in outputs.items():
             if not isinstance(data, np.ndarray):
                 continue  # USM arrays: checked for shape and strides above; their memory is the queue's
             if not data.flags.writeable:
                 raise ValueError(f"{where}: output port {port_id} is read-only; pass a writable array")
-            if port_id in self._overlapping:
+            if port_id in overlapping:
                 raise ValueError(f"{where}: output port {port_id} has strides {data.strides} (bytes) for shape "
                                  f"{data.shape} that map several elements to one location; pass an array with "
                                  "an element of its own for each index")
@@ -279,7 +279,7 @@ class CompiledPartition(_PartitionRun):
             raise TypeError(f"execute needs a Stream, got {type(stream).__name__}")
         bound_inputs = self._bind(inputs, self.inputs, "inputs")
         bound_outputs = self._bind(outputs, self.outputs, "outputs")
-        self._check_outputs(bound_inputs, bound_outputs)
+        self._check_outputs(bound_inputs, bound_outputs, self._overlapping)
         self.execute_unchecked(bound_inputs, bound_outputs)
 
     def bound_runner(self, fixed_inputs: dict):
@@ -319,31 +319,51 @@ class CompiledPartition(_PartitionRun):
         return arrays
 
 class _ReplayedPartition(_PartitionRun):
-    """A dynamic partition's compile replayed for the lengths and layouts of one class of calls: those of the
-    arrays it was made for, which the cache key it is kept under pins (shapes, strides, port ids in order).
-    So execute checks only what that key leaves out: each Tensor's dtype and its data's, the outputs' memory.
-    Any other call gets the full checks of a compile for its layouts, which name what is wrong."""
+    """A dynamic partition's compile for one class of lengths (the same unknown dims equal), run for every
+    other call of the class at the call's own lengths and strides: the kernel's lowering replayed (LengthReplay,
+    BackwardLengthReplay) with nothing kept per call.  The key of the class pins everything but the lengths,
+    strides and dtypes, so run checks the dtypes, the outputs' memory and (through the replay) the folds."""
 
-    def __init__(self, template: CompiledPartition, kernel, outputs: list):
+    def __init__(self, template: CompiledPartition, replay: LengthReplay | BackwardLengthReplay):
         self.partition = template.partition
-        self.kernel = kernel
+        self.kernel = template.kernel
         self.template = template
+        self.replay = replay
         self._dtypes = template._dtypes
         self._numpy_dtypes = template._numpy_dtypes
-        self._overlapping = frozenset(t.id for t in outputs if _overlaps_itself(t.data))
 
-    def execute(self, stream: Stream, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> None:
-        bound_inputs, bound_outputs = self._bound(inputs), self._bound(outputs)
+    def run(self, tensors: list, input_count: int, ids: tuple, arrays: list) -> bool:
+        """Runs the call of these tensors (ids and arrays: theirs, in order); False where the lowering's folds
+        do not hold for the arrays' strides: then nothing is run, and the caller compiles the layout.  A Tensor
+        or data of another dtype than its port is refused as a compiled partition refuses it, by name."""
+        bound_inputs, bound_outputs = self._bound(tensors[:input_count]), self._bound(tensors[input_count:])
+        by_id = dict(zip(ids, arrays))
         if bound_inputs is None or bound_outputs is None:
-            tensors = list(inputs) + list(outputs)
             layouts = _layouts(tensors)
             shapes = {tensor_id: shape for tensor_id, shape, _ in layouts}
             strides = {tensor_id: stride for tensor_id, _, stride in layouts}
             full = self.template.with_layouts(self.kernel, shapes, strides, {t.id: t.data.strides for t in tensors})
-            full.execute(stream, inputs, outputs)  # raises, naming the Tensor of the wrong dtype
-            return
-        self._check_outputs(bound_inputs, bound_outputs)
-        self.execute_unchecked(bound_inputs, bound_outputs)
+            full._bind(tensors[:input_count], full.inputs, "inputs")  # raises, naming the Tensor of the wrong dtype
+            full._bind(tensors[input_count:], full.outputs, "outputs")
+            return False
+        plans = self.replay.plans_for(by_id)
+        if plans is None:
+            return False
+        overlapping = frozenset(port_id for port_id, data in bound_outputs.items() if _overlaps_itself(data))
+        self._check_outputs(bound_inputs, bound_outputs, overlapping)
+        if not verbose.enabled():
+            self.replay.execute(plans, bound_inputs, bound_outputs)
+            return True
+        import time
+
+        shape_text = self.replay.shape_text(by_id)
+        verbose.log("compile", f"partition={self.partition.id}", self.kernel.name,
+                    f"{self.replay.dispatch_text(plans)},plan=replayed", shape_text)
+        start = time.perf_counter()
+        self.replay.execute(plans, bound_inputs, bound_outputs)
+        verbose.log("exec", f"partition={self.partition.id}", self.kernel.name, shape_text,
+                    f"{(time.perf_counter() - start) * 1e3:.4f}ms")
+        return True
 
     def _bound(self, tensors: Sequence[Tensor]) -> dict | None:
         """The tensors' arrays by port id, or None where a Tensor or its data has another dtype than its port."""
@@ -357,13 +377,6 @@ class _ReplayedPartition(_PartitionRun):
         return arrays
 
 
-@dataclass(frozen=True)
-class _LengthTemplate:
-    """A dynamic partition's compile for one class of lengths, and its kernel's replay for the others."""
-    compiled: CompiledPartition
-    replay: LengthReplay | BackwardLengthReplay
-
-
 _NO_REPLAY = object()  # the replay cache's entry for a class of lengths whose every call compiles
 _OTHER_ARRAY = "element strides"  # marks a key entry of an array other than a NumPy ndarray
 
@@ -371,15 +384,15 @@ _OTHER_ARRAY = "element strides"  # marks a key entry of an array other than a N
 class DynamicCompiledPartition:
     """A partition compiled with unknown (-1) dims in its input logical tensors, as oneDNN Graph's dynamic
     shapes: execute takes tensors of any size in those dims (the other dims as compiled), in any layout;
-    query_dynamic_outputs gives the outputs' shapes for given input shapes.  Each new set of shapes and
-    layouts is compiled once, on its first execute, and kept in a SignatureCache.
+    query_dynamic_outputs gives the outputs' shapes for given input shapes.
 
-    A fused compile is replayed for calls that differ from a compiled one only in the sizes of unknown dims,
-    the same unknown dims equal to each other (_length_free_key): the kernel's lowering is re-made for their
-    lengths and strides (the forward's kernels.fused_sdpa.LengthReplay, the backward's BackwardLengthReplay)
-    with nothing checked or lowered again, and kept apart from the full compiles (SignatureCache's replayed
-    tier).  It is made once per such class of calls, where the partition compiled at probe lengths lowers the
-    same but for the lengths."""
+    The first call of a class of lengths (the same unknown dims equal to each other: _length_free_key) is
+    compiled, and where the partition compiled at probe lengths lowers the same but for the lengths, the
+    fused kernel's lowering is replayed for every later call of the class at its own lengths and strides (the
+    forward's kernels.fused_sdpa.LengthReplay, the backward's BackwardLengthReplay): nothing is checked,
+    lowered or kept per call, so a new length costs what a length seen before does.  Any other set of shapes
+    and layouts (no replay, or strides that break a fold of the lowering) is compiled once, on its first
+    execute, and kept in a SignatureCache."""
 
     def __init__(self, partition: Partition, inputs: dict, outputs: Sequence[LogicalTensor], engine: Engine):
         self.partition = partition
@@ -435,18 +448,23 @@ class DynamicCompiledPartition:
                     raise TypeError(f"partition {self.partition.id}: execute: {what} must be Tensors, got "
                                     f"{type(t).__name__}")
         tensors = list(inputs) + list(outputs)
-        # Keyed by the port ids and NumPy's own shapes and byte strides, which pin a layout as the element
-        # strides do (a port's dtype is fixed, and execute checks each array's), packed as bytes
-        # (_cpu.signature_key); the element strides are worked out on a new layout only.  Where an array is not
-        # NumPy's, the key is the tuple of layouts seen.
         ids = tuple([t.id for t in tensors])
         arrays = [t.data for t in tensors]
+        # First by the class of lengths: the compile of its first call runs every other (_ReplayedPartition).
+        free = self._length_free_key(ids, arrays, tensors)
+        replayed = self._replays.get(free)
+        if isinstance(replayed, _ReplayedPartition) and replayed.run(tensors, len(inputs), ids, arrays):
+            self._last = replayed
+            return
+        # Else by the layouts: the port ids and NumPy's own shapes and byte strides, which pin a layout as the
+        # element strides do (a port's dtype is fixed, and execute checks each array's), packed as bytes
+        # (_cpu.signature_key); where an array is not NumPy's, the tuple of layouts seen.
         key = _cpu.signature_key(arrays, (), ids)
         if key is None:
             key = self._seen(tensors)
         compiled = self._plans.get(key)
         if compiled is None:
-            compiled = self._planned(key, ids, arrays, tensors, len(inputs))
+            compiled = self._compiled_anew(key, free, replayed, tensors, len(inputs))
         self._last = compiled
         compiled.execute(stream, inputs, outputs)
 
@@ -457,33 +475,26 @@ class DynamicCompiledPartition:
         return tuple((t.id, t.data.shape, t.data.strides) if type(t.data) is np.ndarray else
                      (t.id, tuple(t.data.shape), _data_strides(t.data), _OTHER_ARRAY) for t in tensors)
 
-    def _planned(self, key, ids: tuple, arrays: list, tensors: list, input_count: int) -> _PartitionRun:
-        """The partition for a new layout (kept under execute's key; ids and arrays: the tensors' ids and data in
-        order): its class's template replayed where the call differs from it only in its lengths, else a
-        compile."""
-        free = None
-        if type(key) is bytes:  # NumPy arrays: the length-free key in one native call
-            axes = self._port_free_axes if ids == self._port_ids else \
-                tuple(x for tensor_id in ids for x in self._free_axes.get(tensor_id, (0, 0)))
-            # no dtypes, as in _length_free_key: a replay's execute checks them (_ReplayedPartition._bound)
-            free = _cpu.signature_key(arrays, axes, ids, True, name_lengths=True, dtypes=False)
-        seen = None if type(key) is bytes else key
-        if free is None:
-            seen = seen or self._seen(tensors)
-            free = self._length_free_key(seen)[0]
-        replay = self._replays.get(free)
-        if isinstance(replay, _LengthTemplate):
-            compiled = self._replayed(replay, dict(zip(ids, arrays)), tensors[input_count:])
-            if compiled is not None:
-                self._plans.put(key, compiled, replayed=True)
-                return compiled
-        seen = seen or self._seen(tensors)
+    def _length_free_key(self, ids: tuple, arrays: list, tensors: list):
+        """The class of lengths of a call: its layouts with each unknown dim of size 2 or more named by the
+        place of its size among those met (-2 - place), so that calls whose unknown dims are equal in the same
+        places share it, and no strides; 0 and 1 stay (they change broadcasting).  Packed natively for NumPy
+        arrays (no dtypes: the replay checks them), a tuple for others."""
+        axes = self._port_free_axes if ids == self._port_ids else \
+            tuple(x for tensor_id in ids for x in self._free_axes.get(tensor_id, (0, 0)))
+        free = _cpu.signature_key(arrays, axes, ids, True, name_lengths=True, dtypes=False)
+        return free if free is not None else self._length_free_layouts(self._seen(tensors))[0]
+
+    def _compiled_anew(self, key, free, replayed, tensors: list, input_count: int) -> CompiledPartition:
+        """The partition compiled for a new layout, kept under execute's key; the first of its class of lengths
+        (free) also becomes the class's replay where its kernel has one."""
+        seen = key if type(key) is tuple else self._seen(tensors)
         # element strides: an array other than NumPy's has them in its key entry already
         layouts = tuple(entry[:3] if len(entry) == 4 else (entry[0], entry[1], _data_strides(t.data))
                         for entry, t in zip(seen, tensors))
         compiled = self._compiled(layouts, tensors, input_count)
-        if replay is None:
-            lengths = self._length_free_key(seen)[1]
+        if replayed is None:
+            lengths = self._length_free_layouts(seen)[1]
             self._replays.put(free, self._length_replay(compiled, layouts, lengths) or _NO_REPLAY)
         self._plans.put(key, compiled)
         return compiled
@@ -497,7 +508,7 @@ class DynamicCompiledPartition:
                     for (tensor_id, shape, strides), t in zip(layouts, tensors)]
         return self.partition.compile(concrete[:input_count], concrete[input_count:], self._engine)
 
-    def _length_free_key(self, layouts: tuple) -> tuple[tuple, list]:
+    def _length_free_layouts(self, layouts: tuple) -> tuple[tuple, list]:
         """The shapes of layouts (entries (tensor id, shape, ...)) with each unknown dim of size 2 or more named
         by its length's place in the returned list of lengths (-2 - place), so that calls whose unknown dims
         are equal in the same places share the key; 0 and 1 stay (they change broadcasting)."""
@@ -539,18 +550,7 @@ class DynamicCompiledPartition:
         probe = self.partition.probe_kernel([lt.with_shape(shapes[lt.id]) for lt in compiled.inputs],
                                             [lt.with_shape(shapes[lt.id]) for lt in compiled.outputs], self._engine)
         replay = make(probe) if probe is not None else None
-        return _LengthTemplate(compiled, replay) if replay is not None else None
-
-    def _replayed(self, template: _LengthTemplate, arrays: dict, outputs: list) -> _ReplayedPartition | None:
-        """The partition for these arrays (by port id; outputs: the output Tensors) from a template's replay, or
-        None where the lowering's folds do not hold for their strides."""
-        kernel = template.replay.kernel_for(arrays)
-        if kernel is None:
-            return None
-        if verbose.enabled():
-            verbose.log("compile", f"partition={self.partition.id}", kernel.name,
-                        f"{kernel.dispatch_text()},plan=new lengths", kernel.shape_text)
-        return _ReplayedPartition(template.compiled, kernel, outputs)
+        return _ReplayedPartition(compiled, replay) if replay is not None else None
 
     def _check_compiled_dims(self, tensor_id: int, shape: tuple) -> None:
         compiled = self._lts[tensor_id]

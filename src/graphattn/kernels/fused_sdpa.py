@@ -20,7 +20,6 @@ from ..dtypes import DataType
 from ..ops import OpKind
 from ..ops.philox import bits64
 from ..patterns.sdpa import InputChain, SdpaMatch
-from ..plan_cache import changed_copy
 from ..views import reshape_origin, reshape_strides, transpose_strides, untranspose_strides
 
 
@@ -217,6 +216,12 @@ class ReplayedLengths:
         return tuple(lengths)
 
 
+def replayed_lengths(lengths: tuple, arrays: dict) -> tuple:
+    """(seq_q, seq_kv) of a call on these arrays (by port id), lengths as a length replay has them: each a fixed
+    length or the (port id, axis) that gives it."""
+    return tuple([n if type(n) is int else arrays[n[0]].shape[n[1]] for n in lengths])
+
+
 class LengthReplay:
     """A FusedSdpaForward's lowering replayed for the sequence lengths of other calls (_cpu.LengthFreeForward):
     the strides of each operand follow its port's array, where the lowering's folds still hold."""
@@ -230,16 +235,26 @@ class LengthReplay:
         ports = kernel.ports
         self.port_order = tuple(ports.get(role) for role in ("query", "key", "value", "mask", "output", "stats"))
 
-    def kernel_for(self, arrays: dict) -> FusedSdpaForward | None:
-        """The kernel for the ports' NumPy arrays (by port id), or None where a fold of the lowering does not
-        hold for their strides."""
-        seq_q, seq_kv = [n if type(n) is int else arrays[n[0]].shape[n[1]] for n in self.lengths]
+    def plans_for(self, arrays: dict):
+        """The kernel plan for the ports' NumPy arrays (by port id) at their lengths, or None where a fold of the
+        lowering does not hold for their strides."""
+        seq_q, seq_kv = replayed_lengths(self.lengths, arrays)
         q, k, v, mask, out, stats = map(arrays.get, self.port_order)  # an absent role's id is None: None
-        plan = self.replay.plan_for(seq_q, seq_kv, q, k, v, mask, *self.window, out, stats)
-        if plan is None:
-            return None
-        # the softcap's plans are copies of the plan: the replay's own are made on demand
-        return changed_copy(self.kernel, plan=plan, _capped_plans={}, lengths=(seq_q, seq_kv))
+        return self.replay.plan_for(seq_q, seq_kv, q, k, v, mask, *self.window, out, stats)
+
+    def execute(self, plan, inputs: dict, outputs: dict) -> None:
+        """The kernel's execute with plans_for's plan."""
+        self.kernel.execute(inputs, outputs, plan)
+
+    def shape_text(self, arrays: dict) -> str:
+        """The shape of the call on these arrays for the verbose log."""
+        seq_q, seq_kv = replayed_lengths(self.lengths, arrays)
+        return self.kernel.call.shape_text_for(seq_q, seq_kv, *self.window)
+
+    @staticmethod
+    def dispatch_text(plan) -> str:
+        """plans_for's plan's kernel build, the rule that chose it and its work layout (for the verbose log)."""
+        return plan.dispatch_text()
 
 
 class FusedSdpaForward(ReplayedLengths):
@@ -319,17 +334,20 @@ class FusedSdpaForward(ReplayedLengths):
         lengths = None if self.on_sycl else self.replay_lengths(probe)
         return None if lengths is None else LengthReplay(self, *lengths)
 
-    def plan_for(self, inputs: dict):
-        """The kernel plan for a call with these inputs: the compiled one, or, with a softcap, its copy for the
-        call's softcap value (the Divide's and the Multiply's, which must agree)."""
+    def plan_for(self, inputs: dict, replayed=None):
+        """The kernel plan for a call with these inputs: the compiled one (or a length replay's, replayed), or,
+        with a softcap, its copy for the call's softcap value (the Divide's and the Multiply's, which must
+        agree)."""
         if self.softcap is None:
-            return self.plan
+            return self.plan if replayed is None else replayed
         divisor, multiplier = (float(_scalar(inputs[c.tensor_id])) for c in self.softcap)
         if divisor != multiplier:
             raise ValueError(f"the softcap divides by {divisor} and multiplies by {multiplier}; the fused kernel "
                              "takes one value for both")
         if not (divisor > 0.0 and np.isfinite(divisor)):
             raise ValueError(f"the softcap value must be a finite value > 0 for the fused kernel, got {divisor}")
+        if replayed is not None:
+            return replayed.with_softcap(divisor)
         plan = self._capped_plans.get(divisor)
         if plan is None:
             if len(self._capped_plans) >= 16:
@@ -351,10 +369,11 @@ class FusedSdpaForward(ReplayedLengths):
         select_fill = _scalar(fixed_inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF
         return self.plan_for(fixed_inputs).bound(left, right, select_fill, window_fill).run
 
-    def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
+    def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray], replayed=None) -> None:
+        """Runs the kernel on the ports' arrays; replayed: a length replay's plan for them (LengthReplay)."""
         m = self.match
         left, right, window_fill = self.window.values(inputs)
-        plan = self.plan_for(inputs)
+        plan = self.plan_for(inputs, replayed)
         if self.on_sycl:
             operands = {"query": inputs[m.query.tensor_id], "key": inputs[m.key.tensor_id],
                         "value": inputs[m.value.tensor_id], "output": outputs[m.output_id]}

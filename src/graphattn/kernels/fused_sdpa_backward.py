@@ -17,11 +17,11 @@ from .. import _cpu, sycl_runtime
 from ..dtypes import DataType
 from ..ops import OpKind
 from ..patterns.sdpa_backward import GradientOutput, SdpaBackwardMatch
-from ..plan_cache import changed_copy
 from ..attention_spec import AttentionSpec, NotUsable, Operand, lower
 from ..logical_tensor import dense_strides
 from .fused_sdpa import (ReplayedLengths, WindowOperands, _apply_chain, _scalar, _scalar_chain, _u64, _View,
-                         check_sycl_usable, operand, output_view, plan_window, port_view, usm_address)
+                         check_sycl_usable, operand, output_view, plan_window, port_view, replayed_lengths,
+                         usm_address)
 
 
 def _gradient_view(grad: GradientOutput, lts, shapes) -> _View:
@@ -64,21 +64,34 @@ class BackwardLengthReplay:
         self.port_order = tuple(ports.get(role) for role in ("query", "key", "value", "stats", "grad_output", "mask",
                                                              "grad_query", "grad_key", "grad_value", "grad_mask"))
 
-    def kernel_for(self, arrays: dict) -> FusedSdpaBackward | None:
-        """The kernel for the ports' NumPy arrays (by port id), or None where a fold of the lowering does not
-        hold for their strides."""
-        seq_q, seq_kv = [n if type(n) is int else arrays[n[0]].shape[n[1]] for n in self.lengths]
+    def plans_for(self, arrays: dict):
+        """(backward plan, O recompute's plan, O's shape) for the ports' NumPy arrays (by port id) at their
+        lengths, or None where a fold of the lowering does not hold for their strides."""
+        seq_q, seq_kv = replayed_lengths(self.lengths, arrays)
         kernel = self.kernel
         # an absent role's id is None: None
         q, k, v, stats, grad_out, mask, dq, dk, dv, dmask = map(arrays.get, self.port_order)
-        o = dense_strides(kernel.batch + (seq_q, kernel.call.head_dim_v))
+        o = dense_strides(kernel.batch + (seq_q, kernel.call.head_dim_v))  # O's strides by the ports' batch dims
         grads = (dq, dk, dv) if dmask is None else (dq, dk, dv, dmask)
         backward = self.backward.plan_for(seq_q, seq_kv, q, k, v, o, stats, grad_out, *self.window, grads, mask)
         forward = self.forward.plan_for(seq_q, seq_kv, q, k, v, mask, *self.window, o, None)
         if backward is None or forward is None:
             return None
-        return changed_copy(kernel, backward_plan=backward, forward_plan=forward, lengths=(seq_q, seq_kv),
-                            o_shape=kernel.call.batch + (seq_q, kernel.call.head_dim_v))
+        return backward, forward, kernel.call.batch + (seq_q, kernel.call.head_dim_v)
+
+    def execute(self, plans: tuple, inputs: dict, outputs: dict) -> None:
+        """The kernel's execute with plans_for's plans."""
+        self.kernel.execute(inputs, outputs, plans)
+
+    def shape_text(self, arrays: dict) -> str:
+        """The shape of the call on these arrays for the verbose log."""
+        seq_q, seq_kv = replayed_lengths(self.lengths, arrays)
+        return self.kernel.call.shape_text_for(seq_q, seq_kv, *self.window)
+
+    @staticmethod
+    def dispatch_text(plans: tuple) -> str:
+        """The backward plan's kernel build, the rule that chose it and its layout (for the verbose log)."""
+        return plans[0].dispatch_text()
 
 
 class FusedSdpaBackward(ReplayedLengths):
@@ -165,7 +178,11 @@ class FusedSdpaBackward(ReplayedLengths):
         log)."""
         return f"isa={self.isa}" if self.queue is not None else self.backward_plan.dispatch_text()
 
-    def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray]) -> None:
+    def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray], replayed=None) -> None:
+        """Runs the kernel on the ports' arrays; replayed: a length replay's plans for them
+        (BackwardLengthReplay.plans_for)."""
+        backward_plan, forward_plan, o_shape = (self.backward_plan, self.forward_plan, self.o_shape) \
+            if replayed is None else replayed
         m = self.match
         left, right, window_fill = self.window.values(inputs)
         runtime = dict(
@@ -186,23 +203,23 @@ class FusedSdpaBackward(ReplayedLengths):
             import dpnp
 
             sycl_runtime.wait_for_producers(list(arrays.values()))
-            o = dpnp.empty(self.o_shape, dtype=np.float32, sycl_queue=self.queue)
+            o = dpnp.empty(o_shape, dtype=np.float32, sycl_queue=self.queue)
             address = {name: usm_address(a, name) for name, a in arrays.items()}
-            self.forward_plan.run(address["query"], address["key"], address["value"], usm_address(o, "output"),
-                                  mask=address.get("mask", 0), **runtime)
+            forward_plan.run(address["query"], address["key"], address["value"], usm_address(o, "output"),
+                             mask=address.get("mask", 0), **runtime)
             address["output"] = usm_address(o, "output")
             specs = {name: spec + (address[name],) for name, spec in self.call.roles.items()}
         else:
-            o = np.empty(self.o_shape, np.float32)
-            self.forward_plan.run_arrays(arrays["query"], arrays["key"], arrays["value"], o, mask=arrays.get("mask"),
-                                         **runtime)
+            o = np.empty(o_shape, np.float32)
+            forward_plan.run_arrays(arrays["query"], arrays["key"], arrays["value"], o, mask=arrays.get("mask"),
+                                    **runtime)
             arrays["output"] = o
         scale = runtime.pop("scale")
         if self.scale_is_divisor:
             scale = 1.0 / scale
         if self.queue is None:
-            self.backward_plan.run(arrays, scale, runtime["dropout_seed"], runtime["dropout_offset"],
-                                   runtime["select_fill"], runtime["window_fill"], (left, right))
+            backward_plan.run(arrays, scale, runtime["dropout_seed"], runtime["dropout_offset"],
+                              runtime["select_fill"], runtime["window_fill"], (left, right))
             return
         self.call.run_backward(functools.partial(sycl_runtime.plugin().backward, self.queue), specs, scale=scale,
                                **runtime)
