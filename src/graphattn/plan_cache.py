@@ -1,6 +1,6 @@
 """The plan caches of the functional API and of dynamic graph partitions: entries by call signature, least
-recently used evicted, and entries replayed for new lengths in a smaller tier of their own; and changed_copy,
-with which a graph partition's replay derives the kernel of new lengths from the compiled one."""
+recently used evicted, and entries replayed for new lengths (the functional backward's) in a smaller tier of
+their own."""
 from __future__ import annotations
 
 from collections import OrderedDict, deque
@@ -9,16 +9,6 @@ CACHE_SIZE = 256
 # Entries re-made for new lengths: enough for the lengths of a few steps' calls (a model's layers repeat each
 # step's), so that a loop of new lengths evicts only its own older ones, never an entry made in full.
 REPLAYED_CACHE_SIZE = 16
-
-
-def changed_copy(record, **changes):
-    """A copy of an object (a dataclass record, a kernel) with these attributes changed: dataclasses.replace
-    without its walk over every field, nor copy.copy's generic protocol, which cost a new length's replay more
-    than the rest of it."""
-    copied = object.__new__(type(record))
-    copied.__dict__.update(record.__dict__)
-    copied.__dict__.update(changes)
-    return copied
 
 
 class SignatureCache:
