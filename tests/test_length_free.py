@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import graphattn as ga
-from graphattn import _cpu, functional
+from graphattn import _cpu, functional, functional_backward
 from graphattn.attention_spec import lower
 from graphattn.testing import (STATS_TOLERANCE, assert_close, assert_grad_close, random_array, sdpa_reference,
                                sdpa_reference_backward)
@@ -474,3 +474,30 @@ def test_a_key_naming_its_lengths_tells_equal_lengths_from_unequal(rng):
     assert key(a(5), a(7, np.float16)) != key(a(5), a(7))
     assert key(a(5), a(7, np.float16), dtypes=False) == key(a(5), a(7), dtypes=False)
     assert key(a(5), a(7)) != _cpu.signature_key([a(5), a(7)], (4, 0b10, 4, 0b10), (0, 1), True)  # -1 for all
+
+
+@pytest.mark.parametrize("return_mask_grad", [False, True])
+def test_backward_of_a_class_with_modifiers_at_new_lengths(return_mask_grad, rng):
+    """Backward calls of one class at new lengths (sinks with their gradient, a softcap, ALiBi, a window,
+    GQA), each against the float64 reference: gradients as new arrays run through the class's plan; the
+    results keep their order (dq, dk, dv, then the mask's gradient where asked, then d(sinks))."""
+    functional_backward._plans.clear()
+    functional_backward._by_length_free.clear()
+    sinks = rng.standard_normal(4).astype(np.float32)
+    slopes = rng.random(4).astype(np.float32)
+    mods = dict(softcap=20.0, alibi_slopes=slopes, sinks=sinks, window=(5, 0), enable_gqa=True)
+    for n in (7, 12, 19):
+        q = random_array((1, 4, n, 16), "f32", rng)
+        k, v = (random_array((1, 2, n, 16), "f32", rng) for _ in range(2))
+        out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True, **mods)
+        do = random_array(out.shape, "f32", rng)
+        got = ga.scaled_dot_product_attention_backward(do, q, k, v, out, stats, return_sinks_grad=True,
+                                                       return_mask_grad=return_mask_grad, **mods)
+        want = sdpa_reference_backward(do, q, k, v, **mods)
+        assert len(got) == (5 if return_mask_grad else 4)
+        if return_mask_grad:
+            assert got[3] is None  # no mask: no mask gradient
+        for name, g, w in zip(("dq", "dk", "dv"), got[:3], want[:3]):
+            assert_grad_close(g, w, "f32", f"{name} at length {n}")
+        assert_grad_close(got[-1], want[-1], "f32", f"dsinks at length {n}")
+    assert len(functional_backward._plans) == 1  # planned once, at the first length

@@ -96,17 +96,57 @@ class _LengthFreeBackward:
         self.replay = plan.kernel.length_free(call.sources, call.folds, grad_steps)
         self.open_window = (call.options["window_left"], call.options["window_right"])  # of calls without one
 
+    def run(self, q, k, v, o, do, st, mask, layouts, scale, dropout_seed, dropout_offset, mods, sinks_grad: bool):
+        """The gradients (dq, dk, dv, then d(sinks) where sinks_grad) of a call at its own lengths through the
+        template's lowering, or None where it does not hold for the call (nothing is written): NumPy arrays, or
+        torch tensors with layouts (interop.torch_layout's of Q, K, V, O, dO and the stats; no mask, no
+        modifiers).  The gradients are new arrays of the operands' shapes, dense: a direct plan's own buffers."""
+        if layouts is None:
+            shapes, strides = (q.shape, k.shape, v.shape, o.shape, do.shape, st.shape), (q, k, v, o, st, do)
+        else:
+            shapes = tuple([layout[0] for layout in layouts])
+            strides = (layouts[0][1], layouts[1][1], layouts[2][1], layouts[3][1], layouts[5][1], layouts[4][1])
+        q_shape, k_shape, v_shape, o_shape, do_shape, st_shape = shapes
+        seq_q, seq_kv = q_shape[-2], k_shape[-2]
+        if v_shape[-2] != seq_kv or o_shape[-2] != seq_q or do_shape[-2] != seq_q or st_shape[-2] != seq_q or \
+                mask is not None and not _mask_fits(mask.shape, seq_q, seq_kv):
+            return None  # a length rule broken: the full checks name it
+        left, right = self._window(seq_q, seq_kv)
+        kernel = self.replay.plan_for(seq_q, seq_kv, *strides, left, right, None, mask)
+        if kernel is None:
+            return None
+        plan = self.plan
+        empty = np.empty if layouts is None else torch_empty
+        dq, dk, dv = (empty(shape, dtype) for shape, dtype in zip((q_shape, k_shape, v_shape), plan.grad_dtypes))
+        arrays = {"query": q, "key": k, "value": v, "output": o, "stats": st, "grad_output": do, "grad_query": dq,
+                  "grad_key": dk, "grad_value": dv, "mask": mask}
+        grads = (dq, dk, dv)
+        if mods is not None:
+            arrays.update(mods.arrays())
+            if sinks_grad:
+                arrays["grad_sinks"] = grad_sinks = np.empty(mods.sinks.shape, np.float32)
+                grads += (grad_sinks,)
+        if verbose.enabled():
+            verbose.log("compile", "functional_backward", "sdpa_backward_cpu",
+                        f"{kernel.dispatch_text()},plan=replayed", plan.call.shape_text_for(seq_q, seq_kv, left, right))
+        _run_kernel(plan, arrays, scale, dropout_seed, dropout_offset, kernel=kernel,
+                    lengths=(seq_q, seq_kv, left, right))
+        return grads
+
+    def _window(self, seq_q: int, seq_kv: int) -> tuple:
+        """The kernel's (left, right) window at these lengths."""
+        if self.bounds == _OPEN:
+            return self.open_window
+        return tuple(_cpu.NO_KEY_LIMIT if w is None else w
+                     for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
+
     def remade(self, q, k, v, o, do, st, mask) -> _BackwardPlan | None:
         plan = self.plan
         seq_q, seq_kv = q.shape[-2], k.shape[-2]
         if v.shape[-2] != seq_kv or o.shape[-2] != seq_q or do.shape[-2] != seq_q or st.shape[-2] != seq_q or \
                 not _mask_fits(None if mask is None else mask.shape, seq_q, seq_kv):
             return None  # a length rule broken: the full checks name it
-        if self.bounds == _OPEN:
-            left, right = self.open_window
-        else:
-            left, right = (_cpu.NO_KEY_LIMIT if w is None else w
-                           for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
+        left, right = self._window(seq_q, seq_kv)
         kernel = self.replay.plan_for(seq_q, seq_kv, q, k, v, o, st, do, left, right, None, mask)
         if kernel is None:
             return None
@@ -234,20 +274,23 @@ def _log_plan(plan: _BackwardPlan, queue) -> None:
                 plan.shape_text)
 
 
-def _run_kernel(plan: _BackwardPlan, arrays: dict, scale, dropout_seed, dropout_offset, sycl_run=None) -> None:
-    """One kernel call on the plan's views of `arrays`: NumPy arrays or torch CPU tensors for the host kernel,
-    USM addresses for sycl_run (the SYCL plugin's backward)."""
+def _run_kernel(plan: _BackwardPlan, arrays: dict, scale, dropout_seed, dropout_offset, sycl_run=None, kernel=None,
+                lengths=None) -> None:
+    """One kernel call on the plan's views of `arrays`: NumPy arrays or torch CPU tensors for the host kernel
+    (plan's, or kernel, its replay at lengths (seq_q, seq_kv, left, right)), USM addresses for sycl_run (the
+    SYCL plugin's backward)."""
     scale_value = plan.default_scale if scale is None else arguments.scale_value(scale)
     seed, offset = bits64(_s64(dropout_seed or 0, "dropout_seed")), bits64(_s64(dropout_offset, "dropout_offset"))
     start = time.perf_counter() if verbose.enabled() else None
     if sycl_run is None:
-        plan.kernel.run(arrays, scale_value, seed, offset)
+        (plan.kernel if kernel is None else kernel).run(arrays, scale_value, seed, offset)
     else:
         specs = {name: (code, strides, arrays[name]) for name, (code, strides) in plan.call.roles.items()}
         plan.call.run_backward(sycl_run, specs, scale=scale_value, dropout_seed=seed, dropout_offset=offset)
     if start is not None:
         verbose.log("exec", "functional_backward", "sdpa_backward_cpu" if sycl_run is None else "sdpa_backward_sycl",
-                    plan.shape_text, f"{(time.perf_counter() - start) * 1e3:.4f}ms")
+                    plan.shape_text if lengths is None else plan.call.shape_text_for(*lengths),
+                    f"{(time.perf_counter() - start) * 1e3:.4f}ms")
 
 
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stats, attn_mask=None,
@@ -289,10 +332,23 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     # forward: the NumPy views of six operands and wraps of three gradients cost a small call more than its
     # kernel.  A new signature is checked and planned through NumPy first.
     tensors = (grad_out, query, key, value, out, stats)
-    torch_signature = None
+    torch_signature = torch_free = None
+    flags = (bool(enable_gqa), bounds, causal_alignment, dropout_p, bool(return_mask_grad),
+             None if mods is None else mods.signature(), bool(return_sinks_grad))
+    # A direct plan made for one length runs every other of its class (_LengthFreeBackward.run): looked up
+    # first, without the lengths, for calls whose gradients are new arrays of the operands' shapes.
+    replayable = grads_out is None and not (return_mask_grad and attn_mask is not None)
     layouts = torch_layout(*tensors) if attn_mask is None and mods is None and plain_torch_tensors(*tensors) \
         else None
     if layouts is not None:
+        ordered = (layouts[1], layouts[2], layouts[3], layouts[4], layouts[0], layouts[5])  # Q, K, V, O, dO, stats
+        torch_free = _cpu.signature_key(ordered, _FREE_AXES, flags, True)
+        template = None if torch_free is None or not replayable else _by_length_free.get(torch_free)
+        if template is not None:
+            grads = template.run(query, key, value, out, grad_out, stats, None, ordered, scale, dropout_seed,
+                                 dropout_offset, None, False)
+            if grads is not None:
+                return grads + (None,) if return_mask_grad else grads
         torch_signature = (layouts, bool(enable_gqa), bounds, causal_alignment, dropout_p,
                            bool(return_mask_grad))
         plan = _plans.get(torch_signature)
@@ -324,26 +380,35 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     mask = _normalize_mask(user_mask)
     # A signature seen before was checked when its plan was made: repeated calls only bind data (a small call
     # spent most of its time in these checks and stride walks).
-    # NumPy arrays key on bytes (_cpu.signature_key), anything else on a tuple.
-    flags = (bool(enable_gqa), bounds, causal_alignment, dropout_p, bool(return_mask_grad),
-             None if mods is None else mods.signature(), bool(return_sinks_grad))
     operands = (q, k, v, o, do, st, mask)
+    free = None if queue is not None else _cpu.signature_key(operands, _FREE_AXES, flags, True)
+    template = None if free is None else _by_length_free.get(free)
+    if template is not None and replayable and kind == "numpy":
+        grads = template.run(q, k, v, o, do, st, mask, None, scale, dropout_seed, dropout_offset, mods,
+                             return_sinks_grad)
+        if grads is not None:
+            if return_sinks_grad:
+                return grads[:3] + ((None,) if return_mask_grad else ()) + grads[3:]
+            return grads + (None,) if return_mask_grad else grads
+    # Else by the whole signature: NumPy arrays key on bytes (_cpu.signature_key), anything else on a tuple.
     signature = _cpu.signature_key(operands, _FREE_AXES, flags) if queue is None else None
     if signature is None:
         signature = ((_layout(q), _layout(k), _layout(v), _layout(o), _layout(do), _layout(st)),
                      _layout(mask) if mask is not None else None) + flags + (queue,)
     plan = _plans.get(signature)
     if plan is None:
-        # New lengths of a planned call re-make its plan; anything else is checked and planned anew.
-        free = None if queue is not None else _cpu.signature_key(operands, _FREE_AXES, flags, True)
-        template = None if free is None else _by_length_free.get(free)
+        # New lengths of a planned call that the class's run does not take (gradients into given arrays, a
+        # mask's gradient) re-make its plan; anything else is checked and planned anew.
         if template is not None:
             plan = template.remade(q, k, v, o, do, st, mask)
         if plan is None:
             plan = _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment,
                          return_mask_grad, bounds, kind, mods, return_sinks_grad)
-            if free is not None and plan.direct:
-                _by_length_free.put(free, _LengthFreeBackward(plan, bounds, causal_alignment))
+            keys = [key for key in (free, torch_free) if key is not None]  # host calls only
+            if template is None and keys and plan.direct:
+                made = _LengthFreeBackward(plan, bounds, causal_alignment)
+                for key in keys:
+                    _by_length_free.put(key, made)
         replayed = plan.lengths is not None
         _plans.put(signature, plan, replayed)
         if torch_signature is not None and plan.direct:
