@@ -550,6 +550,19 @@ cdef int _run_forward(const SdpaForwardArgs* args, uintptr_t query, uintptr_t ke
     return 0
 
 
+cdef bint _row_major(shape, strides) except -1:
+    # Whether element strides lay shape out densely in row-major order, dims of size 1 taking any stride (torch's
+    # is_contiguous, without a call into torch).
+    cdef Py_ssize_t i
+    cdef int64_t step = 1, size
+    for i in range(len(shape) - 1, -1, -1):
+        size = shape[i]
+        if size != 1 and strides[i] != step:
+            return False
+        step *= size
+    return True
+
+
 cdef class LengthFreeForward:
     """A ForwardPlan's layout as its lowering (attention_spec.lower) made it, replayed for new sequence lengths:
     each view stride is a multiplier times one stride of the caller's array (the output and stats are dense),
@@ -594,7 +607,7 @@ cdef class LengthFreeForward:
                           window_right, None, None):
             return None
         out_shape = self.out_head + (seq_q, args.head_dim_v)
-        output = empty_like(query) if q_shape == out_shape and query.is_contiguous() else \
+        output = empty_like(query) if q_shape == out_shape and _row_major(q_shape, q_layout[1]) else \
             empty(out_shape, self.out_dtype)
         stats = empty(self.out_head + (seq_q, 1), np.float32) if self.with_stats else None
         cdef BufferExtent extents[8]  # unknown: torch's layouts are the key's
