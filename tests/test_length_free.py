@@ -501,3 +501,12 @@ def test_backward_of_a_class_with_modifiers_at_new_lengths(return_mask_grad, rng
             assert_grad_close(g, w, "f32", f"{name} at length {n}")
         assert_grad_close(got[-1], want[-1], "f32", f"dsinks at length {n}")
     assert len(functional_backward._plans) == 1  # planned once, at the first length
+
+
+def test_a_key_naming_more_lengths_than_it_holds_is_none():
+    """A length-free key names at most 16 distinct lengths; a call with more keys on a tuple instead."""
+    arrays = [np.zeros((1, 2 + i, 4), np.float32) for i in range(17)]
+    axes = (3, 0b10) * 17
+    ids = tuple(range(17))
+    assert _cpu.signature_key(arrays[:16], axes[:32], ids[:16], True, name_lengths=True) is not None
+    assert _cpu.signature_key(arrays, axes, ids, True, name_lengths=True) is None

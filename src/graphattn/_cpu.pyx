@@ -175,6 +175,7 @@ cdef enum:
     kTagTuple = 6
 
 _MAX_PACKED_INT = (1 << 63) - 1
+cdef int64_t kTooManyLengths = -(1 << 62)  # _key_dim's answer where a key would name more lengths than it holds
 
 
 cdef struct KeyOptions:
@@ -182,6 +183,24 @@ cdef struct KeyOptions:
     bint naming  # a length is written -2 - its place among the distinct lengths met so far (else -1):
     int count    # those lengths, in order
     int64_t lengths[kMaxArrayDims]
+
+
+cdef int64_t _key_dim(int64_t size, bint free, KeyOptions* options) noexcept:
+    # A dim's word: its size, or for a free one (a length of 2 or more) -1, or, naming the lengths, -2 - its
+    # place among the distinct lengths met so far; kTooManyLengths where no place is left.
+    if not free:
+        return size
+    if not options.naming:
+        return -1
+    cdef int j = 0
+    while j < options.count and options.lengths[j] != size:
+        j += 1
+    if j == options.count:
+        if j == kMaxArrayDims:
+            return kTooManyLengths
+        options.lengths[j] = size
+        options.count += 1
+    return -2 - j
 
 
 cdef int _pack_array(int64_t* words, int at, cnp.ndarray a, bint length_free, int rank, int64_t free_mask,
@@ -205,25 +224,13 @@ cdef int _pack_array(int64_t* words, int at, cnp.ndarray a, bint length_free, in
         words[at + 3] = cnp.PyArray_ITEMSIZE(a)
         at += 3
     at += 1
-    cdef int i, j
-    cdef bint free
+    cdef int i
     for i in range(n):
         # lengths 0 and 1 stay in a length-free key (they change broadcasting and the checks)
-        free = length_free and (rank == 0 or rank == n) and (free_mask >> (n - 1 - i)) & 1 and dims[i] >= 2
-        if not free:
-            words[at + i] = dims[i]
-        elif not options.naming:
-            words[at + i] = -1
-        else:
-            j = 0
-            while j < options.count and options.lengths[j] != dims[i]:
-                j += 1
-            if j == options.count:
-                if j == kMaxArrayDims:
-                    return -1
-                options.lengths[j] = dims[i]
-                options.count += 1
-            words[at + i] = -2 - j
+        words[at + i] = _key_dim(dims[i], length_free and (rank == 0 or rank == n) and
+                                 (free_mask >> (n - 1 - i)) & 1 and dims[i] >= 2, options)
+        if words[at + i] == kTooManyLengths:
+            return -1
     at += n
     if not length_free:
         if empty:  # an empty array's strides do not matter: its shape stands for them, then a marker
@@ -244,7 +251,7 @@ cdef int _pack_layout(int64_t* words, int at, tuple layout, bint length_free, in
     cdef Py_ssize_t n = len(shape)
     if n > kMaxArrayDims or at + 4 + 2 * n > kKeyWords:
         return -1
-    cdef int i, j
+    cdef int i
     cdef int64_t size
     cdef bint empty = False
     for i in range(n):
@@ -258,24 +265,12 @@ cdef int _pack_layout(int64_t* words, int at, tuple layout, bint length_free, in
         words[at] = <int64_t>id(dtype)
         words[at + 1] = on_cpu is True
         at += 2
-    cdef bint free
     for i in range(n):
         size = shape[i]
-        free = length_free and (rank == 0 or rank == n) and (free_mask >> (n - 1 - i)) & 1 and size >= 2
-        if not free:
-            words[at + i] = size
-        elif not options.naming:
-            words[at + i] = -1
-        else:
-            j = 0
-            while j < options.count and options.lengths[j] != size:
-                j += 1
-            if j == options.count:
-                if j == kMaxArrayDims:
-                    return -1
-                options.lengths[j] = size
-                options.count += 1
-            words[at + i] = -2 - j
+        words[at + i] = _key_dim(size, length_free and (rank == 0 or rank == n) and (free_mask >> (n - 1 - i)) & 1
+                                 and size >= 2, options)
+        if words[at + i] == kTooManyLengths:
+            return -1
     at += n
     if not length_free:
         if empty:

@@ -81,6 +81,16 @@ _by_length_free = SignatureCache()  # _LengthFreeBackward by signature with the 
 _FREE_AXES = (0, 0b10) * 6 + (0, 0b11)
 
 
+def _lengths_agree(shapes: tuple, mask) -> bool:
+    """Whether the shapes of Q, K, V, O, dO and the stats, and the mask (or None), keep the length rules a
+    replay re-checks (the others held for its template): V as long as K, O, dO and the stats as Q, the mask
+    broadcasting to the scores."""
+    q_shape, k_shape, v_shape, o_shape, do_shape, st_shape = shapes
+    seq_q, seq_kv = q_shape[-2], k_shape[-2]
+    return v_shape[-2] == seq_kv and o_shape[-2] == seq_q and do_shape[-2] == seq_q and st_shape[-2] == seq_q and \
+        _mask_fits(None if mask is None else mask.shape, seq_q, seq_kv)
+
+
 class _LengthFreeBackward:
     """A direct host backward plan (no copies) that calls differing from it only in sequence lengths re-make for
     theirs: native/cpu replays its lowering (_cpu.LengthFreeBackward), each kernel stride the lowering's
@@ -106,11 +116,10 @@ class _LengthFreeBackward:
         else:
             shapes = tuple([layout[0] for layout in layouts])
             strides = (layouts[0][1], layouts[1][1], layouts[2][1], layouts[3][1], layouts[5][1], layouts[4][1])
-        q_shape, k_shape, v_shape, o_shape, do_shape, st_shape = shapes
-        seq_q, seq_kv = q_shape[-2], k_shape[-2]
-        if v_shape[-2] != seq_kv or o_shape[-2] != seq_q or do_shape[-2] != seq_q or st_shape[-2] != seq_q or \
-                mask is not None and not _mask_fits(mask.shape, seq_q, seq_kv):
+        if not _lengths_agree(shapes, mask):
             return None  # a length rule broken: the full checks name it
+        q_shape, k_shape, v_shape = shapes[:3]
+        seq_q, seq_kv = q_shape[-2], k_shape[-2]
         left, right = self._window(seq_q, seq_kv)
         kernel = self.replay.plan_for(seq_q, seq_kv, *strides, left, right, None, mask)
         if kernel is None:
@@ -142,10 +151,9 @@ class _LengthFreeBackward:
 
     def remade(self, q, k, v, o, do, st, mask) -> _BackwardPlan | None:
         plan = self.plan
-        seq_q, seq_kv = q.shape[-2], k.shape[-2]
-        if v.shape[-2] != seq_kv or o.shape[-2] != seq_q or do.shape[-2] != seq_q or st.shape[-2] != seq_q or \
-                not _mask_fits(None if mask is None else mask.shape, seq_q, seq_kv):
+        if not _lengths_agree((q.shape, k.shape, v.shape, o.shape, do.shape, st.shape), mask):
             return None  # a length rule broken: the full checks name it
+        seq_q, seq_kv = q.shape[-2], k.shape[-2]
         left, right = self._window(seq_q, seq_kv)
         kernel = self.replay.plan_for(seq_q, seq_kv, q, k, v, o, st, do, left, right, None, mask)
         if kernel is None:
