@@ -719,13 +719,6 @@ cdef class LengthFreeForward:
                     target.strides[i] = _source_stride(&self.sources[view][i], own[view])
         return 0
 
-    def bound_for(self, int64_t seq_q, int64_t seq_kv, query, key, value, mask, int64_t window_left,
-                  int64_t window_right, float select_fill, float window_fill):
-        """plan_for's plan (dense output and stats) bound to this window and these fills (ForwardPlan.bound),
-        or None: a new length's replay in one call."""
-        plan = self.plan_for(seq_q, seq_kv, query, key, value, mask, window_left, window_right)
-        return None if plan is None else plan.bound(window_left, window_right, select_fill, window_fill)
-
 
 cdef class BoundForward:
     """A ForwardPlan with the key window and fill values of its calls fixed (ForwardPlan.bound): the
