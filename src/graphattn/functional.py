@@ -113,8 +113,7 @@ class _LengthFreePlan:
         if self.fixed_window:
             left, right = self.window
         else:
-            left, right = (_cpu.NO_KEY_LIMIT if w is None else w
-                           for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
+            left, right = replayed_window(self.bounds, self.alignment, seq_q, seq_kv)
         out_shape = self.out_head + (seq_q, self.head_dim_v)
         if layouts is not None:
             out = torch_empty_like(q) if q_shape == out_shape and q.is_contiguous() else \
@@ -152,6 +151,12 @@ class _LengthFreePlan:
         verbose.log("exec", "functional", "sdpa_forward_cpu", shape_text,
                     f"{(time.perf_counter() - start) * 1e3:.4f}ms")
         return _results(out, stats, torch_input, kind)
+
+
+def replayed_window(bounds: tuple, alignment: str, seq_q: int, seq_kv: int) -> tuple:
+    """kernel_window's (left, right) at these lengths as a replayed plan takes them: NO_KEY_LIMIT for an open
+    side."""
+    return tuple([_cpu.NO_KEY_LIMIT if w is None else w for w in kernel_window(bounds, alignment, seq_q, seq_kv)])
 
 
 def new_dropout_seed() -> int:

@@ -19,7 +19,8 @@ from . import _cpu
 from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
 from .functional import (_OPEN, SignatureCache, _check_inputs, _grouped_origin, _layout,
-                         _mask_fits, _normalize_mask, _s64, _sycl_inputs, check_out_kind, checked_out, grouped_shapes)
+                         _mask_fits, _normalize_mask, _s64, _sycl_inputs, check_out_kind, checked_out, grouped_shapes,
+                         replayed_window)
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
@@ -146,8 +147,7 @@ class _LengthFreeBackward:
         """The kernel's (left, right) window at these lengths."""
         if self.bounds == _OPEN:
             return self.open_window
-        return tuple(_cpu.NO_KEY_LIMIT if w is None else w
-                     for w in kernel_window(self.bounds, self.alignment, seq_q, seq_kv))
+        return replayed_window(self.bounds, self.alignment, seq_q, seq_kv)
 
     def remade(self, q, k, v, o, do, st, mask) -> _BackwardPlan | None:
         plan = self.plan

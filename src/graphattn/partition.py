@@ -201,18 +201,27 @@ class _PartitionRun:
     def kernel_name(self) -> str:
         return self.kernel.name
 
-    def execute_unchecked(self, inputs: dict, outputs: dict) -> None:
+    def execute_unchecked(self, inputs: dict, outputs: dict, replayed=None, shape_text: str | None = None) -> None:
         """execute without the per-call checks, for arrays keyed by port id that the caller already knows match the
-        compiled shapes, strides and dtypes (the functional API's signature cache guarantees it)."""
+        compiled shapes, strides and dtypes (the functional API's signature cache guarantees it); replayed: a
+        length replay's plans for them, the call's shape_text for the verbose log."""
         if verbose.enabled():
             import time
             start = time.perf_counter()
-            self.kernel.execute(inputs, outputs)
+            self._run(inputs, outputs, replayed)
             elapsed = (time.perf_counter() - start) * 1e3
-            verbose.log("exec", f"partition={self.partition.id}", self.kernel.name,
-                        getattr(self.kernel, "shape_text", f"ops={self.partition.get_ops()}"), f"{elapsed:.4f}ms")
+            if shape_text is None:
+                shape_text = getattr(self.kernel, "shape_text", f"ops={self.partition.get_ops()}")
+            verbose.log("exec", f"partition={self.partition.id}", self.kernel.name, shape_text, f"{elapsed:.4f}ms")
         else:
+            self._run(inputs, outputs, replayed)
+
+    def _run(self, inputs: dict, outputs: dict, replayed) -> None:
+        # only the fused kernels take a replay's plans
+        if replayed is None:
             self.kernel.execute(inputs, outputs)
+        else:
+            self.kernel.execute(inputs, outputs, replayed)
 
     def _check_outputs(self, inputs: dict, outputs: dict, overlapping: frozenset) -> None:
         """Outputs must be writable, each element of an output one memory location (no stride 0 over a dim of
@@ -351,18 +360,12 @@ class _ReplayedPartition(_PartitionRun):
             return False
         overlapping = frozenset(port_id for port_id, data in bound_outputs.items() if _overlaps_itself(data))
         self._check_outputs(bound_inputs, bound_outputs, overlapping)
-        if not verbose.enabled():
-            self.replay.execute(plans, bound_inputs, bound_outputs)
-            return True
-        import time
-
-        shape_text = self.replay.shape_text(by_id)
-        verbose.log("compile", f"partition={self.partition.id}", self.kernel.name,
-                    f"{self.replay.dispatch_text(plans)},plan=replayed", shape_text)
-        start = time.perf_counter()
-        self.replay.execute(plans, bound_inputs, bound_outputs)
-        verbose.log("exec", f"partition={self.partition.id}", self.kernel.name, shape_text,
-                    f"{(time.perf_counter() - start) * 1e3:.4f}ms")
+        shape_text = None
+        if verbose.enabled():
+            shape_text = self.replay.shape_text(by_id)
+            verbose.log("compile", f"partition={self.partition.id}", self.kernel.name,
+                        f"{self.replay.dispatch_text(plans)},plan=replayed", shape_text)
+        self.execute_unchecked(bound_inputs, bound_outputs, plans, shape_text)
         return True
 
     def _bound(self, tensors: Sequence[Tensor]) -> dict | None:

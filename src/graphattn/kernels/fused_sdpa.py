@@ -242,10 +242,6 @@ class LengthReplay:
         q, k, v, mask, out, stats = map(arrays.get, self.port_order)  # an absent role's id is None: None
         return self.replay.plan_for(seq_q, seq_kv, q, k, v, mask, *self.window, out, stats)
 
-    def execute(self, plan, inputs: dict, outputs: dict) -> None:
-        """The kernel's execute with plans_for's plan."""
-        self.kernel.execute(inputs, outputs, plan)
-
     def shape_text(self, arrays: dict) -> str:
         """The shape of the call on these arrays for the verbose log."""
         seq_q, seq_kv = replayed_lengths(self.lengths, arrays)

@@ -79,10 +79,6 @@ class BackwardLengthReplay:
             return None
         return backward, forward, kernel.call.batch + (seq_q, kernel.call.head_dim_v)
 
-    def execute(self, plans: tuple, inputs: dict, outputs: dict) -> None:
-        """The kernel's execute with plans_for's plans."""
-        self.kernel.execute(inputs, outputs, plans)
-
     def shape_text(self, arrays: dict) -> str:
         """The shape of the call on these arrays for the verbose log."""
         seq_q, seq_kv = replayed_lengths(self.lengths, arrays)
