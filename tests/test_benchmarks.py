@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+import graphattn as ga
+
 from graphattn.testing import assert_close, assert_grad_close, random_array, sdpa_reference, sdpa_reference_backward
 
 pytestmark = pytest.mark.cpu
@@ -308,3 +310,24 @@ def test_call_overhead_prints_each_new_length_premium():
         repeat = case[:-len("new_length")] + "repeat_length"
         assert premium == pytest.approx(times[case] - times[repeat], abs=0.011)
     assert "new length over its repeat_length" in result.stdout
+
+
+@pytest.mark.skipif(not {"avx512f", "avx512dq"} <= set(ga.cpu_features()), reason="softcap_cost.cpp times AVX-512 code")
+def test_softcap_cost_times_both_paths_against_exp2(tmp_path):
+    """benchmarks/softcap_cost.cpp builds with its documented flags and prints ns per score of exp2 and of the
+    softcap's two paths (c = 50 takes the scaled fit, c = 1e6 the fallback) and their ratios."""
+    source = BENCH.parent / "softcap_cost.cpp"
+    src = BENCH.parent.parent / "native" / "cpu"
+    binary = tmp_path / "softcap_cost"
+    subprocess.run(["g++", "-O3", "-fno-math-errno", "-fno-trapping-math", "-mavx512f", "-mavx512dq",
+                    f"-I{src / 'src'}", f"-I{src / 'include'}", str(source), "-o", str(binary)], check=True,
+                   timeout=120)
+    lines = subprocess.run([str(binary), "test cpu"], capture_output=True, text=True, timeout=120,
+                           check=True).stdout.splitlines()
+    row = json.loads(lines[0])
+    assert row["bench"] == "softcap_cost" and row["cpu"] == "test cpu"
+    assert row["scaled_path"] is True and row["fallback_path"] is True
+    for name in ("exp2_ns_per_score", "softcap_ns_per_score", "softcap_fallback_ns_per_score"):
+        assert 0.0 < row[name] < 100.0, row
+    assert row["softcap_over_exp2"] == pytest.approx(row["softcap_ns_per_score"] / row["exp2_ns_per_score"], rel=1e-2)
+    assert "softcap c*tanh(s/c), c = 50:" in lines[1]

@@ -27,13 +27,12 @@ inline bool fill_is_neg_inf(float fill) { return fill == -__builtin_inff(); }
 // units, c and the slopes scaled as the scores).
 struct ScoreMods {
     bool capped, alibi;
-    float cap, inv_cap;  // c log2(e) and its inverse
-    int64_t row_shift;   // ALiBi's i' = i + row_shift
+    Softcap softcap;    // c log2(e), on scores in base-2 units (simd.hpp)
+    int64_t row_shift;  // ALiBi's i' = i + row_shift
     explicit ScoreMods(const SdpaForwardArgs& a)
         : capped(a.softcap > 0.0f),
           alibi(a.alibi.slopes.data != nullptr),
-          cap(a.softcap * kLog2e),
-          inv_cap(capped ? 1.0f / (a.softcap * kLog2e) : 0.0f),
+          softcap(capped ? Softcap(a.softcap * kLog2e) : Softcap()),
           row_shift(a.alibi.row_shift(a.seq_q, a.seq_kv)) {}
 };
 
@@ -52,9 +51,9 @@ inline float per_index_log2(const TensorView& t, const int64_t b[kBatchDims]) {
 
 // c tanh(s / c); with grad set, also 1 - tanh^2, the softcap's derivative (the backward's dS factor).
 inline VecF softcapped(VecF s, const ScoreMods& m, VecF* grad = nullptr) {
-    const VecF capped = vsoftcap(s, m.cap, m.inv_cap);
+    const VecF capped = m.softcap(s);
     if (grad) {
-        const VecF t = capped * m.inv_cap;
+        const VecF t = capped * m.softcap.inv_cap;
         *grad = 1.0f - t * t;
     }
     return capped;

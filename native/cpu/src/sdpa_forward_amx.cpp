@@ -231,22 +231,22 @@ void accumulate_on_tiles(const Scratch& sc, int m, const uint16_t* p, int kv_row
 // probabilities are rounded to bf16, or split into two parts good to 2^-17,
 // so the coarse exp2 serves; three parts (f32) take the full-precision one.
 // Scores are rows kScoresLd apart, P rows p_ld and accumulator rows o_ld.
-// Capped: the softcap (cap, base-2 units) is taken here, on the scaled
-// scores, so that a softcap alone needs no pass of its own; -inf (a hidden
-// key) stays -inf, and as the softcap is monotonic the max is the softcap of
-// the raw max.
+// Capped: the softcap (base-2 units, taking the raw scores: its input scale
+// is load_scale) is taken here, so that a softcap alone needs no pass of its
+// own; -inf (a hidden key) stays -inf, and as the softcap is monotonic the
+// max is the softcap of the raw max.
 template <int Parts, int R, bool Capped = false>
 void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load_scale, uint16_t* p_rows,
-                  float* o_rows, float cap = 0.0f) {
+                  float* o_rows, const Softcap& raw_cap = Softcap()) {
     constexpr bool kCoarseExp = Parts < 3;
-    const float inv_cap = Capped ? 1.0f / cap : 0.0f;
     float new_max[R], base[R], old_max[R];
     for (int i = 0; i < R; ++i) {
         VecF m = splat(-__builtin_inff());
         for (int v = 0; v < vecs; ++v) m = max_ignoring_nan(load(s_rows + i * kScoresLd + v * kLanes), m);
         old_max[i] = sc.row_max[r0 + i];
-        float block_max = _mm512_reduce_max_ps((__m512)m) * load_scale;
-        if (Capped && block_max != -__builtin_inff()) block_max = vsoftcap(splat(block_max), cap, inv_cap)[0];
+        const float raw_max = _mm512_reduce_max_ps((__m512)m);
+        float block_max = raw_max * load_scale;
+        if (Capped && block_max != -__builtin_inff()) block_max = raw_cap(splat(raw_max))[0];
         new_max[i] = block_max > old_max[i] ? block_max : old_max[i];
         base[i] = new_max[i] == -__builtin_inff() ? 0.0f : new_max[i];  // no finite score yet: 2^-inf = 0
     }
@@ -261,8 +261,8 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
     const __m512 scale = _mm512_set1_ps(load_scale);
     auto exponents = [&](auto rounded_product, const float* x, __m512 b) {
         if constexpr (Capped) {
-            const VecF s = (VecF)_mm512_mul_ps(_mm512_loadu_ps(x), scale);
-            return (s == -__builtin_inff() ? s : vsoftcap(s, cap, inv_cap)) - (VecF)b;
+            const VecF raw = (VecF)_mm512_loadu_ps(x);
+            return (raw == -__builtin_inff() ? raw : raw_cap(raw)) - (VecF)b;
         } else if constexpr (decltype(rounded_product)::value)
             return (VecF)_mm512_sub_ps(
                 _mm512_mul_round_ps(_mm512_loadu_ps(x), scale, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), b);
@@ -379,6 +379,14 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     // Kept blocks hold the keys that any row of the call sees, for the items that read them after this one;
     // keys this item's rows do not see score -inf here and weigh 0, as the padding would.
     const int64_t pack_end = keeps ? visible_keys_of(a) : kv_end;
+    // Without a mask or ALiBi, with a positive scale and hidden keys at
+    // -inf (if any), scores only need -inf outside each row's visible keys
+    // (window, padding) and keep the scale (and any softcap) for the
+    // softmax; the other calls' scores are scaled and masked first.
+    const bool only_cut = !needs_score_pass(a) && scale_log2 > 0.0f && (!window.limited() || skip_hidden_blocks);
+    const float load_scale = only_cut ? scale_log2 : 1.0f;
+    const bool capped_softmax = only_cut && mods.capped;
+    const Softcap raw_cap = capped_softmax ? Softcap(mods.softcap.cap, load_scale) : Softcap();
     for (int64_t j0 = kv_begin; j0 < kv_end; j0 += kBlockKV) {
         const int kv_rows = int(std::min<int64_t>(kBlockKV, kv_end - j0));
         sc.slot = keeps ? int(j0 / kBlockKV) : 0;
@@ -396,13 +404,6 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
             if (window.key_begin(i0 + m * 16, a.seq_kv) >= j0 + kv_rows) return 0;  // keys before the window
             return int(std::clamp<int64_t>(window.key_end(last_row, a.seq_kv) - j0, 0, kv_rows));
         };
-        // Without a mask or ALiBi, with a positive scale and hidden keys at
-        // -inf (if any), scores only need -inf outside each row's visible keys
-        // (window, padding) and keep the scale (and any softcap) for the
-        // softmax; the other calls' scores are scaled and masked first.
-        const bool only_cut = !needs_score_pass(a) && scale_log2 > 0.0f && (!window.limited() || skip_hidden_blocks);
-        const float load_scale = only_cut ? scale_log2 : 1.0f;
-        const bool capped_softmax = only_cut && mods.capped;
         float* s = sc.s_store.get();
         uint16_t* p = sc.p();
         for (int m = 0; m < row_tiles; m += 2) {
@@ -428,7 +429,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
                 float* o_rows = sc.o_store.get() + size_t(r) * sc.o_ld;
                 if (capped_softmax)
                     softmax_rows<Parts, rows.value, true>(sc, s + (r - r0) * kScoresLd, cols / kLanes, r, load_scale,
-                                                          p_rows, o_rows, mods.cap);
+                                                          p_rows, o_rows, raw_cap);
                 else
                     softmax_rows<Parts, rows.value>(sc, s + (r - r0) * kScoresLd, cols / kLanes, r, load_scale, p_rows,
                                                     o_rows);

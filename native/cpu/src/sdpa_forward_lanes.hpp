@@ -490,7 +490,7 @@ struct LaneForward {
         int64_t k_stride;
         const float* k_rows = rows_as_f32(a.key, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
         if (a.softcap > 0.0f) {
-            TileSoftmax<RV, true> softmax(sc.s_t.get(), sc.row_max.get(), sc.row_sum.get(), sc.mods.cap);
+            TileSoftmax<RV, true> softmax(sc.s_t.get(), sc.row_max.get(), sc.row_sum.get(), sc.mods.softcap);
             lane_gemm_to<RV, NT>(sc.q_t.get(), D, k_rows, k_stride, 1, kv_rows, softmax);
             softmax.finish(o_t, Dv);
             return;

@@ -161,6 +161,10 @@ constexpr float kLog2e = 1.44269504088896341f;
 
 // s clamped to [-edge, edge] per lane; NaN stays NaN.
 inline VecF clamp_keeping_nan(VecF s, float edge) {
+#if defined(__AVX512DQ__)
+    // one vrangeps: the smaller magnitude of s and edge, with s's sign; NaN stays NaN
+    if constexpr (kLanes == 16) return (VecF)_mm512_range_ps((__m512)s, _mm512_set1_ps(edge), 0x02);
+#endif
 #if defined(__AVX512F__)
     if constexpr (kLanes == 16)  // max and min return their second operand, s, where it is NaN
         return (VecF)_mm512_min_ps(_mm512_set1_ps(edge), _mm512_max_ps(_mm512_set1_ps(-edge), (__m512)s));
@@ -168,37 +172,73 @@ inline VecF clamp_keeping_nan(VecF s, float edge) {
     return s > edge ? splat(edge) : (s < -edge ? splat(-edge) : s);  // comparisons keep NaN
 }
 
-// The softcap c tanh(s / c) per lane, cap = c and inv_cap = 1 / c, as
-// s' P(x^2) / Q(x^2) with s' = s clamped to +-9c and x = s' / c: P and Q of
-// degree 4, a rational fit of tanh(x) / x on |x| <= 9 (beyond it tanh rounds
-// to +-1 in f32) to the relative error (reweighted least squares), max
-// relative error 3.4e-7 in f32, near 0 included, so that a cap of any size
-// adds no more error to the scores than their own rounding.  NaN stays NaN.
-// ByReciprocal: 1 / Q from rcp14 and a Newton step instead of the division,
-// which benchmarks/softcap_cost.cpp times against it (docs/performance.md).
-template <bool ByReciprocal = false>
-inline VecF vsoftcap(VecF s, float cap, float inv_cap) {
-    const VecF c = clamp_keeping_nan(s, 9.0f * cap);
-    const VecF x = c * inv_cap;
-    const VecF t = x * x;
-    VecF p = splat(1.3355956e-08f);
-    p = p * t + 2.0610109e-05f;
-    p = p * t + 0.0034956546f;
-    p = p * t + 0.13381083f;
-    p = p * t + 1.0f;
-    VecF q = splat(7.7771153e-07f);
-    q = q * t + 0.00032857407f;
-    q = q * t + 0.02587724f;
-    q = q * t + 0.46714398f;
-    q = q * t + 1.0f;
-#if defined(__AVX512F__)
-    if constexpr (ByReciprocal && kLanes == 16) {
-        const VecF r = (VecF)_mm512_rcp14_ps((__m512)q);
-        return c * p * (r * (2.0f - q * r));
+// tanh(x) / x as P(x^2) / Q(x^2) for |x| <= 9 (beyond it tanh rounds to
+// +-1 in f32): P and Q of degree 4, a rational fit to the relative error
+// (reweighted least squares): Softcap's max relative error in f32 is under
+// 4e-7 on either path, near 0 included, so that a cap of any size adds about
+// no more error to the scores than their own rounding.  Coefficients from t^0
+// up.
+constexpr float kTanhP[5] = {1.0f, 0.13381083f, 0.0034956546f, 2.0610109e-05f, 1.3355956e-08f};
+constexpr float kTanhQ[5] = {1.0f, 0.46714398f, 0.02587724f, 0.00032857407f, 7.7771153e-07f};
+constexpr float kTanhEdge = 9.0f;
+
+// The softcap of one call, c tanh(s / c), on scores that arrive as x with
+// s = input_scale * x; NaN stays NaN.  x is clamped to the edge (|s| <= 9c)
+// and the result is x' P(t) / Q(t) with t = x'^2 and the fit's coefficients
+// scaled once per call by (input_scale / c)^(2k) (input_scale folded into
+// P's too): one multiply for t, none for s / c.  Where the scaled
+// coefficients or t would leave f32's normal range (caps far from the
+// scores' size), it evaluates the fit on s / c as written.  The branch is
+// the same for every score of a call.
+struct Softcap {
+    float cap = 0.0f, inv_cap = 0.0f;  // c and 1 / c
+    float input_scale = 1.0f;
+    bool scaled = false;
+    float edge = 0.0f;  // scaled: x clamped to +-edge
+    float p[5] = {}, q[5] = {};
+
+    Softcap() = default;
+    explicit Softcap(float cap_, float input_scale_ = 1.0f)
+        : cap(cap_), inv_cap(1.0f / cap_), input_scale(input_scale_) {
+        const double u = double(input_scale) / double(cap), u2 = u * u;
+        const double e = kTanhEdge / u;
+        double power = 1.0;
+        bool normal = e * e < 1e36;
+        for (int k = 0; k < 5; ++k) {
+            const double pk = kTanhP[k] * input_scale * power, qk = kTanhQ[k] * power;
+            normal = normal && pk > 1e-36 && pk < 1e36 && qk > 1e-36 && qk < 1e36;
+            p[k] = float(pk);
+            q[k] = float(qk);
+            power *= u2;
+        }
+        scaled = normal;
+        edge = float(e);
     }
-#endif
-    return c * p / q;
-}
+
+    VecF operator()(VecF x) const {
+        if (scaled) {
+            const VecF c = clamp_keeping_nan(x, edge);
+            return c * rational(c * c, p, q);
+        }
+        const VecF c = clamp_keeping_nan(x * input_scale, kTanhEdge * cap);
+        const VecF y = c * inv_cap;
+        return c * rational(y * y, kTanhP, kTanhQ);
+    }
+
+    // P(t) / Q(t), Horner's rule for each.
+    static VecF rational(VecF t, const float (&pc)[5], const float (&qc)[5]) {
+        VecF num = splat(pc[4]), den = splat(qc[4]);
+        num = num * t + pc[3];
+        den = den * t + qc[3];
+        num = num * t + pc[2];
+        den = den * t + qc[2];
+        num = num * t + pc[1];
+        den = den * t + qc[1];
+        num = num * t + pc[0];
+        den = den * t + qc[0];
+        return num / den;
+    }
+};
 
 constexpr float kLn2 = 0.693147180559945309f;
 constexpr float kMaxFloat = 3.40282347e+38f;

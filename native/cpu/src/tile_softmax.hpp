@@ -48,10 +48,10 @@ struct TileSoftmax {
     VecF sum[RV];          // running sum, relative to max
     VecF correction[RV];   // factor for the O^T of earlier blocks
     bool raised = false;   // some lane's max moved in this block
-    float cap = 0.0f, inv_cap = 0.0f;  // Capped: the softcap in base-2 units, and its inverse
+    Softcap softcap;       // Capped: the softcap in base-2 units
 
-    TileSoftmax(float* p_t_, float* row_max_, float* row_sum_, float cap_ = 0.0f)
-        : p_t(p_t_), row_max(row_max_), row_sum(row_sum_), cap(cap_), inv_cap(Capped ? 1.0f / cap_ : 0.0f) {
+    TileSoftmax(float* p_t_, float* row_max_, float* row_sum_, const Softcap& softcap_ = Softcap())
+        : p_t(p_t_), row_max(row_max_), row_sum(row_sum_), softcap(softcap_) {
         for (int v = 0; v < RV; ++v) {
             max[v] = load(row_max + v * kLanes);
             sum[v] = load(row_sum + v * kLanes);
@@ -66,7 +66,7 @@ struct TileSoftmax {
         for (int v = 0; v < RV; ++v) {
             VecF s[NT];
 #pragma GCC unroll 16
-            for (int t = 0; t < NT; ++t) s[t] = Capped ? vsoftcap(acc[t][v], cap, inv_cap) : acc[t][v];
+            for (int t = 0; t < NT; ++t) s[t] = Capped ? softcap(acc[t][v]) : acc[t][v];
             VecF tile_max = max[v];
 #pragma GCC unroll 16
             for (int t = 0; t < NT; ++t) tile_max = max_ignoring_nan(s[t], tile_max);
