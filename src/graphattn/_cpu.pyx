@@ -203,17 +203,38 @@ cdef int64_t _key_dim(int64_t size, bint free, KeyOptions* options) noexcept:
     return -2 - j
 
 
+cdef int _pack_dims(int64_t* words, int at, int n, const int64_t* dims, const int64_t* strides, bint empty,
+                    bint length_free, int rank, int64_t free_mask, KeyOptions* options) noexcept:
+    # An operand's n dims at words[at:] (free ones as _key_dim writes them: length_free, bit b of free_mask
+    # marking dim -1 - b where the operand has rank dims, rank 0: any), then in a full key its strides (an empty
+    # operand's: a marker, its shape standing for them); the next free index, or -1 where a length finds no
+    # place.  Lengths 0 and 1 stay in a length-free key: they change broadcasting and the checks.
+    cdef int i
+    for i in range(n):
+        words[at + i] = _key_dim(dims[i], length_free and (rank == 0 or rank == n) and
+                                 (free_mask >> (n - 1 - i)) & 1 and dims[i] >= 2, options)
+        if words[at + i] == kTooManyLengths:
+            return -1
+    at += n
+    if not length_free:
+        if empty:
+            words[at] = -1
+            at += 1
+        else:
+            for i in range(n):
+                words[at + i] = strides[i]
+            at += n
+    return at
+
+
 cdef int _pack_array(int64_t* words, int at, cnp.ndarray a, bint length_free, int rank, int64_t free_mask,
                      KeyOptions* options) except -2:
-    # One operand's dims, dtype and (full keys only) byte strides at words[at:]; the next free index, or -1
-    # where it is not packed (too many dims or distinct lengths) or a length-free key does not exist for it (an
-    # empty array).  Its free dims (length_free): bit b of free_mask is dim -1 - b, where the array has rank
-    # dims (rank 0: any).
+    # One operand's rank, dtype (where the key holds dtypes), dims and (full keys only) byte strides at
+    # words[at:] (_pack_dims); the next free index, or -1 where it is not packed (too many dims or distinct
+    # lengths) or a length-free key does not exist for it (an empty array).
     cdef int n = cnp.PyArray_NDIM(a)
     if at + 4 + 2 * n + 1 > kKeyWords:
         return -1
-    cdef const cnp.npy_intp* dims = cnp.PyArray_DIMS(a)
-    cdef const cnp.npy_intp* strides = cnp.PyArray_STRIDES(a)
     cdef bint empty = cnp.PyArray_SIZE(a) == 0
     if length_free and empty:
         return -1
@@ -223,24 +244,9 @@ cdef int _pack_array(int64_t* words, int at, cnp.ndarray a, bint length_free, in
         words[at + 2] = cnp.PyArray_ISNOTSWAPPED(a)
         words[at + 3] = cnp.PyArray_ITEMSIZE(a)
         at += 3
-    at += 1
-    cdef int i
-    for i in range(n):
-        # lengths 0 and 1 stay in a length-free key (they change broadcasting and the checks)
-        words[at + i] = _key_dim(dims[i], length_free and (rank == 0 or rank == n) and
-                                 (free_mask >> (n - 1 - i)) & 1 and dims[i] >= 2, options)
-        if words[at + i] == kTooManyLengths:
-            return -1
-    at += n
-    if not length_free:
-        if empty:  # an empty array's strides do not matter: its shape stands for them, then a marker
-            words[at] = -1
-            at += 1
-        else:
-            for i in range(n):
-                words[at + i] = strides[i]
-            at += n
-    return at
+    # npy_intp is int64_t on the 64-bit platforms this builds for
+    return _pack_dims(words, at + 1, n, <const int64_t*>cnp.PyArray_DIMS(a), <const int64_t*>cnp.PyArray_STRIDES(a),
+                      empty, length_free, rank, free_mask, options)
 
 
 cdef int _pack_layout(int64_t* words, int at, tuple layout, bint length_free, int rank, int64_t free_mask,
@@ -249,15 +255,22 @@ cdef int _pack_layout(int64_t* words, int at, tuple layout, bint length_free, in
     # entries), its dtype by identity (torch's dtypes are singletons): the same words after a marker of its own.
     shape, strides, dtype, on_cpu = layout
     cdef Py_ssize_t n = len(shape)
-    if n > kMaxArrayDims or at + 4 + 2 * n > kKeyWords:
+    if n > kMaxArrayDims or at + 4 + 2 * n + 1 > kKeyWords:
         return -1
+    cdef int64_t dims[kMaxArrayDims]
+    cdef int64_t steps[kMaxArrayDims]
     cdef int i
-    cdef int64_t size
     cdef bint empty = False
     for i in range(n):
-        empty = empty or shape[i] == 0
+        dims[i] = shape[i]
+        empty = empty or dims[i] == 0
     if length_free and empty:
         return -1
+    if not length_free and not empty:
+        if len(strides) != n:
+            return -1
+        for i in range(n):
+            steps[i] = strides[i]
     words[at] = kLayoutArray
     words[at + 1] = n
     at += 2
@@ -265,24 +278,7 @@ cdef int _pack_layout(int64_t* words, int at, tuple layout, bint length_free, in
         words[at] = <int64_t>id(dtype)
         words[at + 1] = on_cpu is True
         at += 2
-    for i in range(n):
-        size = shape[i]
-        words[at + i] = _key_dim(size, length_free and (rank == 0 or rank == n) and (free_mask >> (n - 1 - i)) & 1
-                                 and size >= 2, options)
-        if words[at + i] == kTooManyLengths:
-            return -1
-    at += n
-    if not length_free:
-        if empty:
-            words[at] = -1
-            at += 1
-        else:
-            if len(strides) != n:
-                return -1
-            for i in range(n):
-                words[at + i] = strides[i]
-            at += n
-    return at
+    return _pack_dims(words, at, n, dims, steps, empty, length_free, rank, free_mask, options)
 
 
 cdef int _pack_value(int64_t* words, int at, object value) except -2:
@@ -545,7 +541,7 @@ cdef int _run_forward(const SdpaForwardArgs* args, uintptr_t query, uintptr_t ke
     return 0
 
 
-cdef bint _row_major(shape, strides) except -1:
+cpdef bint row_major(shape, strides) except -1:
     # Whether element strides lay shape out densely in row-major order, dims of size 1 taking any stride (torch's
     # is_contiguous, without a call into torch).
     cdef Py_ssize_t i
@@ -602,7 +598,7 @@ cdef class LengthFreeForward:
                           window_right, None, None):
             return None
         out_shape = self.out_head + (seq_q, args.head_dim_v)
-        output = empty_like(query) if q_shape == out_shape and _row_major(q_shape, q_layout[1]) else \
+        output = empty_like(query) if q_shape == out_shape and row_major(q_shape, q_layout[1]) else \
             empty(out_shape, self.out_dtype)
         stats = empty(self.out_head + (seq_q, 1), np.float32) if self.with_stats else None
         cdef BufferExtent extents[8]  # unknown: torch's layouts are the key's

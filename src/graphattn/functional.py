@@ -116,7 +116,7 @@ class _LengthFreePlan:
             left, right = replayed_window(self.bounds, self.alignment, seq_q, seq_kv)
         out_shape = self.out_head + (seq_q, self.head_dim_v)
         if layouts is not None:
-            out = torch_empty_like(q) if q_shape == out_shape and q.is_contiguous() else \
+            out = torch_empty_like(q) if q_shape == out_shape and _cpu.row_major(q_shape, strides[0]) else \
                 torch_empty(out_shape, self.out_dtype)
             stats = torch_empty(out_shape[:-1] + (1,), np.float32) if self.stats else None
         else:
