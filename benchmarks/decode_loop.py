@@ -7,9 +7,10 @@ Shapes as in a Llama-like model: query (N, Hq, 1, D) against key and value (N, H
 --start to --start + --steps - 1, one new length per step (the plan of each length is new to graphattn).  The
 cache grows as transformers' DynamicCache grows it (torch.cat of the new row, a new contiguous tensor each
 step) or, with static_, as views of one preallocated buffer (StaticCache's layout).  Each round runs the
-whole loop for each implementation in turn, alternating which goes first; the figure is the median over rounds
-of the mean time per step.  Prints one JSON line per case and a table with torch_sdpa / graphattn (above 1:
-graphattn is faster).
+whole loop for each implementation in turn, alternating which goes first, both over the same lengths (a new
+range each round): a step's time grows with S, so the two must see the same S to compare.  The times are the
+median over rounds of the mean time per step; the speedup is the median over rounds of torch_sdpa / graphattn
+in that round (above 1: graphattn is faster).  Prints one JSON line per case and a table.
 """
 from __future__ import annotations
 
@@ -52,30 +53,37 @@ def case(shape_name: str, dtype: str, layout: str, args) -> dict:
     gen = torch.Generator().manual_seed(0)
     tdtype = DTYPES[dtype]
     query = torch.randn(n, hq, 1, d, generator=gen).to(tdtype)
-    longest = args.start + args.steps * args.rounds * 2
+    longest = args.start + args.steps * args.rounds
     buffer_k = torch.randn(n, hkv, longest, d, generator=gen).to(tdtype)
     buffer_v = torch.randn(n, hkv, longest, d, generator=gen).to(tdtype)
     times: dict[str, list[float]] = {"graphattn": [], "torch_sdpa": []}
     implementations = {"graphattn": _graphattn, "torch_sdpa": _torch_sdpa}
     for r in range(args.rounds):
         order = list(implementations) if r % 2 == 0 else list(reversed(implementations))
-        for turn, name in enumerate(order):
-            # lengths no graphattn call of this process has seen: each step plans a new length
-            first = args.start + (2 * r + turn) * args.steps
-            lengths = range(first, first + args.steps)
+        # lengths no graphattn call of this process has seen (each step plans a new length), the same for both
+        first = args.start + r * args.steps
+        lengths = range(first, first + args.steps)
+        for name in order:
             if layout == "static":
                 caches = [(buffer_k[:, :, :s], buffer_v[:, :, :s]) for s in lengths]
+                # read the buffer first, so that whichever goes second does not find it warmer in the caches
+                caches[-1][0].sum(), caches[-1][1].sum()
             else:  # each step's cache is a new contiguous tensor, as torch.cat makes it
                 caches = [(buffer_k[:, :, :s].contiguous(), buffer_v[:, :, :s].contiguous()) for s in lengths]
             implementations[name](query, *caches[0])  # warm: the first call of a shape class
             times[name].append(_loop(implementations[name], query, caches[1:]))
             del caches
     result = {name: statistics.median(t) for name, t in times.items()}
+    speedup = statistics.median(theirs / ours for ours, theirs in zip(times["graphattn"], times["torch_sdpa"]))
     return {"bench": "decode_loop", "shape": shape_name, "n_hq_hkv_d": [n, hq, hkv, d], "dtype": dtype,
             "layout": layout, "start": args.start, "steps": args.steps, "rounds": args.rounds,
             "graphattn_us_per_step": round(result["graphattn"] * 1e6, 2),
             "torch_sdpa_us_per_step": round(result["torch_sdpa"] * 1e6, 2),
-            "speedup_vs_torch_sdpa": round(result["torch_sdpa"] / result["graphattn"], 3),
+            "speedup_vs_torch_sdpa": round(speedup, 3),
+            "round_lengths": [[args.start + r * args.steps, args.start + (r + 1) * args.steps - 1]
+                              for r in range(args.rounds)],
+            "graphattn_us_per_round": [round(t * 1e6, 2) for t in times["graphattn"]],
+            "torch_sdpa_us_per_round": [round(t * 1e6, 2) for t in times["torch_sdpa"]],
             "cpu": cpu_model(), "threads": ga.thread_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__}
 
