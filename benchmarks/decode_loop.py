@@ -66,7 +66,7 @@ def case(shape_name: str, dtype: str, layout: str, args) -> dict:
         for name in order:
             if layout == "static":
                 caches = [(buffer_k[:, :, :s], buffer_v[:, :, :s]) for s in lengths]
-                # read the buffer first, so that whichever goes second does not find it warmer in the caches
+                # read the buffer first, so that neither turn finds it warmer in the caches than the other
                 caches[-1][0].sum(), caches[-1][1].sum()
             else:  # each step's cache is a new contiguous tensor, as torch.cat makes it
                 caches = [(buffer_k[:, :, :s].contiguous(), buffer_v[:, :, :s].contiguous()) for s in lengths]

@@ -329,16 +329,16 @@ def _softcap_cost_flags() -> list[str]:
 
 
 def test_softcap_cost_documents_the_kernels_flags():
-    """The build commands in softcap_cost.cpp's header and in docs/performance.md name the kernels' flags: a
-    figure the benchmark prints is only an exp2 of the kernels' cost when built as they are."""
+    """The build commands in softcap_cost.cpp's header and in docs/performance.md name the kernels' flags: the
+    benchmark's figures stand for the kernels' cost only when it is built as they are."""
     flags = " ".join(_softcap_cost_flags())
-    root = BENCH.parent.parent
-    for path in (BENCH.parent / "softcap_cost.cpp", root / "docs" / "performance.md"):
-        commands = [line for line in path.read_text().splitlines() if "g++" in line and "softcap_cost" in
-                    line + path.name]
-        assert commands, f"{path.name} shows no build command of softcap_cost"
+    header = (BENCH.parent / "softcap_cost.cpp").read_text().splitlines()
+    docs = (BENCH.parent.parent / "docs" / "performance.md").read_text().splitlines()
+    for name, commands in (("softcap_cost.cpp", [line for line in header if "g++" in line]),
+                           ("performance.md", [line for line in docs if "g++" in line and "softcap_cost" in line])):
+        assert commands, f"{name} shows no build command of softcap_cost"
         for command in commands:
-            assert f"g++ {flags} " in command, (path.name, command)
+            assert f"g++ {flags} " in command, (name, command)
 
 
 @pytest.mark.skipif(not {"avx512f", "avx512dq"} <= set(ga.cpu_features()), reason="softcap_cost.cpp times AVX-512 code")
