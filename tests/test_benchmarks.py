@@ -344,7 +344,7 @@ def test_softcap_cost_documents_the_kernels_flags():
 @pytest.mark.skipif(not {"avx512f", "avx512dq"} <= set(ga.cpu_features()), reason="softcap_cost.cpp times AVX-512 code")
 def test_softcap_cost_times_both_paths_against_exp2(tmp_path):
     """benchmarks/softcap_cost.cpp builds with the kernels' flags and prints ns per score of exp2 and of the
-    softcap's two paths (c = 50 takes the scaled fit, c = 1e6 the fallback) and their ratios."""
+    softcap's paths (c = 50 takes the scaled fits, near and far, c = 1e6 the fallback) and their ratios."""
     source = BENCH.parent / "softcap_cost.cpp"
     src = BENCH.parent.parent / "native" / "cpu"
     binary = tmp_path / "softcap_cost"
@@ -355,7 +355,10 @@ def test_softcap_cost_times_both_paths_against_exp2(tmp_path):
     row = json.loads(lines[0])
     assert row["bench"] == "softcap_cost" and row["cpu"] == "test cpu"
     assert row["scaled_path"] is True and row["fallback_path"] is True
-    for name in ("exp2_ns_per_score", "softcap_ns_per_score", "softcap_fallback_ns_per_score"):
+    for name in ("exp2_ns_per_score", "softcap_ns_per_score", "softcap_far_ns_per_score",
+                 "softcap_fallback_ns_per_score"):
         assert 0.0 < row[name] < 100.0, row
-    assert row["softcap_over_exp2"] == pytest.approx(row["softcap_ns_per_score"] / row["exp2_ns_per_score"], rel=1e-2)
+    for ratio, name in (("softcap_over_exp2", "softcap_ns_per_score"), ("far_over_exp2", "softcap_far_ns_per_score"),
+                        ("fallback_over_exp2", "softcap_fallback_ns_per_score")):
+        assert row[ratio] == pytest.approx(row[name] / row["exp2_ns_per_score"], rel=1e-2), (ratio, row)
     assert "softcap c*tanh(s/c), c = 50:" in lines[1]

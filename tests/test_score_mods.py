@@ -262,3 +262,24 @@ def test_softcap_keeps_the_precision_of_the_plain_call(softcap, rng):
         out = ga.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal=True, softcap=cap)
         errors[cap] = np.abs(out - sdpa_reference(q, k, v, enable_gqa=True, is_causal=True, softcap=cap)).max()
     assert errors[softcap] <= 2 * errors[None] + 1e-6, errors
+
+
+@pytest.mark.parametrize("cap, scale", [(1.0, 1.0), (50.0, 0.125), (3e3, 7.0)])
+@pytest.mark.parametrize("band", [(0.0, 0.3), (0.4, 0.625), (0.5, 0.7), (0.6, 1.5), (1.0, 12.0)],
+                         ids=["small", "below_edge", "across_edge", "above_edge", "far"])
+def test_softcap_fits_agree_across_the_near_edge(cap, scale, band):
+    """simd.hpp's Softcap takes a polynomial where every score of a vector lies within 0.625 c and a clamped
+    rational fit elsewhere: one-hot keys give each row 40 scores of known size |s| / c in the band, and the
+    stats (the log-sum-exp of the capped scores) match float64 to the f32 rounding of the scores."""
+    rng = np.random.default_rng(3)
+    rows, keys = 200, 40
+    u = rng.uniform(*band, (rows, keys)) * rng.choice([-1.0, 1.0], (rows, keys))
+    q = (u * cap / scale).astype(np.float32)[None, None]
+    k = np.eye(keys, dtype=np.float32)[None, None]
+    v = np.zeros((1, 1, keys, 8), np.float32)
+    _, stats = ga.scaled_dot_product_attention(q, k, v, scale=scale, softcap=cap, return_stats=True)
+    capped = cap * np.tanh(scale * q[0, 0].astype(np.float64) / cap)
+    top = capped.max(axis=1, keepdims=True)
+    want = (top + np.log(np.exp(capped - top).sum(axis=1, keepdims=True)))[:, 0]
+    err = np.abs(stats[0, 0, :, 0] - want).max()
+    assert err <= 2e-6 * np.abs(capped).max(), err
