@@ -294,11 +294,18 @@ def test_ring_contention_times_a_ranks_share_alone_and_at_once():
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     rows = _json_rows(result.stdout)
-    assert [(r["case"], len(r["call_ms"])) for r in rows] == [("alone", 1), ("at_once", 2)]
+    assert [(r["case"], len(r["call_ms"])) for r in rows] == [("alone", 1), ("at_once", 2), ("per_core", 2),
+                                                             ("per_core", 2), ("per_core", 2)]
     for r in rows:
         assert r["single_ms"] > 0 and all(t > 0 for t in r["call_ms"])
-        assert r["ratio"] == pytest.approx(r["single_ms"] / (2 * max(r["call_ms"])))
-    assert "ranks x call ms" in result.stdout
+        if r["case"] == "per_core":  # two groups of one core: the slower core's speed twice, over both speeds
+            speeds = [1 / t for t in r["call_ms"]]
+            assert r["group_bound"] == pytest.approx(2 * min(speeds) / sum(speeds))
+            assert r["spread"] == pytest.approx(max(r["call_ms"]) / min(r["call_ms"]))
+        else:
+            assert r["ratio"] == pytest.approx(r["single_ms"] / (2 * max(r["call_ms"])))
+    assert [r["round"] for r in rows if r["case"] == "per_core"] == [0, 1, 2]
+    assert "ranks x call ms" in result.stdout and "group_bound" in result.stdout
 
 
 def test_call_overhead_prints_each_new_length_premium():
