@@ -270,7 +270,8 @@ def test_softcap_keeps_the_precision_of_the_plain_call(softcap, rng):
 def test_softcap_fits_agree_across_the_near_edge(cap, scale, band):
     """simd.hpp's Softcap takes a polynomial where every score of a vector lies within 0.625 c and a clamped
     rational fit elsewhere: one-hot keys give each row 40 scores of known size |s| / c in the band, and the
-    stats (the log-sum-exp of the capped scores) match float64 to the f32 rounding of the scores."""
+    stats (the log-sum-exp of the capped scores) match float64 to a few f32 roundings of the largest score (a
+    fit off by 1e-5 fails)."""
     rng = np.random.default_rng(3)
     rows, keys = 200, 40
     u = rng.uniform(*band, (rows, keys)) * rng.choice([-1.0, 1.0], (rows, keys))
@@ -282,4 +283,4 @@ def test_softcap_fits_agree_across_the_near_edge(cap, scale, band):
     top = capped.max(axis=1, keepdims=True)
     want = (top + np.log(np.exp(capped - top).sum(axis=1, keepdims=True)))[:, 0]
     err = np.abs(stats[0, 0, :, 0] - want).max()
-    assert err <= 2e-6 * np.abs(capped).max(), err
+    assert err <= 16 * np.finfo(np.float32).eps * np.abs(capped).max(), err
