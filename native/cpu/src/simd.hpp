@@ -184,9 +184,10 @@ constexpr float kTanhQ[5] = {1.0f, 0.46714398f, 0.02587724f, 0.00032857407f, 7.7
 constexpr float kTanhEdge = 9.0f;
 
 // tanh(x) / x as N(x^2), N of degree 4, for |x| <= 0.625: the same kind of
-// fit, max relative error in f32 about 2.4e-7.  Scores within 0.625 c (most
-// of a capped model's, where the cap bounds rare outliers) take it: no clamp
-// and no division, so the softcap costs fewer vector operations than an exp2.
+// fit, max relative error in f32 about 2.4e-7.  Scores within 0.625 c take
+// it (a cap is set above the scores' usual size, to bound outliers): no
+// clamp and no division, so the softcap costs fewer vector operations than
+// an exp2.
 constexpr float kTanhNear[5] = {0.9999998932f, -0.3333195459f, 0.1330453103f, -0.05182209953f, 0.01505127685f};
 constexpr float kTanhNearEdge = 0.625f;
 
