@@ -231,12 +231,17 @@ struct Softcap {
     }
 
     VecF operator()(VecF x) const {
-        if (scaled) {
+        if (__builtin_expect(scaled, 1)) {
             const VecF t = x * x;  // NaN lanes stay NaN on either fit; +-inf takes the clamp
-            if (!any_greater(t, splat(near_t))) return x * polynomial(t, n);
+            if (__builtin_expect(!any_greater(t, splat(near_t)), 1)) return x * polynomial(t, n);
             const VecF c = clamp_keeping_nan(x, edge);
             return c * rational(c * c, p, q);
         }
+        return unscaled(x);
+    }
+
+    // The rational fit on s / c as written, out of line (rare caps).
+    __attribute__((noinline, cold)) VecF unscaled(VecF x) const {
         const VecF c = clamp_keeping_nan(x * input_scale, kTanhEdge * cap);
         const VecF y = c * inv_cap;
         return c * rational(y * y, kTanhP, kTanhQ);
