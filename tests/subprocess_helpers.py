@@ -3,11 +3,16 @@ import os
 import subprocess
 import sys
 
+from cpu_helpers import skip_unless_runs_here
+
 
 def run_python_logged(script: str, kernel: str | None = None, **env: str) -> tuple[str, str]:
     """Runs `script` in a fresh Python with these environment variables added, scratch poisoned as in this
-    process, the kernel candidate `kernel` forced on both passes where given (graphattn.force_kernel); asserts it exits 0 and returns its standard
-    output and standard error (where the verbose log goes)."""
+    process, the kernel candidate `kernel` forced on both passes where given (graphattn.force_kernel); asserts it
+    exits 0 and returns its standard output and standard error (where the verbose log goes).  The calling test
+    skips, saying why, where this CPU cannot run the forced kernel."""
+    if kernel is not None:
+        skip_unless_runs_here(kernel)
     prelude = "import graphattn._cpu\ngraphattn._cpu.poison_scratch(True)\n"  # as conftest.py does here
     if kernel is not None:
         prelude += f"import graphattn\ngraphattn.force_kernel({kernel!r})\n"
