@@ -211,3 +211,28 @@ def test_gradients_flow_through_a_key_window(window, alignment):
                                          v.detach().numpy(), window=window, causal_alignment=alignment)
     for got, expected in zip((q.grad, k.grad, v.grad), want_grads):
         assert_grad_close(got.numpy(), expected, "f32")
+
+
+COMPILE_COUNT_SCRIPT = """
+import torch, torch._dynamo
+import graphattn as ga
+torch._dynamo.config.error_on_recompile = True  # a second compile of the same function raises
+compiled = torch.compile(lambda q, k, v: ga.scaled_dot_product_attention(q, k, v, is_causal=True), fullgraph=True,
+                         dynamic=True)
+for length in (16, 16, 40, 7):
+    q, k, v = (torch.randn(1, 2, length, 32, requires_grad=True) for _ in range(3))
+    compiled(q, k, v).sum().backward()
+eager = ga.scaled_dot_product_attention(q.detach(), k.detach(), v.detach())  # eager calls after it change nothing
+compiled(q, k, v)
+print("compiles", torch._dynamo.utils.counters["stats"]["unique_graphs"])
+"""
+
+
+def test_torch_compile_compiles_once_from_a_fresh_process():
+    """The first compiled call of a fresh process, where graphattn has seen no torch tensor yet, compiles once:
+    no guard on module state that the trace itself changes, so later calls (other lengths, an eager call
+    between) reuse the graph."""
+    pytest.importorskip("torch")
+    from subprocess_helpers import run_python
+
+    assert run_python(COMPILE_COUNT_SCRIPT).split()[-1] == "1"

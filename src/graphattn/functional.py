@@ -27,7 +27,7 @@ from .views import reshape_strides
 from .ops.philox import bits64
 from .ops.broadcast import broadcast_shapes
 from .interop import (from_numpy, is_torch_tensor, plain_torch_tensors, to_numpy, torch_empty, torch_empty_like,
-                      torch_layout, torch_random_seed)
+                      torch_compiling, torch_layout, torch_random_seed)
 from .plan_cache import SignatureCache
 from .tensor import array_strides
 
@@ -418,7 +418,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         check_out_kind(out, query, "out")
     # torch operands that require grad, and calls torch.compile traces, go through graphattn's torch ops
     if type(query) is not np.ndarray and is_torch_tensor(query):
-        torch_ops = _torch_ops or _load_torch_ops()
+        # While torch.compile traces, the ops module is imported, not read from _torch_ops: a guard on that
+        # global, None in a fresh process, would fail on the next call and compile the function again.
+        torch_ops = _load_torch_ops() if torch_compiling() else _torch_ops or _load_torch_ops()
         if torch_ops.takes(query, key, value, attn_mask, sinks):
             return torch_ops.attention(query, key, value, attn_mask, return_stats, dropout_p, is_causal, scale,
                                        enable_gqa, causal_alignment, dropout_seed, dropout_offset, window, softcap,

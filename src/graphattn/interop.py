@@ -5,27 +5,30 @@ is reinterpreted as ml_dtypes.bfloat16 through an int16 view.
 """
 from __future__ import annotations
 
+import sys
+
 import ml_dtypes
 import numpy as np
 
 
 _torch = None  # the torch module, once a torch tensor has been seen (this module never imports it first)
-_torch_tensor_types: set = set()
 
 
 def is_torch_tensor(x) -> bool:
-    if type(x) in _torch_tensor_types:
-        return True
-    if type(x).__module__.split(".")[0] != "torch":
+    """Whether x is a torch tensor: none can exist before torch is imported, and this never imports it.  It
+    reads no state of its own before writing it: torch.compile guards on module state a call reads, and state
+    filled while it traces would fail its guard on the next call, which would then compile again."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
         return False
     global _torch
-    import torch
-
     _torch = torch
-    if isinstance(x, torch.Tensor):
-        _torch_tensor_types.add(type(x))
-        return True
-    return False
+    return True
+
+
+def torch_compiling() -> bool:
+    """Whether torch.compile is tracing this call (False before any torch tensor was seen)."""
+    return _torch is not None and _torch.compiler.is_dynamo_compiling()
 
 
 def to_numpy(x, name: str) -> tuple[np.ndarray, str]:
@@ -53,15 +56,17 @@ def to_numpy(x, name: str) -> tuple[np.ndarray, str]:
 
 def plain_torch_tensors(*xs) -> bool:
     """Whether every x is a torch tensor whose memory holds its values as they are (no negative bit, which
-    torch._neg_view sets): such tensors may go to a kernel without a NumPy view."""
-    if len(xs) == 3:  # the forward's Q, K, V spelled out: a decode-sized call feels the loop
-        q, k, v = xs
-        known = _torch_tensor_types
-        if type(q) in known and type(k) in known and type(v) in known:
-            return not (q.is_neg() or k.is_neg() or v.is_neg())
+    torch._neg_view sets): such tensors may go to a kernel without a NumPy view.  torch is looked up once: a
+    decode-sized call feels the loop."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    tensor = torch.Tensor
     for x in xs:
-        if not is_torch_tensor(x) or x.is_neg():
+        if not isinstance(x, tensor) or x.is_neg():
             return False
+    global _torch
+    _torch = torch
     return True
 
 
