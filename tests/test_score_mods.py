@@ -129,9 +129,9 @@ def test_sink_stats_give_back_the_probabilities(rng):
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
-    (dict(softcap=0.0), ValueError, "softcap must be a finite float > 0"),
-    (dict(softcap=-2.0), ValueError, "softcap must be a finite float > 0"),
-    (dict(softcap=float("inf")), ValueError, "softcap must be a finite float > 0"),
+    (dict(softcap=0.0), ValueError, "softcap must be within"),
+    (dict(softcap=-2.0), ValueError, "softcap must be within"),
+    (dict(softcap=float("inf")), ValueError, "softcap must be within"),
     (dict(softcap="2"), TypeError, "softcap must be a real number"),
     (dict(alibi_slopes=np.ones(3, np.float32)), ValueError, "alibi_slopes must have shape (2,) or (1, 2)"),
     (dict(alibi_slopes=np.ones(2, np.float64)), TypeError, "alibi_slopes dtype float64 is not supported"),
@@ -234,7 +234,7 @@ def test_graph_softcap_values_must_agree_and_be_positive(rng):
     graph = spec.build()
     (partition,) = graph.get_partitions()
     for divisor, multiplier, words in ((2.0, 3.0, "divides by 2.0 and multiplies by 3.0"),
-                                       (-1.0, -1.0, "finite value > 0")):
+                                       (-1.0, -1.0, "softcap must be within")):
         inputs = spec.random_inputs(rng)
         inputs[spec.ids["softcap_divisor"]] = np.array([divisor], np.float32)
         inputs[spec.ids["softcap"]] = np.array([multiplier], np.float32)

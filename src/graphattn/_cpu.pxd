@@ -134,3 +134,9 @@ cdef extern from "graphattn/kernel_table.hpp" namespace "graphattn":
 cdef extern from "graphattn/cpu_features.hpp" namespace "graphattn":
     string cpu_features_string()
     int max_threads()
+
+
+cdef extern from "graphattn/score_mods.hpp" namespace "graphattn":
+    const float kBase2Max
+    const float kSoftcapMin
+    const float kSoftcapMax

@@ -1050,6 +1050,16 @@ def forced(str pass_name):
     return forced_kernel(_pass_of(pass_name)).decode()
 
 
+def finite_scale_bound():
+    """The largest magnitude of a finite scale the kernels take (graphattn/score_mods.hpp's kBase2Max)."""
+    return float(kBase2Max)
+
+
+def softcap_range():
+    """(least, largest) softcap the kernels take besides 0 (graphattn/score_mods.hpp's kSoftcapMin, kSoftcapMax)."""
+    return float(kSoftcapMin), float(kSoftcapMax)
+
+
 def poison_scratch(bint on=True):
     """Testing aid: kernel scratch that is not cleared starts as NaN in every later call (see sdpa.hpp)."""
     set_scratch_poisoning(on)

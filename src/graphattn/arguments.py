@@ -6,11 +6,15 @@ tensors, NumPy's for NumPy arrays).
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
 
+from . import _cpu
 from .tensor import element_strides
+
+_FINITE_SCALE_BOUND = _cpu.finite_scale_bound()
 
 # The dtypes query, key and value may have, as each framework spells them.
 _FLOAT_NAMES = {"numpy": "float32, ml_dtypes.bfloat16 or float16",
@@ -48,10 +52,15 @@ def dropout_probability(value) -> float:
 
 
 def scale_value(value) -> float | None:
-    """scale as a float (None: 1 / sqrt(E)); it may be any finite or infinite real number, as in PyTorch."""
-    if value is None or type(value) is float:
+    """scale as a float (None: 1 / sqrt(E)): a finite one within +-_cpu.finite_scale_bound() (the kernels hold it
+    in float32 base-2 units, which must not overflow), an infinite one or NaN, as in PyTorch."""
+    if value is None:
         return value
-    return real_number(value, "scale")
+    scale = value if type(value) is float else real_number(value, "scale")
+    if abs(scale) > _FINITE_SCALE_BOUND and scale not in (math.inf, -math.inf):
+        raise ValueError(f"scale must be within +-{_FINITE_SCALE_BOUND:.9g} (the kernels hold it in float32 base-2 "
+                         f"units), or infinite, got {value!r}")
+    return scale
 
 
 def dtype_text(dtype, kind: str) -> str:

@@ -418,6 +418,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         check_out_kind(out, query, "out")
     # torch operands that require grad, and calls torch.compile traces, go through graphattn's torch ops
     if type(query) is not np.ndarray and is_torch_tensor(query):
+        if alibi_slopes is not None:
+            score_mods.refuse_slopes_grad(alibi_slopes)
         # While torch.compile traces, the ops module is imported, not read from _torch_ops: a guard on that
         # global, None in a fresh process, would fail on the next call and compile the function again.
         torch_ops = _load_torch_ops() if torch_compiling() else _torch_ops or _load_torch_ops()
@@ -428,6 +430,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     # torch Q, K, V without a mask go to the kernel as they are (no NumPy views): on decode-sized calls the
     # views cost more than torch's whole call.  New signatures are still checked and built through NumPy.
     mods = score_mods.checked(softcap, alibi_slopes, sinks, query)
+    if mods is not None and mods.softcap and scale is not None:
+        scale = score_mods.saturating_scale(arguments.scale_value(scale), mods.softcap, query, key)
     numpy_in = type(query) is np.ndarray and type(key) is np.ndarray and type(value) is np.ndarray
     torch_direct = not numpy_in and attn_mask is None and mods is None and plain_torch_tensors(query, key, value)
     layouts = torch_layout(query, key, value) if torch_direct else None

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import arguments, sycl_runtime
+from . import _cpu, arguments, sycl_runtime
 from .interop import is_torch_tensor, to_numpy
 from .tensor import array_strides
+
+_LOG2E = math.log2(math.e)
 
 # The per-head operands and their kernel roles.
 PER_HEAD = ("alibi_slopes", "sinks")
@@ -45,13 +47,27 @@ class ScoreMods:
 
 
 def softcap_value(value) -> float:
-    """softcap as a float: None is 0.0 (no softcap), else a finite value > 0."""
+    """softcap as a float: None is 0.0 (no softcap), else a value within _cpu.softcap_range(), checked as given
+    (before float32 would round it to 0, a subnormal or inf)."""
     if value is None:
         return 0.0
     c = arguments.real_number(value, "softcap")
-    if not (c > 0.0 and math.isfinite(c)):
-        raise ValueError(f"softcap must be a finite float > 0 (None: no softcap), got {c}")
+    least, largest = _cpu.softcap_range()
+    if not least <= c <= largest:
+        raise ValueError(f"softcap must be within [{least:.9g}, {largest:.9g}] (float32 normal numbers the kernels "
+                         f"hold in base-2 units; None: no softcap), got {value!r}")
     return c
+
+
+def refuse_slopes_grad(alibi_slopes) -> None:
+    """A ValueError for torch slopes that require grad (with grad mode on): the kernels give the slopes no
+    gradient, and a result that silently left them out would train nothing."""
+    if getattr(alibi_slopes, "requires_grad", False):
+        import torch
+
+        if torch.is_grad_enabled():
+            raise ValueError("alibi_slopes requires grad, but graphattn computes no gradient for ALiBi slopes: pass "
+                             "alibi_slopes.detach() (BLOOM's and MPT's slopes are fixed)")
 
 
 def checked(softcap, alibi_slopes, sinks, query) -> ScoreMods | None:
@@ -80,6 +96,24 @@ def checked(softcap, alibi_slopes, sinks, query) -> ScoreMods | None:
             raise ValueError(f"{name} must have shape {shapes} (one value per query head), got {tuple(array.shape)}")
         arrays[name] = np.ascontiguousarray(array)
     return ScoreMods(softcap_value(softcap), arrays["alibi_slopes"], arrays["sinks"])
+
+
+def saturating_scale(scale: float, softcap: float, query, key) -> float:
+    """The scale a call with a softcap runs at: scale itself, or for an infinite one a finite one of its sign at
+    which c * tanh(scale * q.k / c) is +-c (tanh rounds to +-1) for all but scores of q.k within ~1e-36 of 0 of
+    this query and key, as the limit gives, and the kernels' scaled Q and scores stay finite (an infinite scale
+    would make Q's elements +-inf and their dot products NaN)."""
+    if not softcap or scale not in (math.inf, -math.inf):
+        return scale
+    host = [sycl_runtime.to_host(a) if sycl_runtime.is_usm_array(a) else to_numpy(a, name)[0]
+            for a, name in ((query, "query"), (key, "key"))]
+    if any(a.size == 0 for a in host):
+        return scale
+    q_max, k_max = (float(np.max(np.abs(a.astype(np.float32, copy=False)))) for a in host)
+    bound = 4.0 * _LOG2E * host[0].shape[-1] * q_max * k_max  # |scaled q.k| in the kernels' base-2 units, x4
+    if not 0.0 < bound < math.inf:  # zero, infinite or NaN data: the infinite scale gives what the math does
+        return scale
+    return math.copysign(float(np.finfo(np.float32).max) / bound, scale)
 
 
 def per_head_view(array: np.ndarray, query_grouped: tuple, gqa: bool) -> tuple:

@@ -1,9 +1,11 @@
 // Argument checks of the SDPA calls, shared by every kernel family (the CPU
 // builds and the SYCL plugin): each failure names the argument and the rule.
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <utility>
 
+#include "graphattn/score_mods.hpp"
 #include "graphattn/sdpa.hpp"
 
 namespace graphattn {
@@ -116,8 +118,12 @@ Status check_call(const SdpaForwardArgs& a) {
     if (a.mask_kind == MaskKind::select && !(s = check_view(a.mask, "mask", false)).ok) return s;
     if (a.stats.data && a.stats.dtype != DType::f32) return Status::error("stats: dtype must be f32");
     if (!(a.dropout_p >= 0.0f && a.dropout_p < 1.0f)) return Status::error("dropout_p must be in [0, 1)");
-    if (!(a.softcap >= 0.0f && a.softcap < __builtin_inff()))
-        return Status::error("softcap must be a finite value > 0 (0: no softcap), got " + std::to_string(a.softcap));
+    if (!softcap_in_range(a.softcap)) {
+        char text[160];
+        std::snprintf(text, sizeof text, "softcap must be 0 (none) or within [%.9g, %.9g], got %.9g",
+                      double(kSoftcapMin), double(kSoftcapMax), double(a.softcap));
+        return Status::error(text);
+    }
     if (a.alibi.slopes.data && a.alibi.slopes.dtype != DType::f32)
         return Status::error("alibi_slopes: dtype must be f32");
     if (a.sinks.data && a.sinks.dtype != DType::f32) return Status::error("sinks: dtype must be f32");

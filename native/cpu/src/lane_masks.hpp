@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "block_io.hpp"
+#include "graphattn/score_mods.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
 #include "simd.hpp"
@@ -44,17 +45,23 @@ inline bool needs_score_pass(const SdpaForwardArgs& a) {
     return a.mask_kind != MaskKind::none || a.alibi.slopes.data != nullptr;
 }
 
-// A per-batch-index f32 operand (the ALiBi slopes, the sinks) in base-2 units; 0 where the call has none.
-inline float per_index_log2(const TensorView& t, const int64_t b[kBatchDims]) {
-    return t.data ? static_cast<const float*>(t.data)[view_batch_offset(t, b)] * kLog2e : 0.0f;
+// A per-batch-index f32 operand (the ALiBi slopes, the sinks) of batch index b; 0 where the call has none.
+inline float per_index(const TensorView& t, const int64_t b[kBatchDims]) {
+    return t.data ? static_cast<const float*>(t.data)[view_batch_offset(t, b)] : 0.0f;
 }
+
+// Batch index b's ALiBi slope and sink logit in base-2 units (score_mods.hpp: the slope saturated, the sink
+// overflowing to +inf, which fold_sink takes).
+inline float slope_log2(const SdpaForwardArgs& a, const int64_t b[kBatchDims]) {
+    return alibi_slope_log2(per_index(a.alibi.slopes, b), kLog2e);
+}
+inline float sink_log2(const SdpaForwardArgs& a, const int64_t b[kBatchDims]) { return per_index(a.sinks, b) * kLog2e; }
 
 // c tanh(s / c); with grad set, also 1 - tanh^2, the softcap's derivative (the backward's dS factor).
 inline VecF softcapped(VecF s, const ScoreMods& m, VecF* grad = nullptr) {
     const VecF capped = m.softcap(s);
     if (grad) {
-        const VecF t = capped * m.softcap.inv_cap;
-        *grad = 1.0f - t * t;
+        *grad = softcap_derivative(s, capped * m.softcap.inv_cap, m.softcap.cap);
     }
     return capped;
 }

@@ -272,7 +272,7 @@ struct Backward {
         for (int x = 0; x < kRows * kKeys; x += kLanes) store(s + x, load(s + x) * scale_log2);
         float* cap_grad = a.softcap > 0.0f ? sc.cap_grad.get() : nullptr;
         mask_key_lanes<kKeyVecs>(a, s, sc.mask_rows.get(), sc.m_off, sc.qi, rows, kv_rows, j0,
-                                 KeyLaneMods{per_index_log2(a.alibi.slopes, b), cap_grad});
+                                 KeyLaneMods{slope_log2(a, b), cap_grad});
         float* z = sc.z.get();
         if (dropout.active)
             for (int r = 0; r < rows; ++r)

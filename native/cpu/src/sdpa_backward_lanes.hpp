@@ -341,7 +341,7 @@ struct LaneBackward {
         scores(sc, kb, b, i0, rows);
         float* cap_grad = a.softcap > 0.0f ? sc.cap_grad.get() : nullptr;
         mask_key_lanes<RV>(a, s, sc.mask_rows.get(), sc.m_off, sc.qi, rows, kv_rows, j0,
-                           KeyLaneMods{per_index_log2(a.alibi.slopes, b), cap_grad});
+                           KeyLaneMods{slope_log2(a, b), cap_grad});
         for (int r = 0; r < rows; ++r)
             for (int v = 0; v < RV; ++v) store(s + r * kLaneBlock + v * kLanes, vexp2(load(s + r * kLaneBlock + v * kLanes) - sc.lse[r]));
         // dP = dO V^T (through the dropout mask Z when there is one), then dS = P (dP - D).

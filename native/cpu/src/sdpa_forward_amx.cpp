@@ -305,7 +305,7 @@ void softmax_rows(Scratch& sc, const float* s_rows, int vecs, int r0, float load
 void write_output_row(const SdpaForwardArgs& a, const int64_t b[kBatchDims], int64_t i, const float* o_row,
                       float row_max, float sum, int Dv, float* out) {
     float out_scale = 1.0f;
-    if (a.sinks.data) fold_row_sink(per_index_log2(a.sinks, b), row_max, sum, out_scale);
+    if (a.sinks.data) fold_row_sink(sink_log2(a, b), row_max, sum, out_scale);
     const float factor = row_factor(a, sum) * out_scale;
     for (int c = 0; c < Dv; ++c) out[c] = o_row[c] * factor;
     const TensorView& o = a.output;
@@ -362,7 +362,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     std::fill(sc.row_sums, sc.row_sums + rows, VecF{});
 
     const KeyWindow& window = a.window;
-    const float slope = per_index_log2(a.alibi.slopes, b);
+    const float slope = slope_log2(a, b);
     const ScoreMods mods(a);
     const int64_t kv_end = skip_hidden_blocks ? std::min(key_end, window.key_end(i0 + rows - 1, a.seq_kv)) : key_end;
     const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);

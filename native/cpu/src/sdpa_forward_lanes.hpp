@@ -317,8 +317,8 @@ struct LaneForward {
             m_base = view_batch_offset(a.mask, b);
             st_base = view_batch_offset(a.stats, b);
             flat = (b[0] * a.batch[1] + b[1]) * a.batch[2] + b[2];
-            slope = per_index_log2(a.alibi.slopes, b);
-            sink = per_index_log2(a.sinks, b);
+            slope = slope_log2(a, b);
+            sink = sink_log2(a, b);
         };
         enter_member();
         for (int r = 0; r < kBlockQ; ++r) {

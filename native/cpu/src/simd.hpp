@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #endif
 
+#include "graphattn/score_mods.hpp"
 #include "isa_namespace.hpp"
 
 #ifndef GRAPHATTN_LANES
@@ -181,7 +182,7 @@ inline VecF clamp_keeping_nan(VecF s, float edge) {
 // up.
 constexpr float kTanhP[5] = {1.0f, 0.13381083f, 0.0034956546f, 2.0610109e-05f, 1.3355956e-08f};
 constexpr float kTanhQ[5] = {1.0f, 0.46714398f, 0.02587724f, 0.00032857407f, 7.7771153e-07f};
-constexpr float kTanhEdge = 9.0f;
+constexpr float kTanhEdge = kTanhSaturates;
 
 // tanh(x) / x as N(x^2), N of degree 4, for |x| <= 0.625: the same kind of
 // fit, max relative error in f32 about 2.4e-7.  Scores within 0.625 c take

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "block_io.hpp"
+#include "graphattn/score_mods.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
 #include "scratch.hpp"
@@ -43,7 +44,7 @@ inline void sink_gradients(const SdpaBackwardArgs& args) {
                 load_block(element_ptr(g.data, g.dtype, view_batch_offset(g, b) + i * g.strides[3]), g.dtype, 0,
                            g.strides[4], 1, Dv, do_row.get(), Dv, 1);
                 const double lse = stats[view_batch_offset(a.stats, b) + i * a.stats.strides[3]];
-                sum += std::exp(sink - lse) * double(dot(o_row.get(), do_row.get(), Dv));
+                sum += sink_weight(sink, lse, [](double x) { return std::exp(x); }) * double(dot(o_row.get(), do_row.get(), Dv));
             }
             per_index[size_t(x)] = -sum;
         }

@@ -37,7 +37,9 @@ inline ScoreGrad score_grad(const ForwardParams& p, float score_log2, float slop
     const float prob = sycl::exp2(masked_score_log2(p, modified, mask_value, i, j) - lse2);
     const float z = dropout_multiplier(p, drop_base + uint64_t(j));
     const float ds = prob * (dp * z - delta);
-    return {prob, prob * z, ds, score_replaced(p, mask_value, i, j) ? 0.0f : ds * (1.0f - cap_tanh * cap_tanh)};
+    const float cap_slope = p.softcap_log2 > 0.0f ? graphattn::softcap_derivative(score_log2, cap_tanh, p.softcap_log2)
+                                                  : 1.0f;
+    return {prob, prob * z, ds, score_replaced(p, mask_value, i, j) ? 0.0f : ds * cap_slope};
 }
 
 inline float* grad_mask_ptr(const BackwardParams& b) { return static_cast<float*>(const_cast<void*>(b.grad_mask.data)); }
@@ -114,7 +116,7 @@ void graphattn_sdpa_backward_kv(BackwardParams b, int64_t outer_items, int32_t s
             }
             const float s = sycl::reduce_over_group(sg, s_part, sycl::plus<float>());
             const float dp = sycl::reduce_over_group(sg, dp_part, sycl::plus<float>());
-            const ScoreGrad sgrad = score_grad(p, s, per_index(p.alibi_slopes, p.batch, fb, kLog2e), dp,
+            const ScoreGrad sgrad = score_grad(p, s, graphattn::alibi_slope_log2(per_index(p.alibi_slopes, p.batch, fb), kLog2e), dp,
                                                lse_log2(p, fb, i), b.row_delta[fb * p.seq_q + i],
                                                m_base + i * p.mask.strides[3], uint64_t((fb * p.seq_q + i) * p.seq_kv),
                                                i, j);
@@ -152,7 +154,7 @@ void graphattn_sdpa_backward_q(BackwardParams b) {
     load_row_chunks(b.grad_output, g_off, Dv, lane, 1.0f, go);
     for (int t = 0; t < GA_QK_CHUNKS; ++t) dq[t] = 0.0f;
     const float lse2 = lse_log2(p, fb, i), delta = b.row_delta[row];
-    const float slope = per_index(p.alibi_slopes, p.batch, fb, kLog2e);
+    const float slope = graphattn::alibi_slope_log2(per_index(p.alibi_slopes, p.batch, fb), kLog2e);
     const uint64_t drop_base = uint64_t((fb * p.seq_q + i) * p.seq_kv);
     const int64_t end = key_end(p, i);
     for (int64_t j = key_begin(p, i); j < end; ++j) {
@@ -197,7 +199,7 @@ void graphattn_sdpa_sink_grad(BackwardParams b) {
         float partial = 0.0f;
         for (int64_t i = lane; i < p.seq_q; i += kSubGroup) {
             const float lse = stats[batch_offset(p.stats, p.batch, fb) + i * p.stats.strides[3]];
-            partial += sycl::exp(sink - lse) * b.row_delta[fb * p.seq_q + i];
+            partial += graphattn::sink_weight(sink, lse, [](float x) { return sycl::exp(x); }) * b.row_delta[fb * p.seq_q + i];
         }
         const float total = sycl::reduce_over_group(sg, partial, sycl::plus<float>());
         if (lane == 0) out[batch_offset(b.grad_sinks, p.batch, fb)] -= total;

@@ -82,7 +82,7 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
     const int64_t my_row = i0 + lane;
     const int64_t m_off = p.mask_kind && lane < rows ? batch_offset(p.mask, p.batch, fb) + my_row * p.mask.strides[3] : 0;
     const int64_t k_base = batch_offset(p.key, p.batch, fb), v_base = batch_offset(p.value, p.batch, fb);
-    const float slope = per_index(p.alibi_slopes, p.batch, fb, kLog2e);
+    const float slope = graphattn::alibi_slope_log2(per_index(p.alibi_slopes, p.batch, fb), kLog2e);
     const int64_t end = key_end(p, i0 + rows - 1);
     sycl::group_barrier(sg);
 

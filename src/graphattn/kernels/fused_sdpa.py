@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from .. import _cpu, sycl_runtime
+from .. import _cpu, score_mods, sycl_runtime
 from ..attention_spec import AttentionSpec, NotUsable, Operand, lower
 from ..dtypes import DataType
 from ..ops import OpKind
@@ -340,8 +340,7 @@ class FusedSdpaForward(ReplayedLengths):
         if divisor != multiplier:
             raise ValueError(f"the softcap divides by {divisor} and multiplies by {multiplier}; the fused kernel "
                              "takes one value for both")
-        if not (divisor > 0.0 and np.isfinite(divisor)):
-            raise ValueError(f"the softcap value must be a finite value > 0 for the fused kernel, got {divisor}")
+        score_mods.softcap_value(divisor)  # the functional API's range, named the same
         if replayed is not None:
             return replayed.with_softcap(divisor)
         plan = self._capped_plans.get(divisor)
