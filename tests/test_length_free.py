@@ -510,3 +510,68 @@ def test_a_key_naming_more_lengths_than_it_holds_is_none():
     ids = tuple(range(17))
     assert _cpu.signature_key(arrays[:16], axes[:32], ids[:16], True, name_lengths=True) is not None
     assert _cpu.signature_key(arrays, axes, ids, True, name_lengths=True) is None
+
+
+# Operands whose layout a fresh call lowers apart from a dense one's (copies, no fold of their batch dims): a
+# replay made from a dense call of the same shapes and dtypes must not take them, whatever came before.
+def _layout_of(kind: str, a: np.ndarray) -> np.ndarray:
+    if kind == "broadcast":  # stride 0 over the batch dim
+        return np.broadcast_to(a[:1], a.shape)
+    if kind == "reversed":  # negative row stride
+        return np.ascontiguousarray(a[..., ::-1, :])[..., ::-1, :]
+    return a
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("operands", ["kv", "q", "qkv"])
+@pytest.mark.parametrize("kind", ["broadcast", "reversed"])
+@pytest.mark.parametrize("history", ["fresh", "dense_first", "dense_other_length_first"])
+def test_replay_takes_what_a_fresh_call_takes_whatever_came_before(history, kind, operands, dtype):
+    """Forward and backward of stride-0 or reversed Q, K, V against the float64 reference, in a fresh process
+    state and after dense calls of the same signature (at the same or another length), which leave a plan of
+    that signature to replay."""
+    rng = np.random.default_rng(5)
+    _fresh_caches()
+    functional_backward._plans.clear()
+    functional_backward._by_length_free.clear()
+    shape = (3, 2, 20, 16)
+    if history != "fresh":
+        length = 20 if history == "dense_first" else 13
+        q, k, v = (random_array((3, 2, length, 16), dtype, rng) for _ in range(3))
+        out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True)
+        ga.scaled_dot_product_attention_backward(out, q, k, v, out, stats)
+    q, k, v = (random_array(shape, dtype, rng) for _ in range(3))
+    q, k, v = (_layout_of(kind, a) if name in operands else a for name, a in zip("qkv", (q, k, v)))
+    out, stats = ga.scaled_dot_product_attention(q, k, v, return_stats=True)
+    want, want_stats = sdpa_reference(q, k, v, return_stats=True)
+    assert_close(out, want, dtype, f"output {history} {kind} {operands}")
+    assert_close(stats, want_stats, "f32", "stats", STATS_TOLERANCE)
+    grad_out = random_array(out.shape, dtype, rng)
+    grads = ga.scaled_dot_product_attention_backward(grad_out, q, k, v, out, stats)
+    want_grads = sdpa_reference_backward(grad_out, q, k, v)
+    magnitude = max(float(np.abs(g).max()) for g in want_grads[:3])
+    for name, got, expected in zip(("dq", "dk", "dv"), grads, want_grads):
+        assert got.shape == expected.shape, name
+        assert_grad_close(got, expected, dtype, f"{name} {history} {kind} {operands}", magnitude)
+
+
+@pytest.mark.parametrize("history", ["fresh", "dense_first"])
+def test_torch_expanded_key_value_backward_after_a_dense_one(history):
+    """out.sum().backward() with K/V expanded over the batch (torch's stride 0), after a dense call or not: the
+    gradients reach the unexpanded leaves, summed over the expanded dim."""
+    torch = pytest.importorskip("torch")
+    _fresh_caches()
+    functional_backward._plans.clear()
+    functional_backward._by_length_free.clear()
+    torch.manual_seed(0)
+    if history == "dense_first":
+        q, k, v = (torch.randn(3, 2, 20, 16, requires_grad=True) for _ in range(3))
+        ga.scaled_dot_product_attention(q, k, v).sum().backward()
+    q = torch.randn(3, 2, 20, 16, requires_grad=True)
+    k, v = (torch.randn(1, 2, 20, 16, requires_grad=True) for _ in range(2))
+    ga.scaled_dot_product_attention(q, k.expand(3, -1, -1, -1), v.expand(3, -1, -1, -1)).sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    torch.nn.functional.scaled_dot_product_attention(q64, k64.expand(3, -1, -1, -1),
+                                                     v64.expand(3, -1, -1, -1)).sum().backward()
+    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert_grad_close(got.numpy(), want.numpy(), "f32", f"{name} {history}")

@@ -207,16 +207,27 @@ cdef int _pack_dims(int64_t* words, int at, int n, const int64_t* dims, const in
                     bint length_free, int rank, int64_t free_mask, KeyOptions* options) noexcept:
     # An operand's n dims at words[at:] (free ones as _key_dim writes them: length_free, bit b of free_mask
     # marking dim -1 - b where the operand has rank dims, rank 0: any), then in a full key its strides (an empty
-    # operand's: a marker, its shape standing for them); the next free index, or -1 where a length finds no
-    # place.  Lengths 0 and 1 stay in a length-free key: they change broadcasting and the checks.
+    # operand's: a marker, its shape standing for them), in a length-free key which of its dims of 2 or more
+    # have a stride of 0 or below; the next free index, or -1 where a length finds no place.  Lengths 0 and 1
+    # stay in a length-free key: they change broadcasting and the checks.  So do broadcast (stride 0) and
+    # reversed dims: a fresh call lowers them apart (copies, no fold), so a replay must not take them.
     cdef int i
+    cdef int64_t signs = 0
+    if length_free and n > kMaxArrayDims:
+        return -1
     for i in range(n):
         words[at + i] = _key_dim(dims[i], length_free and (rank == 0 or rank == n) and
                                  (free_mask >> (n - 1 - i)) & 1 and dims[i] >= 2, options)
         if words[at + i] == kTooManyLengths:
             return -1
     at += n
-    if not length_free:
+    if length_free:
+        for i in range(n):
+            if dims[i] >= 2 and strides[i] <= 0:
+                signs |= (<int64_t>1 << i) << (kMaxArrayDims if strides[i] < 0 else 0)
+        words[at] = signs
+        at += 1
+    else:
         if empty:
             words[at] = -1
             at += 1
@@ -266,7 +277,7 @@ cdef int _pack_layout(int64_t* words, int at, tuple layout, bint length_free, in
         empty = empty or dims[i] == 0
     if length_free and empty:
         return -1
-    if not length_free and not empty:
+    if not empty:
         if len(strides) != n:
             return -1
         for i in range(n):
