@@ -45,6 +45,9 @@ class _NoExchange:
     def Sendrecv(self, sendbuf, dest, recvbuf, source):
         recvbuf[...] = sendbuf
 
+    def allgather(self, value):  # the ranks' signature check, as if every rank made this rank's call
+        return [value] * self.Get_size()
+
     def Abort(self, code):
         self.comm.Abort(code)
 

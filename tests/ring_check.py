@@ -45,6 +45,47 @@ def check(comm, rank, size, dtypes, wrap=lambda x: x, unwrap=np.asarray, causals
     return cases
 
 
+# What rank 1 changes of an otherwise equal call, for --mismatch: each must be refused on every rank alike.
+MISMATCHES = {
+    "dtype": lambda x: x.astype(np.float16),  # the same bytes per element as bf16 would not tell
+    "shape": lambda x: x.reshape(x.shape[0], x.shape[1] * 2, x.shape[2] // 2, x.shape[3]),  # same byte count
+    "rows": lambda x: x[..., : x.shape[-2] // 2, :],  # other K/V byte counts
+    "causal": None,
+}
+
+
+def mismatch(comm, rank: int, size: int, what: str, wrap=lambda x: x) -> None:
+    """Rank 1 differs from the others in `what`; every rank prints the error it got, and whether they match is
+    the test's to judge (each rank's line holds the whole message)."""
+    x = np.ones((1, 2, 8 * size, 8), np.float32)
+    causal = what == "causal" and rank == 1
+    if rank == 1 and MISMATCHES[what] is not None:
+        x = MISMATCHES[what](x)
+    try:
+        gd.ring_attention(wrap(x), wrap(x), wrap(x), comm=comm, is_causal=causal)
+    except ValueError as why:
+        print(f"rank {rank} refused: {why}", flush=True)
+        return
+    print(f"rank {rank} finished", flush=True)
+
+
+def interrupt_mid_ring(comm, rank: int, size: int, wrap=lambda x: x) -> None:
+    """Rank 1 is interrupted (KeyboardInterrupt) in its first kernel call of the ring; every rank must end."""
+    calls = []
+    kernel = gd.functional.scaled_dot_product_attention
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if rank == 1 and len(calls) == 1:
+            raise KeyboardInterrupt
+        return kernel(*args, **kwargs)
+
+    gd.functional.scaled_dot_product_attention = interrupted
+    x = np.ones((1, 2, 8 * size, 8), np.float32)
+    gd.ring_attention(wrap(x), wrap(x), wrap(x), comm=comm, is_causal=True)
+    print(f"rank {rank} finished", flush=True)
+
+
 def main() -> None:
     if "--torch" in sys.argv:  # the torch.distributed adapter on gloo, with autograd
         import torch
@@ -53,6 +94,14 @@ def main() -> None:
         dist.init_process_group("gloo")
         group = dist.group.WORLD
         rank, size = dist.get_rank(), dist.get_world_size()
+        for arg in sys.argv:
+            if arg.startswith("--mismatch="):
+                mismatch(group, rank, size, arg.split("=", 1)[1], wrap=torch.from_numpy)
+                dist.destroy_process_group()
+                return
+        if "--interrupt-on-rank-1" in sys.argv:
+            interrupt_mid_ring(group, rank, size, wrap=torch.from_numpy)
+            return
         cases = check(group, rank, size, ["f32"], wrap=torch.from_numpy, unwrap=lambda t: t.detach().numpy())
         rng = np.random.default_rng(1)
         q, k, v = (torch.from_numpy(random_array((1, 2, 8 * size, 16), "f32", rng)) for _ in range(3))
@@ -69,6 +118,13 @@ def main() -> None:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    for arg in sys.argv:
+        if arg.startswith("--mismatch="):
+            mismatch(comm, comm.Get_rank(), comm.Get_size(), arg.split("=", 1)[1])
+            return
+    if "--interrupt-on-rank-1" in sys.argv:
+        interrupt_mid_ring(comm, comm.Get_rank(), comm.Get_size())
+        return
     if "--fail-on-rank-1" in sys.argv:  # a bad argument on one rank: every rank must exit with an error
         layout = "diagonal" if comm.Get_rank() == 1 else "zigzag"
         x = np.ones((1, 1, 4 * comm.Get_size(), 8), np.float32)

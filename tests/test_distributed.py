@@ -40,12 +40,49 @@ def test_ring_shards_match_the_single_process_call(ranks):
         result.stdout
 
 
-def test_a_rank_that_fails_ends_every_rank_with_an_error():
+def test_a_rank_with_a_bad_argument_fails_every_rank_alike():
+    """A bad argument on one rank is found before any K/V moves: every rank raises the same error, naming it."""
     start = time.monotonic()
     result = run_ranks(3, "--fail-on-rank-1", timeout=60)
     assert result.returncode != 0
-    assert "rank 1 of 3 failed: ValueError: layout must be one of" in result.stderr, result.stderr
+    assert result.stderr.count("rank 1 of 3 failed: ValueError: layout must be one of") == 3, result.stderr
     assert "finished" not in result.stdout
+    assert time.monotonic() - start < 30
+
+
+def _refusals(text: str, ranks: int) -> list[str]:
+    """The error each rank printed (ring_check.py's mismatch), in rank order."""
+    found = dict(re.findall(r"rank (\d+) refused: (.*?the same options)", text))  # lines may interleave
+    assert sorted(int(r) for r in found) == list(range(ranks)), text
+    return [found[str(r)] for r in range(ranks)]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("what, words", [("dtype", "query dtype: rank 0 has 'float32', rank 1 has 'float16'"),
+                                         ("shape", "query shape: rank 0 has"), ("rows", "kv_bytes: rank 0 has"),
+                                         ("causal", "is_causal: rank 0 has False, rank 1 has True")])
+def test_ranks_whose_calls_disagree_all_raise_the_same_error(ranks, what, words):
+    """dtypes, shapes of the same byte count, other K/V sizes, other flags: checked against each other once, at
+    the start, so every rank raises the same ValueError (none exits 0 with garbage, none hangs)."""
+    start = time.monotonic()
+    result = run_ranks(ranks, f"--mismatch={what}", timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    messages = _refusals(result.stdout, ranks)
+    assert len(set(messages)) == 1 and words in messages[0] and "the ranks' calls disagree" in messages[0], messages
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_an_interrupt_on_one_rank_ends_every_rank(ranks):
+    """A KeyboardInterrupt (not an Exception) on rank 1 in its first kernel call aborts the ring: no rank hangs.
+    With 3 ranks the others still wait for a hop rank 1 never sends, so none finishes; with 2, rank 0 may have
+    had its one hop (the exchange runs beside the kernels) and finished with the right result before the abort."""
+    start = time.monotonic()
+    result = run_ranks(ranks, "--interrupt-on-rank-1", timeout=60)
+    assert result.returncode != 0
+    assert f"rank 1 of {ranks} failed: KeyboardInterrupt" in result.stderr, result.stderr
+    finished = re.findall(r"rank (\d) finished", result.stdout)
+    assert "1" not in finished and (ranks == 2 or not finished), result.stdout
     assert time.monotonic() - start < 30
 
 
@@ -85,6 +122,42 @@ def test_torch_process_group_adapter_with_autograd():
     for p, (out, err) in zip(ranks, outputs):
         assert p.returncode == 0, out + err
         assert "cases and autograd ok" in out
+
+
+def _gloo_ranks(*args: str, timeout: float = 60) -> list[tuple[int, str, str]]:
+    """ring_check.py --torch on two gloo ranks: (return code, stdout, stderr) of each, within the timeout."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
+    ranks = [subprocess.Popen([sys.executable, str(HERE / "ring_check.py"), "--torch", *args],
+                              env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    return [(p.returncode, out, err) for p, (out, err) in zip(ranks, outputs)]
+
+
+@pytest.mark.parametrize("what", ["dtype", "shape", "rows", "causal"])
+def test_gloo_ranks_whose_calls_disagree_all_raise_the_same_error(what):
+    pytest.importorskip("torch")
+    results = _gloo_ranks(f"--mismatch={what}")
+    messages = []
+    for code, out, err in results:
+        assert code == 0, out + err
+        messages += re.findall(r"rank \d refused: (.*)", out)
+    assert len(messages) == 2 and messages[0] == messages[1] and "the ranks' calls disagree" in messages[0], messages
+
+
+def test_gloo_interrupt_on_one_rank_ends_both():
+    pytest.importorskip("torch")
+    start = time.monotonic()
+    results = _gloo_ranks("--interrupt-on-rank-1")
+    assert results[1][0] != 0, results
+    assert "rank 1 of 2 failed: KeyboardInterrupt" in results[1][2], results[1][2]
+    assert "finished" not in results[1][1]
+    assert time.monotonic() - start < 30
 
 
 class _Ranks:

@@ -17,7 +17,10 @@ chunks r and 2P-1-r, so that under a causal mask every rank has the same work.
     out_local = gd.ring_attention(q_local, k_local, v_local, comm=MPI.COMM_WORLD, is_causal=True)
     out = gd.unshard(out_local, MPI.COMM_WORLD)            # the full result on every rank
 
-An error on any rank prints it and aborts every rank of the communicator (MPI_Abort): a ring never hangs.
+Before any K/V moves, the ranks exchange what their calls must share (dtypes, shapes, options, the bytes that
+travel): where one rank's arguments are bad or two ranks disagree, every rank raises the same ValueError.  Any
+later error on a rank (KeyboardInterrupt and SystemExit included) prints it and aborts every rank of the
+communicator (MPI_Abort): a ring never hangs, and no rank returns what a broken ring gave.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import time
 
 import numpy as np
 
-from . import _cpu, dtypes, functional, functional_backward
+from . import _cpu, arguments, dtypes, functional, functional_backward
 from .interop import from_numpy, to_numpy
 
 LAYOUTS = ("zigzag", "contiguous")
@@ -214,17 +217,49 @@ def _wait_until_read(stream) -> None:
 
 
 def _abort_on_error(comm, what: str, fn):
-    """fn(), or on any error its message on stderr and MPI_Abort of every rank (a ring never hangs on a rank
-    that left it)."""
+    """fn(), or on any error (KeyboardInterrupt and SystemExit included) its message on stderr and MPI_Abort of
+    every rank: a ring never hangs on a rank that left it, and no rank returns what a broken ring gave."""
     try:
         return fn()
-    except Exception as why:
+    except BaseException as why:
         rank, size = _rank_size(comm)
         print(f"graphattn.distributed.{what}: rank {rank} of {size} failed: {type(why).__name__}: {why}; "
               "aborting every rank", file=sys.stderr, flush=True)
         _wait_until_read(sys.stderr)
         comm.Abort(1)
         raise
+
+
+def _agreed(comm, what: str, local) -> None:
+    """Checks that every rank makes the same call before any K/V moves: local() gives this rank's signature (a
+    dict of what must match across ranks: dtypes, shapes, flags, message sizes) or raises for a bad argument.
+    The signatures (or errors) are gathered once, so every rank raises the same ValueError, naming the ranks and
+    what differs, where one rank failed or two disagree; none then waits on a peer that will not come."""
+    try:
+        mine = ("ok", local())
+    except (TypeError, ValueError) as why:
+        mine = ("error", f"{type(why).__name__}: {why}")
+    rank, size = _rank_size(comm)
+    gathered = comm.allgather(mine)
+    failed = [(r, text) for r, (state, text) in enumerate(gathered) if state == "error"]
+    if failed:
+        raise ValueError(f"graphattn.distributed.{what}: " + "; ".join(f"rank {r} of {size} failed: {text}"
+                                                                         for r, text in failed))
+    first = gathered[0][1]
+    for r, (_, theirs) in enumerate(gathered[1:], start=1):
+        differ = [key for key in first if first[key] != theirs.get(key)]
+        if differ:
+            detail = "; ".join(f"{key}: rank 0 has {first[key]!r}, rank {r} has {theirs.get(key)!r}" for key in differ)
+            raise ValueError(f"graphattn.distributed.{what}: the ranks' calls disagree ({detail}); every rank must "
+                             "pass shards of the same shapes and dtypes and the same options")
+
+
+def _signature(arrays: dict, **options) -> dict:
+    """What of a rank's call must match every other rank's: each array's dtype and shape, and the options."""
+    signature = {f"{name} dtype": str(a.dtype) for name, a in arrays.items()}
+    signature.update({f"{name} shape": tuple(a.shape) for name, a in arrays.items()})
+    signature.update(options)
+    return signature
 
 
 def _unpack(buffer: np.ndarray, templates: list) -> list:
@@ -289,10 +324,27 @@ def ring_attention(q, k, v, *, comm, is_causal: bool = False, scale=None, enable
     torch.distributed process group; torch tensors that require grad get a result whose backward is
     ring_attention_backward."""
     comm = _communicator(comm)
-    if _wants_grad(q, k, v):
+    wants_grad = _wants_grad(q, k, v)
+    _agreed(comm, "ring_attention", lambda: _call_signature(q, k, v, comm, layout, is_causal=bool(is_causal),
+                                                            scale=_scale_text(scale), enable_gqa=bool(enable_gqa),
+                                                            with_autograd=wants_grad))
+    if wants_grad:
         return _torch_ring(q, k, v, comm, is_causal, scale, enable_gqa, layout, return_stats)
     return _abort_on_error(comm, "ring_attention", lambda: _ring_forward(q, k, v, comm, is_causal, scale,
                                                                           enable_gqa, layout, return_stats))
+
+
+def _scale_text(scale) -> str:
+    """A scale as the ranks compare it (repr: NaN equals NaN); a TypeError for what is no real number."""
+    return "None" if scale is None else repr(arguments.real_number(scale, "scale"))
+
+
+def _call_signature(q, k, v, comm, layout, extra: dict | None = None, **options) -> dict:
+    """This rank's checked shards and options as _agreed compares them: the K/V bytes that travel included."""
+    qn, kn, vn, *_ = _local_inputs(q, k, v, comm, layout)
+    arrays = {"query": qn, "key": kn, "value": vn}
+    arrays.update({name: to_numpy(a, name)[0] for name, a in (extra or {}).items()})
+    return _signature(arrays, layout=layout, kv_bytes=kn.nbytes + vn.nbytes, **options)
 
 
 def _wants_grad(*tensors) -> bool:
@@ -371,6 +423,9 @@ def ring_attention_backward(grad_out, q, k, v, out, stats, *, comm, is_causal: b
     log-sum-exp (return_stats=True).  Each K/V block travels with its dK/dV accumulators (f32), which return to
     their owner after a full turn and are rounded there once."""
     comm = _communicator(comm)
+    _agreed(comm, "ring_attention_backward", lambda: _call_signature(
+        q, k, v, comm, layout, {"grad_out": grad_out, "out": out, "stats": stats}, is_causal=bool(is_causal),
+        scale=_scale_text(scale), enable_gqa=bool(enable_gqa)))
     return _abort_on_error(comm, "ring_attention_backward", lambda: _ring_backward(
         grad_out, q, k, v, out, stats, comm, is_causal, scale, enable_gqa, layout))
 
