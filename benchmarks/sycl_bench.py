@@ -75,9 +75,10 @@ def main() -> None:
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="quick")
     parser.add_argument("--dtypes", default="f32,bf16,f16")
     args = parser.parse_args()
-    import dpctl
-
     from graphattn import sycl_runtime
+
+    sycl_runtime.configure_environment()  # before dpctl enumerates: the pip-installed OpenCL device
+    import dpctl
 
     queue = dpctl.SyclQueue(dpctl.get_devices()[0])
     device = queue.sycl_device.name

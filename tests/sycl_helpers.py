@@ -4,8 +4,9 @@ import pytest
 
 def get_queue_or_skip():
     """A dpctl.SyclQueue on the first SYCL device (the OpenCL CPU device in CI); skips the test without one."""
-    import graphattn  # noqa: F401  (makes the pip-installed OpenCL device visible)
+    from graphattn import sycl_runtime
 
+    sycl_runtime.configure_environment()  # before dpctl enumerates: makes the pip-installed OpenCL device visible
     dpctl = pytest.importorskip("dpctl")
     pytest.importorskip("dpnp")
     try:

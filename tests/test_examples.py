@@ -49,6 +49,42 @@ def test_info_command():
     assert result.returncode == 0 and "graphattn 0.1.0" in result.stdout and "openmp threads:" in result.stdout
 
 
+def test_info_reports_the_sycl_plugin_as_it_is():
+    """Where the plugin is not installed, info says so and how to get it; where it loads, info lists dpctl's
+    devices by their filter strings (the OpenCL CPU device in the SYCL job) and no longer says "none"."""
+    import importlib.util
+    result = subprocess.run([sys.executable, "-m", "graphattn", "info"], capture_output=True, text=True)
+    line = [text for text in result.stdout.splitlines() if text.startswith("sycl")]
+    assert len(line) == 1, result.stdout
+    if importlib.util.find_spec("graphattn._sycl") is None:
+        assert line[0] == ("sycl: the SYCL plugin is not part of this install; install graphattn with it: "
+                           "GRAPHATTN_SYCL=1 pip install 'graphattn[sycl]'"), line
+        return
+    probe = subprocess.run([sys.executable, "-c", "from graphattn import sycl_runtime; sycl_runtime.plugin(); "
+                            "import dpctl; print(' '.join(d.filter_string for d in dpctl.get_devices()))"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        assert line[0].startswith("sycl: ") and "plugin" in line[0], line
+        return
+    devices = probe.stdout.split()
+    assert (line[0].startswith("sycl devices: ") and all(d in line[0] for d in devices)) if devices else \
+        line[0] == "sycl: plugin built; dpctl sees no SYCL device", (line, devices)
+
+
+def test_import_changes_no_environment_variable():
+    """import graphattn (and its torch glue, and info) leaves os.environ as it was: the SYCL runtime's settings
+    wait for the first use of SYCL."""
+    script = ("import os, json; before = dict(os.environ); import graphattn, graphattn.torch, graphattn.distributed;"
+              " import graphattn.__main__; graphattn.__main__.info; after = dict(os.environ);"
+              " print(json.dumps({k: after.get(k) for k in set(before) ^ set(after) | "
+              "{k for k in before if before[k] != after.get(k)}}))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env={k: v for k, v in os.environ.items() if k not in ("OCL_ICD_FILENAMES",
+                                                                                  "SYCL_CACHE_PERSISTENT")})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "{}", result.stdout
+
+
 def build_tool(name):
     """The tool from this environment (the test extra installs it), else from PATH."""
     local = pathlib.Path(sys.executable).parent / name

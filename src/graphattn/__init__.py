@@ -10,10 +10,6 @@ for concrete shapes and execute them on Tensors::
         compiled = partition.compile(inputs, outputs, ga.Engine("cpu"))
         compiled.execute(ga.Stream(engine), input_tensors, output_tensors)
 """
-from .sycl_runtime import configure_environment as _configure_sycl
-
-_configure_sycl()  # before anything enumerates SYCL devices
-
 from ._cpu import backward_isa, cpu_features, forward_isa, thread_count
 from .dtypes import DataType
 from .engine import Engine, Stream

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 import graphattn as ga
+import graphattn.sycl_runtime
 
 
 def _table_line(pass_name: str) -> str:
@@ -26,7 +27,7 @@ def info() -> str:
         f"long calls run: forward (f32: {ga.forward_isa('f32')}, bf16: {ga.forward_isa('bf16')}, "
         f"f16: {ga.forward_isa('f16')}), backward (f32: {ga.backward_isa('f32')}, bf16: {ga.backward_isa('bf16')}, "
         f"f16: {ga.backward_isa('f16')}); other ops: reference (NumPy)",
-        "sycl devices: none (the SYCL plugin is not part of this build)",
+        ga.sycl_runtime.describe(),
     ]
     return "\n".join(lines)
 

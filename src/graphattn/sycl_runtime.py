@@ -1,25 +1,36 @@
 """What the SYCL plugin needs from the process: a visible device, dpctl queues and USM array facts.
 
-Nothing here imports dpctl or the plugin until a SYCL engine is asked for, so
-`import graphattn` stays cheap and works without the sycl extra.
+Nothing here imports dpctl or the plugin, or changes the environment, until a SYCL engine, array or the plugin
+is first asked for, so `import graphattn` stays cheap, works without the sycl extra and leaves os.environ as
+it was.
 """
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import sys
 
 import numpy as np
 
 
+_configured = False
+
+
 def configure_environment() -> None:
-    """Makes the pip-installed OpenCL CPU runtime visible and turns on the SYCL runtime's on-disk kernel cache.
+    """Makes the pip-installed OpenCL CPU runtime visible and turns on the SYCL runtime's on-disk kernel cache,
+    once, on the first use of SYCL (dpctl or the plugin), never at import.
 
     The intel-opencl-rt wheel's ICD file names a path that does not exist, so
     the OpenCL loader finds no device; pointing OCL_ICD_FILENAMES at the
-    wheel's libintelocl.so fixes that.  Must run before anything enumerates
-    SYCL devices, hence at `import graphattn`.  A user's own settings win.
+    wheel's libintelocl.so fixes that.  It must run before anything
+    enumerates SYCL devices: a program that imports dpctl itself first calls
+    this.  A user's own settings win.
     """
+    global _configured
+    if _configured:
+        return
+    _configured = True
     os.environ.setdefault("SYCL_CACHE_PERSISTENT", "1")
     if "OCL_ICD_FILENAMES" in os.environ:
         return
@@ -36,12 +47,33 @@ def configure_environment() -> None:
 
 def plugin():
     """The compiled plugin module (graphattn._sycl); ImportError with the fix when it is missing."""
+    configure_environment()
     try:
         from . import _sycl
     except ImportError as why:
-        raise ImportError("the graphattn SYCL plugin cannot be loaded: install the sycl extra "
-                          f"(pip install 'graphattn[sycl]') and build with GRAPHATTN_BUILD_SYCL=ON ({why})") from None
+        raise ImportError(f"the graphattn SYCL plugin cannot be loaded ({why}): {_PLUGIN_FIX}") from None
     return _sycl
+
+
+_PLUGIN_FIX = "install graphattn with it: GRAPHATTN_SYCL=1 pip install 'graphattn[sycl]'"
+
+
+def describe() -> str:
+    """The SYCL plugin and its devices as they are here, or why there are none (`python -m graphattn info`)."""
+    try:
+        plugin()
+    except ImportError as why:
+        if importlib.util.find_spec("graphattn._sycl") is None:
+            return f"sycl: the SYCL plugin is not part of this install; {_PLUGIN_FIX}"
+        return f"sycl: {why}"
+    try:
+        dpctl = _dpctl()
+    except ImportError as why:
+        return f"sycl: plugin built; no devices listed: {why}"
+    devices = dpctl.get_devices()
+    if not devices:
+        return "sycl: plugin built; dpctl sees no SYCL device"
+    return "sycl devices: " + "; ".join(f"{d.filter_string} {d.name}" for d in devices)
 
 
 def set_matrix_kernels(mode: str) -> str:
@@ -52,6 +84,7 @@ def set_matrix_kernels(mode: str) -> str:
 
 
 def _dpctl():
+    configure_environment()
     try:
         import dpctl
     except ImportError:
