@@ -13,10 +13,18 @@ _cpu.poison_scratch(True)
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", help="run every test marked slow")
+    parser.addoption("--run-sanitizer", action="store_true",
+                     help="run the tests marked sanitizer (a rebuild under ASan/UBSan: minutes; .ci/run's own job)")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Without --run-slow, run a fixed sample of the slow cases (GRAPHATTN_SLOW_SAMPLE, default 120)."""
+    """Tests marked sanitizer run only with --run-sanitizer (their rebuild would double the suite's time).
+    Without --run-slow, run a fixed sample of the slow cases (GRAPHATTN_SLOW_SAMPLE, default 120)."""
+    if not config.getoption("--run-sanitizer"):
+        skip = pytest.mark.skip(reason="sanitizer job: run with --run-sanitizer (.ci/run does, in its own budget)")
+        for item in items:
+            if "sanitizer" in item.keywords:
+                item.add_marker(skip)
     if config.getoption("--run-slow"):
         return
     slow = [item for item in items if "slow" in item.keywords]
