@@ -229,6 +229,20 @@ def test_graph_softcap_is_one_fused_partition(variant, dtype, rng):
     check_fused(GRAPH_SOFTCAP[variant].with_(dtype=dtype), rng)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("variant, value", [("multiply_scale", np.inf), ("multiply_scale", -np.inf),
+                                            ("divide_scale_causal", 0.0)])
+def test_graph_softcap_under_an_infinite_scale_gives_the_limit(variant, value, dtype, rng):
+    """A Multiply by +-inf (or a Divide by 0) before the softcap caps every score at +-c, as the op-by-op
+    reference does, where the kernel's scaled scores would otherwise be NaN."""
+    def infinite_scale(spec, inputs):
+        inputs[spec.ids["scale"]] = np.array([value], inputs[spec.ids["scale"]].dtype)
+    spec = GRAPH_SOFTCAP[variant].with_(dtype=dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fused, _ = check_fused(spec, rng, infinite_scale)
+    assert not np.isnan(fused[spec.ids["output"]].astype(np.float32)).any()
+
+
 def test_graph_softcap_values_must_agree_and_be_positive(rng):
     spec = GRAPH_SOFTCAP["multiply_scale"]
     graph = spec.build()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import functools
+import math
 
 import numpy as np
 
@@ -288,6 +289,7 @@ class FusedSdpaForward(ReplayedLengths):
         self.note_views(views, ports, lts)
         operands = {role: operand(lts[self.ports[role]].dtype, view) for role, view in views.items()}
         self.scale = _scalar_chain(m.scale, lts, "scale")
+        self.scale_is_divisor = m.scale_op is not None and m.scale_op.kind == OpKind.Divide
         self.softcap = None if m.softcap_divisor is None else (
             _scalar_chain(m.softcap_divisor, lts, "softcap divisor"),
             _scalar_chain(m.softcap_multiplier, lts, "softcap multiplier"))
@@ -297,7 +299,7 @@ class FusedSdpaForward(ReplayedLengths):
         spec = AttentionSpec(
             "forward", tuple(batch), seq_q, seq_kv, head_dim, head_dim_v, operands, mask_kind=m.mask_kind,
             select_keep_value=m.select_keep_value, has_scale=m.scale is not None,
-            scale_is_divisor=m.scale_op is not None and m.scale_op.kind == OpKind.Divide, window=plan_window(m.bounds),
+            scale_is_divisor=self.scale_is_divisor, window=plan_window(m.bounds),
             inf_as_zero=m.softmax.attrs["mode"] == "inf_as_zero",
             dropout_p=m.dropout_op.attrs["p"] if m.dropout_op is not None else 0.0,
             softcap=0.0 if self.softcap is None else 1.0)  # a placeholder > 0: the call's value replaces it
@@ -364,6 +366,17 @@ class FusedSdpaForward(ReplayedLengths):
         select_fill = _scalar(fixed_inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF
         return self.plan_for(fixed_inputs).bound(left, right, select_fill, window_fill).run
 
+    def _saturated_scale(self, scale: float, query, key) -> float:
+        """The scale operand under a softcap as the kernel takes it, by the functional API's rule
+        (score_mods.saturating_scale): a Multiply's factor, or a Divide's divisor, whose 0 is an infinite
+        factor."""
+        if not self.scale_is_divisor:
+            return score_mods.saturating_scale(scale, 1.0, query, key)
+        if scale != 0.0:
+            return scale
+        factor = score_mods.saturating_scale(math.copysign(math.inf, scale), 1.0, query, key)
+        return 1.0 / factor if math.isfinite(factor) else scale
+
     def execute(self, inputs: dict[int, np.ndarray], outputs: dict[int, np.ndarray], replayed=None) -> None:
         """Runs the kernel on the ports' arrays; replayed: a length replay's plan for them (LengthReplay)."""
         m = self.match
@@ -385,9 +398,11 @@ class FusedSdpaForward(ReplayedLengths):
             data = [inputs[m.query.tensor_id], inputs[m.key.tensor_id], inputs[m.value.tensor_id], outputs[m.output_id]]
             mask = inputs[m.mask.tensor_id] if m.mask is not None else None
             stats = outputs[m.stats_id] if m.stats_id is not None else None
+        scale = _scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0
+        if self.softcap is not None:
+            scale = self._saturated_scale(scale, inputs[m.query.tensor_id], inputs[m.key.tensor_id])
         # Positional: the per-call cost of keyword parsing is visible on decode-sized calls.
-        run(*data, mask, stats,
-            _scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0,
+        run(*data, mask, stats, scale,
             left, right,
             _scalar(inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF,
             window_fill,
