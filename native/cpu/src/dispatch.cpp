@@ -6,7 +6,7 @@
 //
 // AMX candidates take one dtype class each (bf16 inputs as they are, f16 and
 // f32 split into 2 or 3 bf16 parts, amx_split.hpp) and decline calls a
-// measured rule gives to the vector builds (docs/performance.md, "Kernel
+// measured rule gives to the vector builds (docs/performance-history.md, "Kernel
 // choice"); each vector build runs every call its CPU runs, choosing its own
 // row or lane layout (sdpa_forward_select.hpp).  One table drives execution,
 // the verbose log (sdpa_forward_plan) and `python -m graphattn info`.

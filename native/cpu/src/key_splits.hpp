@@ -53,7 +53,7 @@ inline int64_t key_split_count(int64_t pieces, int64_t items, int64_t keys, int6
 // else about `per_thread` pieces of work per thread, in whole key blocks.
 // A single item whose keys come to 1.5 minimum splits but under two
 // (768-1023 keys of kMinKeysPerSplit) takes two splits rather than one, since
-// alone it leaves every other thread idle (docs/performance.md, "Kernel
+// alone it leaves every other thread idle (docs/performance-history.md, "Kernel
 // internals").
 inline KeySplits plan_key_splits(int64_t items, int64_t threads, int64_t per_thread, int64_t keys, int64_t block,
                                  int64_t min_keys = kMinKeysPerSplit) {

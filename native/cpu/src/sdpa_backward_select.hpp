@@ -16,7 +16,7 @@ namespace GRAPHATTN_ISA_NS {
 // A vector build's backward block shapes: lane blocks of `lane_vectors`
 // vectors with register tiles `tile_width` wide, or of `short_lane_vectors`
 // where both sequences fit them (17 keys fill 17 of 32 lanes, not 17 of 64;
-// docs/performance.md, "Block shapes").
+// docs/performance-history.md, "Block shapes").
 // `Shape` names them (each build's .cpp defines all four): lane_vectors,
 // tile_width, short_lane_vectors (= lane_vectors: no short tier) and
 // short_tile_width.

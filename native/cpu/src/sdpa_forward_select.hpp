@@ -23,7 +23,7 @@ namespace GRAPHATTN_ISA_NS {
 // blocks would leave threads idle even with their keys split.  Up to
 // `row_layout_max_vectors` vectors of rows go to the row layout (no padding
 // rows) where lane blocks would leave more than a quarter of their lanes as
-// padding, or threads idle.  docs/performance.md, "Block shapes", has the
+// padding, or threads idle.  docs/performance-history.md, "Block shapes", has the
 // measurements behind each tier.
 // `Shape` names them (each build's .cpp defines all six):
 //   lane_vectors, tile_width: the lane blocks' vectors of query rows and the

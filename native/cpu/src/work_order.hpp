@@ -49,7 +49,7 @@ void run_on_team(int team, Body&& body) {
 // smaller region leaves out and starts them again for the next larger one, so
 // regions of varying size on one pool cost thread starts, which a host
 // framework on the same libgomp (torch) then pays in its next operation
-// (docs/performance.md, "Forward regions on the whole thread pool").  Only for
+// (docs/performance-history.md, "Forward regions on the whole thread pool").  Only for
 // bodies without worksharing loops or barriers, which every thread of a region
 // must reach.
 template <class Body>
