@@ -19,6 +19,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 pytest.importorskip("mpi4py")
 
 
+def _python_path(folder) -> str:
+    """PYTHONPATH for a child: folder first, then this process's own (a build installed with pip --target)."""
+    return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+
+
 def mpiexec() -> str:
     """mpiexec of this environment (the mpich wheel of the mpi extra), else from PATH."""
     local = pathlib.Path(sys.executable).parent / "mpiexec"
@@ -26,7 +31,7 @@ def mpiexec() -> str:
 
 
 def run_ranks(count: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_python_path(HERE))
     return subprocess.run([mpiexec(), "-n", str(count), sys.executable, str(HERE / "ring_check.py"), *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -114,7 +119,7 @@ def _free_port() -> int:
 
 def test_torch_process_group_adapter_with_autograd():
     pytest.importorskip("torch")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE), MASTER_ADDR="127.0.0.1",
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_python_path(HERE), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
     ranks = [subprocess.Popen([sys.executable, str(HERE / "ring_check.py"), "--torch"], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
@@ -126,7 +131,7 @@ def test_torch_process_group_adapter_with_autograd():
 
 def _gloo_ranks(*args: str, timeout: float = 60) -> list[tuple[int, str, str]]:
     """ring_check.py --torch on two gloo ranks: (return code, stdout, stderr) of each, within the timeout."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE), MASTER_ADDR="127.0.0.1",
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_python_path(HERE), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
     ranks = [subprocess.Popen([sys.executable, str(HERE / "ring_check.py"), "--torch", *args],
                               env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -227,7 +232,7 @@ def test_bad_arguments_are_named():
 
 def test_ring_profile_accounts_each_ranks_time():
     script = HERE.parent / "benchmarks" / "ring_profile.py"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(script.parent))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_python_path(script.parent))
     result = subprocess.run([mpiexec(), "-n", "2", sys.executable, str(script), "--seq", "256", "--heads", "2",
                              "--head-dim", "16", "--dtype", "f32"], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -242,7 +247,7 @@ def test_ring_profile_accounts_each_ranks_time():
 
 def test_ring_bench_takes_medians_over_alternating_rounds():
     script = HERE.parent / "benchmarks" / "ring_bench.py"
-    env = dict(os.environ, PYTHONPATH=str(script.parent))
+    env = dict(os.environ, PYTHONPATH=_python_path(script.parent))
     result = subprocess.run([sys.executable, str(script), "--ranks", "2", "--threads", "1", "--seq", "256", "--heads",
                              "2", "--head-dim", "16", "--dtypes", "f32", "--repeats", "1", "--rounds", "2"],
                             capture_output=True, text=True, timeout=300, env=env)
