@@ -235,12 +235,15 @@ def _agreed(comm, what: str, local) -> None:
     dict of what must match across ranks: dtypes, shapes, flags, message sizes) or raises for a bad argument.
     The signatures (or errors) are gathered once, so every rank raises the same ValueError, naming the ranks and
     what differs, where one rank failed or two disagree; none then waits on a peer that will not come."""
-    try:
-        mine = ("ok", local())
-    except (TypeError, ValueError) as why:
-        mine = ("error", f"{type(why).__name__}: {why}")
-    rank, size = _rank_size(comm)
-    gathered = comm.allgather(mine)
+    def gather():
+        try:
+            mine = ("ok", local())
+        except Exception as why:  # any other rank would wait in the gather for this one's signature
+            mine = ("error", f"{type(why).__name__}: {why}")
+        return comm.allgather(mine)
+
+    size = comm.Get_size()
+    gathered = _abort_on_error(comm, what, gather)  # an interrupt meanwhile, or a failed gather, ends every rank
     failed = [(r, text) for r, (state, text) in enumerate(gathered) if state == "error"]
     if failed:
         raise ValueError(f"graphattn.distributed.{what}: " + "; ".join(f"rank {r} of {size} failed: {text}"
