@@ -119,13 +119,8 @@ def _free_port() -> int:
 
 def test_torch_process_group_adapter_with_autograd():
     pytest.importorskip("torch")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_python_path(HERE), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
-    ranks = [subprocess.Popen([sys.executable, str(HERE / "ring_check.py"), "--torch"], env=dict(env, RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outputs = [p.communicate(timeout=300) for p in ranks]
-    for p, (out, err) in zip(ranks, outputs):
-        assert p.returncode == 0, out + err
+    for code, out, err in _gloo_ranks(timeout=300):
+        assert code == 0, out + err
         assert "cases and autograd ok" in out
 
 

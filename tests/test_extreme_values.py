@@ -13,6 +13,7 @@ import pytest
 import graphattn as ga
 from graphattn.testing import assert_close, assert_grad_close, random_array, sdpa_reference, sdpa_reference_backward
 from subprocess_helpers import run_python
+from test_score_mods import AMX_DTYPES
 
 LEAST_CAP, LARGEST_CAP = ga._cpu.softcap_range()
 # (query shape, key shape): square, decode under GQA (key splits), long enough for the AMX builds' tiles.
@@ -129,8 +130,6 @@ def test_extreme_modifier_values_give_the_limit(check, shape, call, dtype, rng):
     CHECKS[check](shape, dtype, call, rng)
 
 
-# The dtype class each AMX candidate takes (the vector builds take all three).
-AMX_DTYPES = {"amx_bf16": ("bf16",), "amx_bf16x3": ("f16",), "amx_bf16x6": ("f32",)}
 KERNEL_SCRIPT = """
 import itertools, numpy as np
 import test_extreme_values as t

@@ -430,8 +430,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     # torch Q, K, V without a mask go to the kernel as they are (no NumPy views): on decode-sized calls the
     # views cost more than torch's whole call.  New signatures are still checked and built through NumPy.
     mods = score_mods.checked(softcap, alibi_slopes, sinks, query)
-    if mods is not None and mods.softcap and scale is not None:
-        scale = score_mods.saturating_scale(arguments.scale_value(scale), mods.softcap, query, key)
+    scale = score_mods.call_scale(scale, mods, query, key)
     numpy_in = type(query) is np.ndarray and type(key) is np.ndarray and type(value) is np.ndarray
     torch_direct = not numpy_in and attn_mask is None and mods is None and plain_torch_tensors(query, key, value)
     layouts = torch_layout(query, key, value) if torch_direct else None

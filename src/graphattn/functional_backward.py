@@ -331,8 +331,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
             check_out_kind(a, query, name)
     dropout_p = arguments.dropout_probability(dropout_p)
     mods = score_mods.checked(softcap, alibi_slopes, sinks, query)
-    if mods is not None and mods.softcap and scale is not None:
-        scale = score_mods.saturating_scale(arguments.scale_value(scale), mods.softcap, query, key)
+    scale = score_mods.call_scale(scale, mods, query, key)
     if return_sinks_grad and sinks is None:
         raise ValueError("return_sinks_grad=True needs sinks")
     bounds = key_window.effective_window(window, is_causal)

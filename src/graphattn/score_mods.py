@@ -98,6 +98,14 @@ def checked(softcap, alibi_slopes, sinks, query) -> ScoreMods | None:
     return ScoreMods(softcap_value(softcap), arrays["alibi_slopes"], arrays["sinks"])
 
 
+def call_scale(scale, mods: ScoreMods | None, query, key):
+    """The scale a functional call runs at: as given (None: the default), checked, and saturated under a
+    softcap (saturating_scale)."""
+    if mods is None or not mods.softcap or scale is None:
+        return scale
+    return saturating_scale(arguments.scale_value(scale), mods.softcap, query, key)
+
+
 def saturating_scale(scale: float, softcap: float, query, key) -> float:
     """The scale a call with a softcap runs at: scale itself, or for an infinite one a finite one of its sign at
     which c * tanh(scale * q.k / c) is +-c (tanh rounds to +-1) for all but scores of q.k within ~1e-36 of 0 of

@@ -273,7 +273,7 @@ struct Softcap {
 };
 
 constexpr float kLn2 = 0.693147180559945309f;
-constexpr float kMaxFloat = 3.40282347e+38f;
+constexpr float kMaxFloat = kFloat32Max;
 
 // x * log2(e), clamped to [-FLT_MAX, FLT_MAX] for a finite x: a finite score
 // or mask as low as -FLT_MAX (a common "masked" value) must keep its meaning,

@@ -25,7 +25,8 @@ namespace graphattn {
 // The largest magnitude whose base-2 units (times log2(e)) stay finite in
 // float32: the bound of a finite scale and of a softcap, which the kernels
 // hold in those units.
-constexpr float kBase2Max = 2.3586574e+38f;  // float32's largest finite number / log2(e)
+constexpr float kFloat32Max = 3.40282347e+38f;
+constexpr float kBase2Max = 2.3586574e+38f;  // kFloat32Max / log2(e)
 
 // The softcaps a call may have besides 0 (none): c and c * log2(e) float32
 // normal numbers, so that neither c, 1 / c nor c * log2(e) rounds to 0 or
@@ -60,9 +61,8 @@ inline float alibi_distance(int64_t i, int64_t j, int64_t row_shift) {
 // diagonal's score as it is (inf * 0 would be NaN), as the limit of ever
 // larger slopes does.  NaN stays NaN.
 inline float alibi_slope_log2(float slope, float log2e) {
-    constexpr float kMax = 3.40282347e+38f;
     const float s = slope * log2e;
-    return s > kMax ? kMax : (s < -kMax ? -kMax : s);
+    return s > kFloat32Max ? kFloat32Max : (s < -kFloat32Max ? -kFloat32Max : s);
 }
 
 // A row's online-softmax totals (running max and sum of exp2(s - max), base 2)
