@@ -7,11 +7,27 @@ from libcpp.string cimport string
 cdef extern from "graphattn/key_window.hpp" namespace "graphattn":
     int64_t kNoKeyLimit
 
+    cpdef enum class RowAlignment(int32_t):
+        as_given
+        top_left
+        bottom_right
+
     cdef struct KeyWindow:
         int64_t left
         int64_t right
         int64_t row_shift
         float fill
+
+
+cdef extern from "graphattn/sequences.hpp" namespace "graphattn":
+    cdef struct SequenceSpan:
+        int64_t query_begin
+        int64_t query_rows
+        int64_t key_begin
+        int64_t key_rows
+
+    cdef struct PackedSequences:
+        const SequenceSpan* spans
 
 
 cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
@@ -62,10 +78,13 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         bool select_keep_value
         float select_fill
         KeyWindow window
+        RowAlignment alignment
+        PackedSequences sequences
         bool inf_as_zero
         float dropout_p
         uint64_t dropout_seed
         uint64_t dropout_offset
+        uint64_t dropout_first_element
 
     cdef struct SdpaBackwardArgs:
         SdpaForwardArgs forward

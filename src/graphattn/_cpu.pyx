@@ -20,7 +20,7 @@ from graphattn._cpu cimport (AccumulateArgs, BufferExtent, DType, MaskKind, Merg
                              kernel_candidate_name, kernel_candidate_unavailable, set_scratch_poisoning, max_threads, sdpa_backward, sdpa_backward_isa, sdpa_backward_plan,
                              sdpa_dtype_class, sdpa_forward, sdpa_forward_isa, sdpa_forward_isa_for, sdpa_forward_plan,
                              merge_attention as c_merge_attention, accumulate as c_accumulate,
-                             dtype_size)
+                             dtype_size, RowAlignment, SequenceSpan)
 
 
 include "_sdpa_args.pxi"
@@ -550,6 +550,49 @@ cdef int _run_forward(const SdpaForwardArgs* args, uintptr_t query, uintptr_t ke
     if not status.ok:
         raise ValueError(status.message.decode())
     return 0
+
+
+# The row alignments of packed calls, by name (graphattn::RowAlignment).
+ROW_ALIGNMENTS = {"top_left": <int>RowAlignment.top_left, "bottom_right": <int>RowAlignment.bottom_right}
+
+
+def run_packed(dict views, cnp.ndarray spans, tuple batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk,
+               int64_t head_dim_v, *, float scale, int64_t window_left, int64_t window_right, str alignment,
+               float softcap=0.0, float dropout_p=0.0, uint64_t dropout_seed=0, uint64_t dropout_offset=0,
+               bint backward=False, bint plan_only=False):
+    """One call of packed sequences (graphattn/sequences.hpp), forward or backward.  views: operand name of
+    BACKWARD_VIEWS -> (dtype code, 5 strides, NumPy array or torch CPU tensor); spans: C-contiguous int64
+    (batch[0], 4), each row (query_begin, query_rows, key_begin, key_rows); the window about the row before
+    alignment.  plan_only: return the dispatch text instead of running.  Raises ValueError on bad arguments."""
+    if spans.dtype != np.int64 or spans.ndim != 2 or spans.shape[1] != 4 or not spans.flags.c_contiguous:
+        raise ValueError("spans: a C-contiguous int64 array of shape (sequences, 4)")
+    if spans.shape[0] != batch[0]:
+        raise ValueError(f"spans: {spans.shape[0]} rows for {batch[0]} sequences")
+    cdef SdpaBackwardArgs args
+    _set_shape_and_flags(&args.forward, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, <int>MaskKind.none, True,
+                         True, False, window_left, window_right, True, dropout_p, softcap, False)
+    cdef TensorView* view
+    for name, (code, strides, array) in views.items():
+        view = _backward_view(&args, name)
+        _set_view(view, (code, strides))
+        view.data = <const void*>_host_address(array)
+        _extent_of(array, &view.buffer)
+    args.forward.scale = scale
+    args.forward.window.fill = float("-inf")
+    args.forward.dropout_seed = dropout_seed
+    args.forward.dropout_offset = dropout_offset
+    args.forward.alignment = <RowAlignment>(<int>ROW_ALIGNMENTS[alignment])
+    args.forward.sequences.spans = <const SequenceSpan*>cnp.PyArray_DATA(spans)
+    if plan_only:
+        return (sdpa_backward_plan(args) if backward else sdpa_forward_plan(args.forward)).decode()
+    cdef Status status
+    with nogil:
+        if backward:
+            status = sdpa_backward(args)
+        else:
+            status = sdpa_forward(args.forward)
+    if not status.ok:
+        raise ValueError(status.message.decode())
 
 
 cpdef bint row_major(shape, strides) except -1:

@@ -18,6 +18,7 @@
 #include "graphattn/kernel_table.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_entry_points.hpp"
+#include "packed_sequences.hpp"
 
 namespace graphattn {
 namespace {
@@ -375,27 +376,73 @@ std::string forced_kernel(Pass pass) {
     return index < 0 ? "" : kernel_candidate_name(pass, index);
 }
 
-Status sdpa_forward(const SdpaForwardArgs& args) {
+namespace {
+
+// A dense call, its alignment resolved: checked, and refused where the forced candidate cannot run it.
+Status admit_forward(const SdpaForwardArgs& args) {
     Status status = check_forward_args(args);
     if (!status.ok) return status;
     if (args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0) return status;
-    int index = choose(kForwardCandidates, Pass::forward, args);
-    if (index < 0) return forced_cannot_run(kForwardCandidates, Pass::forward, args);
-    // A candidate that declines at run time (split inputs holding an infinity) leaves the call to the next.
-    while (!kForwardCandidates[index].run(args)) index = choose(kForwardCandidates, Pass::forward, args, index + 1);
+    if (choose(kForwardCandidates, Pass::forward, args) < 0)
+        return forced_cannot_run(kForwardCandidates, Pass::forward, args);
     return status;
 }
 
-Status sdpa_backward(const SdpaBackwardArgs& args) {
+// An admitted dense call on the first candidate that accepts it.
+Status run_forward(const SdpaForwardArgs& args) {
+    if (args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0) return Status::success();
+    int index = choose(kForwardCandidates, Pass::forward, args);
+    // A candidate that declines at run time (split inputs holding an infinity) leaves the call to the next.
+    while (!kForwardCandidates[index].run(args)) index = choose(kForwardCandidates, Pass::forward, args, index + 1);
+    return Status::success();
+}
+
+std::string dense_forward_plan(const SdpaForwardArgs& args);
+
+Status admit_backward(const SdpaBackwardArgs& args) {
     Status status = check_backward_args(args);
     if (!status.ok) return status;
     const SdpaForwardArgs& a = args.forward;
-    if (args.grad_sinks.data) sdpa_sink_gradients(args);
     if (a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return status;
-    int index = choose(kBackwardCandidates, Pass::backward, args);
-    if (index < 0) return forced_cannot_run(kBackwardCandidates, Pass::backward, args);
-    while (!kBackwardCandidates[index].run(args)) index = choose(kBackwardCandidates, Pass::backward, args, index + 1);
+    if (choose(kBackwardCandidates, Pass::backward, args) < 0)
+        return forced_cannot_run(kBackwardCandidates, Pass::backward, args);
     return status;
+}
+
+Status run_backward(const SdpaBackwardArgs& args) {
+    const SdpaForwardArgs& a = args.forward;
+    if (args.grad_sinks.data) sdpa_sink_gradients(args);
+    if (a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return Status::success();
+    int index = choose(kBackwardCandidates, Pass::backward, args);
+    while (!kBackwardCandidates[index].run(args)) index = choose(kBackwardCandidates, Pass::backward, args, index + 1);
+    return Status::success();
+}
+
+std::string dense_backward_plan(const SdpaBackwardArgs& args);
+
+constexpr DenseForwardRunner kDenseForward = {admit_forward, run_forward, dense_forward_plan};
+constexpr DenseBackwardRunner kDenseBackward = {admit_backward, run_backward, dense_backward_plan};
+
+SdpaBackwardArgs with_alignment_resolved(const SdpaBackwardArgs& args) {
+    SdpaBackwardArgs b = args;
+    b.forward = with_alignment_resolved(args.forward);
+    return b;
+}
+
+}  // namespace
+
+Status sdpa_forward(const SdpaForwardArgs& args) {
+    if (args.sequences.packed()) return run_packed_forward(args, kDenseForward);
+    const SdpaForwardArgs a = with_alignment_resolved(args);
+    Status status = admit_forward(a);
+    return status.ok ? run_forward(a) : status;
+}
+
+Status sdpa_backward(const SdpaBackwardArgs& args) {
+    if (args.forward.sequences.packed()) return run_packed_backward(args, kDenseBackward);
+    const SdpaBackwardArgs b = with_alignment_resolved(args);
+    Status status = admit_backward(b);
+    return status.ok ? run_backward(b) : status;
 }
 
 namespace {
@@ -428,13 +475,31 @@ const char* sdpa_backward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv) 
     return chosen_name(Pass::backward, choose(kBackwardCandidates, Pass::backward, args));
 }
 
-std::string sdpa_backward_plan(const SdpaBackwardArgs& args) {
+namespace {
+
+std::string dense_backward_plan(const SdpaBackwardArgs& args) {
     std::string why;
     const int index = choose(kBackwardCandidates, Pass::backward, args, 0, &why);
     const std::string head = std::string("isa=") + chosen_name(Pass::backward, index) + ",why=" + why + ",";
     const SdpaForwardArgs& a = args.forward;
     if (index < 0 || a.batch[0] * a.batch[1] * a.batch[2] * a.seq_kv == 0) return head + "layout=none";
     return head + kBackwardCandidates[index].plan(args);
+}
+
+std::string dense_forward_plan(const SdpaForwardArgs& args) {
+    std::string why;
+    const int index = choose(kForwardCandidates, Pass::forward, args, 0, &why);
+    const std::string head = std::string("isa=") + chosen_name(Pass::forward, index) + ",why=" + why + ",";
+    if (index < 0 || args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0)
+        return head + "layout=none";
+    return head + kForwardCandidates[index].plan(args);
+}
+
+}  // namespace
+
+std::string sdpa_backward_plan(const SdpaBackwardArgs& args) {
+    if (args.forward.sequences.packed()) return packed_backward_plan(args, kDenseBackward);
+    return dense_backward_plan(with_alignment_resolved(args));
 }
 
 const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, int64_t batch, bool causal,
@@ -444,16 +509,12 @@ const char* sdpa_forward_isa(DType input_dtype, int64_t seq_q, int64_t seq_kv, i
 }
 
 const char* sdpa_forward_isa_for(const SdpaForwardArgs& args) {
-    return chosen_name(Pass::forward, choose(kForwardCandidates, Pass::forward, args));
+    return chosen_name(Pass::forward, choose(kForwardCandidates, Pass::forward, with_alignment_resolved(args)));
 }
 
 std::string sdpa_forward_plan(const SdpaForwardArgs& args) {
-    std::string why;
-    const int index = choose(kForwardCandidates, Pass::forward, args, 0, &why);
-    const std::string head = std::string("isa=") + chosen_name(Pass::forward, index) + ",why=" + why + ",";
-    if (index < 0 || args.batch[0] * args.batch[1] * args.batch[2] * args.seq_q == 0)
-        return head + "layout=none";
-    return head + kForwardCandidates[index].plan(args);
+    if (args.sequences.packed()) return packed_forward_plan(args, kDenseForward);
+    return dense_forward_plan(with_alignment_resolved(args));
 }
 
 }  // namespace graphattn

@@ -334,7 +334,7 @@ struct LaneForward {
             sc.query_index.get()[r] = float(i);
             if (a.alibi.slopes.data) sc.slope_lanes.get()[r] = slope;
             if (a.sinks.data) sc.sink_lanes.get()[r] = sink;
-            sc.drop_base[r] = uint64_t(flat * a.seq_q + i) * uint64_t(a.seq_kv);
+            sc.drop_base[r] = DropoutPlan::row_base(a, flat, i);
         }
         return rows;
     }

@@ -19,6 +19,17 @@ namespace graphattn {
 // cannot overflow.
 constexpr int64_t kNoKeyLimit = int64_t(1) << 61;
 
+// How query rows align to keys, for the window and ALiBi alike: as_given
+// takes the window's row_shift as it is; top_left is i' = i; bottom_right is
+// i' = i + Skv - Sq, with the lengths of the row's own sequence (each
+// sequence of a packed call has its own).
+enum class RowAlignment : int32_t { as_given = 0, top_left = 1, bottom_right = 2 };
+
+// i' - i for a sequence of seq_q query rows and seq_kv keys.
+inline int64_t aligned_row_shift(RowAlignment alignment, int64_t seq_q, int64_t seq_kv) {
+    return alignment == RowAlignment::bottom_right ? seq_kv - seq_q : 0;
+}
+
 struct KeyWindow {
     int64_t left = kNoKeyLimit;   // keys before the aligned row a row sees
     int64_t right = kNoKeyLimit;  // keys after it
@@ -63,7 +74,28 @@ struct KeyWindow {
         return Block::partial;
     }
 
+    // Visible (row, key) pairs of rows [0, seq_q) against keys [0, seq_kv):
+    // the work a sequence holds, in closed form (a planner's measure).
+    int64_t visible_pairs(int64_t seq_q, int64_t seq_kv) const {
+        if (seq_q <= 0 || seq_kv <= 0) return 0;
+        const int64_t lo = clamp(lowest_diagonal(), -seq_q - 1, seq_kv + 1);
+        const int64_t hi = clamp(highest_diagonal(), -seq_q - 1, seq_kv + 1);
+        if (hi < lo) return 0;
+        // sum over rows of key_end - key_begin, each a clamped line in i
+        return clamped_line_sum(hi + 1, seq_q, seq_kv) - clamped_line_sum(lo, seq_q, seq_kv);
+    }
+
     static int64_t clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+private:
+    // sum of clamp(i + c, 0, n) over i in [0, rows).
+    static int64_t clamped_line_sum(int64_t c, int64_t rows, int64_t n) {
+        const int64_t zero_until = clamp(-c, 0, rows);      // rows whose value is 0
+        const int64_t full_from = clamp(n - c, 0, rows);    // rows from which the value is n
+        const int64_t a = zero_until, b = full_from > a ? full_from : a;  // rows [a, b) rise linearly
+        const int64_t rising = (b - a) * c + (a + b - 1) * (b - a) / 2;
+        return rising + (rows - b) * n;
+    }
 };
 
 }  // namespace graphattn

@@ -12,6 +12,7 @@
 
 #include "graphattn/key_window.hpp"
 #include "graphattn/score_mods.hpp"
+#include "graphattn/sequences.hpp"
 
 namespace graphattn {
 
@@ -55,7 +56,9 @@ struct TensorView {
 struct Alibi {
     TensorView slopes;
     bool bottom_right = false;  // i' = i + seq_kv - seq_q, else i' = i
-    int64_t row_shift(int64_t seq_q, int64_t seq_kv) const { return bottom_right ? seq_kv - seq_q : 0; }
+    int64_t row_shift(int64_t seq_q, int64_t seq_kv) const {
+        return aligned_row_shift(bottom_right ? RowAlignment::bottom_right : RowAlignment::top_left, seq_q, seq_kv);
+    }
 };
 
 enum class MaskKind : int32_t {
@@ -66,7 +69,9 @@ enum class MaskKind : int32_t {
 
 // Arguments of one forward call.  Shapes: Q (B, Sq, D), K (B, Skv, D),
 // V (B, Skv, Dv), O (B, Sq, Dv), mask (B, Sq, Skv), stats (B, Sq, 1),
-// where B is the 3-dim batch.
+// where B is the 3-dim batch.  With packed sequences (graphattn/sequences.hpp)
+// batch[0] counts the sequences, seq_q and seq_kv are their longest, and each
+// sequence has its own lengths and rows; no mask is taken then.
 struct SdpaForwardArgs {
     int64_t batch[kBatchDims] = {1, 1, 1};
     int64_t seq_q = 0;
@@ -100,6 +105,12 @@ struct SdpaForwardArgs {
     // The keys each query row sees (graphattn/key_window.hpp); the others
     // score window.fill.  All keys by default; causal is right = 0.
     KeyWindow window;
+    // Where alignment is not as_given, window.row_shift and alibi.bottom_right
+    // are set from it and each sequence's lengths before any kernel runs.
+    RowAlignment alignment = RowAlignment::as_given;
+
+    // Sequences of their own lengths packed along the rows; none by default.
+    PackedSequences sequences;
 
     // SoftMax mode: false = "none" (a fully masked row gives NaN),
     // true = "inf_as_zero" (a fully masked row gives 0).
@@ -109,10 +120,14 @@ struct SdpaForwardArgs {
     // V): element (b, i, j) is kept with probability 1 - p by the Philox
     // keep-mask of graphattn/philox.hpp, with b the row-major flat index of
     // the 3 batch dims, and kept values are scaled by 1 / (1 - p).  The stats
-    // stay those of the softmax without dropout.
+    // stay those of the softmax without dropout.  Element (b, i, j) is
+    // Philox element dropout_first_element + (b * Sq + i) * Skv + j; packed
+    // sequences lie one after another, sequence s from the sum over the ones
+    // before it of heads * query_rows * key_rows (heads: batch[1] * batch[2]).
     float dropout_p = 0.0f;
     uint64_t dropout_seed = 0;
     uint64_t dropout_offset = 0;
+    uint64_t dropout_first_element = 0;
 };
 
 // The factor the scores Q K^T are multiplied by: scale, 1 / scale
