@@ -24,6 +24,7 @@ from . import run, testing  # noqa: F401  (ga.run.run_graph, ga.testing)
 from .run import run_graph
 from .functional import scaled_dot_product_attention
 from .functional_backward import scaled_dot_product_attention_backward
+from .varlen import varlen_attention, varlen_attention_backward
 
 __version__ = "0.1.0"
 
@@ -31,5 +32,6 @@ __all__ = [
     "CompiledPartition", "DataType", "Engine", "Graph", "Layout", "LogicalTensor", "Op", "OpKind",
     "Partition", "Property", "Stream", "Tensor", "backward_isa", "cpu_features", "force_kernel",
     "forward_isa", "kernel_candidates", "run_graph", "scaled_dot_product_attention",
-    "scaled_dot_product_attention_backward", "set_verbose", "thread_count",
+    "scaled_dot_product_attention_backward", "set_verbose", "thread_count", "varlen_attention",
+    "varlen_attention_backward",
 ]

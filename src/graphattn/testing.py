@@ -400,12 +400,15 @@ def _broadcast(a: tuple, b: tuple) -> tuple:
     return tuple(-1 if k == 1 and -1 in (x, y) else k for k, x, y in zip(known, a, b))
 
 
-def dropout_multipliers(shape: tuple, dropout_p: float, seed: int, offset: int) -> np.ndarray:
-    """1 / (1 - p) where the Philox keep-mask keeps an element of the (..., L, S) probabilities, else 0."""
+def dropout_multipliers(shape: tuple, dropout_p: float, seed: int, offset: int, first_element: int = 0) -> np.ndarray:
+    """1 / (1 - p) where the Philox keep-mask keeps an element of the (..., L, S) probabilities, else 0; their
+    element e is the stream's first_element + e (a packed call's sequence starts past the ones before it)."""
     from .ops.philox import dropout_keep_mask
     if not dropout_p:
         return np.ones(shape)
-    return np.where(dropout_keep_mask(shape, dropout_p, seed, offset), 1.0 / (1.0 - dropout_p), 0.0)
+    size = int(np.prod(shape, dtype=np.int64))
+    keep = dropout_keep_mask((first_element + size,), dropout_p, seed, offset)[first_element:].reshape(shape)
+    return np.where(keep, 1.0 / (1.0 - dropout_p), 0.0)
 
 
 def _per_head(values) -> np.ndarray:
@@ -447,7 +450,8 @@ def _softmax_with_sinks(scores: np.ndarray, sinks):
 
 def sdpa_reference(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
                    causal_alignment="top_left", return_stats=False, dropout_p=0.0, dropout_seed=0,
-                   dropout_offset=0, window=None, softcap=None, alibi_slopes=None, sinks=None):
+                   dropout_offset=0, window=None, softcap=None, alibi_slopes=None, sinks=None,
+                   dropout_first_element=0):
     """Plain float64 NumPy SDPA with the functional API's semantics (fully masked rows give 0), score modifiers
     included (softcap, ALiBi slopes, sinks: score_mods.py)."""
     q, k, v = (np.asarray(x).astype(np.float64) for x in (query, key, value))
@@ -464,7 +468,7 @@ def sdpa_reference(query, key, value, attn_mask=None, is_causal=False, scale=Non
         mask = np.asarray(attn_mask)
         scores = np.where(mask, scores, -np.inf) if mask.dtype == np.bool_ else scores + mask.astype(np.float64)
     p, stats, masked = _softmax_with_sinks(scores, sinks)
-    p = p * dropout_multipliers(scores.shape, dropout_p, dropout_seed, dropout_offset)
+    p = p * dropout_multipliers(scores.shape, dropout_p, dropout_seed, dropout_offset, dropout_first_element)
     out = np.where(masked, 0.0, p @ v)
     return (out, stats) if return_stats else out
 
@@ -484,7 +488,8 @@ def assert_grad_close(actual: np.ndarray, expected: np.ndarray, dtype, what: str
 
 def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_causal=False, scale=None,
                             enable_gqa=False, causal_alignment="top_left", dropout_p=0.0, dropout_seed=0,
-                            dropout_offset=0, window=None, softcap=None, alibi_slopes=None, sinks=None):
+                            dropout_offset=0, window=None, softcap=None, alibi_slopes=None, sinks=None,
+                            dropout_first_element=0):
     """Float64 gradients (dq, dk, dv, dmask), and dsinks where sinks are given, of sdpa_reference by the textbook
     formulas.
 
@@ -513,7 +518,7 @@ def sdpa_reference_backward(grad_out, query, key, value, attn_mask=None, is_caus
         scores = scores + mask.astype(np.float64)
     scores = np.where(keep, scores, -np.inf)
     p, stats, _ = _softmax_with_sinks(scores, sinks)
-    z = dropout_multipliers(scores.shape, dropout_p, dropout_seed, dropout_offset)
+    z = dropout_multipliers(scores.shape, dropout_p, dropout_seed, dropout_offset, dropout_first_element)
     dv = np.swapaxes(p * z, -1, -2) @ do
     dp = do @ np.swapaxes(v, -1, -2) * z
     delta = (dp * p).sum(-1, keepdims=True)
@@ -541,3 +546,60 @@ def _sum_to(grad: np.ndarray, shape: tuple) -> np.ndarray:
     lead = grad.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1)
     return grad.sum(axis=axes, keepdims=True).reshape(shape) if axes else grad
+
+
+def _sequences(cu_seqlens_q, cu_seqlens_k):
+    cu_q, cu_k = (np.asarray(c, np.int64) for c in (cu_seqlens_q, cu_seqlens_k))
+    return [(int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])) for b in range(len(cu_q) - 1)]
+
+
+def _sequence_options(options: dict, b: int, heads: int, rows_before: int) -> dict:
+    """A packed call's options for sequence b as a dense reference call takes them: its row of (B, H) slopes and
+    its first Philox element."""
+    opts = dict(options)
+    slopes = opts.get("alibi_slopes")
+    if slopes is not None and np.ndim(slopes) == 2:
+        opts["alibi_slopes"] = np.asarray(slopes)[b]
+    opts["dropout_first_element"] = rows_before
+    opts.setdefault("causal_alignment", "bottom_right")
+    return opts
+
+
+def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
+    """Float64 (out (T_q, H_q, Dv), stats (H_q, T_q)) of packed sequences (graphattn.varlen's rules), each
+    sequence by sdpa_reference: its own keys, bottom-right by default."""
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
+    heads = q.shape[1]
+    out = np.zeros((q.shape[0], heads, v.shape[2]))
+    stats = np.full((heads, q.shape[0]), -np.inf)
+    first = 0
+    for b, (q0, q1, k0, k1) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
+        if q1 > q0 and k1 > k0:
+            o, st = sdpa_reference(q[q0:q1].swapaxes(0, 1), k[k0:k1].swapaxes(0, 1), v[k0:k1].swapaxes(0, 1),
+                                   enable_gqa=True, return_stats=True,
+                                   **_sequence_options(options, b, heads, first))
+            out[q0:q1] = o.swapaxes(0, 1)
+            stats[:, q0:q1] = st[..., 0]
+        first += heads * (q1 - q0) * (k1 - k0)
+    return out, stats
+
+
+def varlen_reference_backward(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
+    """Float64 (dq, dk, dv), and dsinks where sinks are given, of varlen_reference, each sequence by
+    sdpa_reference_backward."""
+    q, k, v, do = (np.asarray(x).astype(np.float64) for x in (q, k, v, grad_out))
+    heads = q.shape[1]
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    sinks = options.get("sinks")
+    dsinks = None if sinks is None else np.zeros(np.shape(sinks))
+    first = 0
+    for b, (q0, q1, k0, k1) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
+        if q1 > q0 and k1 > k0:
+            grads = sdpa_reference_backward(do[q0:q1].swapaxes(0, 1), q[q0:q1].swapaxes(0, 1),
+                                            k[k0:k1].swapaxes(0, 1), v[k0:k1].swapaxes(0, 1), enable_gqa=True,
+                                            **_sequence_options(options, b, heads, first))
+            dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g.swapaxes(0, 1) for g in grads[:3])
+            if dsinks is not None:
+                dsinks += grads[4]
+        first += heads * (q1 - q0) * (k1 - k0)
+    return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)

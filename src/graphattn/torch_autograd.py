@@ -116,18 +116,24 @@ def takes(query, key, value, attn_mask, sinks=None) -> bool:
     return torch.compiler.is_dynamo_compiling()
 
 
+def dropout_seeds(dropout_p: float, dropout_seed):
+    """(dropout_seed, seed tensor or None) of an op call: one seed for the forward and the backward, drawn from
+    torch's generator where none is given; while torch.compile traces, as a tensor the graph draws (no Python
+    int, no graph break)."""
+    if not dropout_p or dropout_seed is not None:
+        return dropout_seed, None
+    if torch.compiler.is_dynamo_compiling():
+        return None, torch.randint(0, 1 << 62, (), dtype=torch.int64)
+    return torch_random_seed(), None
+
+
 def attention(query, key, value, attn_mask, return_stats: bool, dropout_p, is_causal, scale, enable_gqa,
               causal_alignment, dropout_seed, dropout_offset, window=None, softcap=None, alibi_slopes=None,
               sinks=None):
     """The call through sdpa_forward: out, or (out, stats) with stats not differentiable.  NumPy operands are
     taken as tensors (the ops take tensors only)."""
     dropout_p = arguments.dropout_probability(dropout_p)
-    seed = None
-    if dropout_p and dropout_seed is None:  # one seed for the forward and the backward, from torch's generator
-        if torch.compiler.is_dynamo_compiling():  # a tensor the graph draws: no Python int, no graph break
-            seed = torch.randint(0, 1 << 62, (), dtype=torch.int64)
-        else:
-            dropout_seed = torch_random_seed()
+    dropout_seed, seed = dropout_seeds(dropout_p, dropout_seed)
     query, key, value = (x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in (query, key, value))
     attn_mask, alibi_slopes, sinks = (x if x is None or isinstance(x, torch.Tensor) else torch.as_tensor(x)
                                       for x in (attn_mask, alibi_slopes, sinks))
