@@ -178,3 +178,71 @@ def test_modifier_models_match_eager(model, monkeypatch):
         assert p.grad is not None, f"{name} got no gradient"
         scale = float(q.grad.abs().max()) or 1.0
         assert_close(p.grad.numpy(), q.grad.numpy(), DataType.f32, name, (rtol, atol * scale))
+
+
+def _counting_varlen(monkeypatch):
+    """Counts the calls that reach graphattn.varlen_attention."""
+    import graphattn.varlen
+
+    calls = []
+    original = graphattn.varlen.varlen_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[3])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(graphattn.varlen, "varlen_attention", counted)
+    return calls
+
+
+def test_flash_name_trains_padding_free_as_sdpa_per_sequence(monkeypatch):
+    """DataCollatorWithFlattening's packed row through "graphattn_flash" (varlen) gives each sequence's own
+    loss and gradients: those of "sdpa" on the sequences one by one."""
+    calls = _counting_varlen(monkeypatch)
+    ours, theirs = _models()
+    ours.config._attn_implementation = graphattn.torch.FLASH_NAME
+    torch.manual_seed(2)
+    seqs = [torch.randint(0, 97, (n,)).tolist() for n in (7, 13, 1, 5)]
+    batch = transformers.DataCollatorWithFlattening()([{"input_ids": s} for s in seqs])
+    loss = ours(**batch).loss
+    loss.backward()
+    total, count = 0.0, 0
+    for s in seqs:
+        ids = torch.tensor([s])
+        if len(s) > 1:
+            total = total + theirs(input_ids=ids, labels=ids).loss * (len(s) - 1)
+            count += len(s) - 1
+    (total / count).backward()
+    assert calls, "the packed row did not reach varlen_attention"
+    assert_close(loss.detach().numpy(), (total / count).detach().numpy(), "f32")
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters()):
+        rtol, atol = GRAD_TOLERANCES[DataType.f32]
+        assert_close(a.grad.numpy(), b.grad.numpy(), "f32", name, (10 * rtol, 10 * atol))
+
+
+def test_flash_name_runs_continuous_batching(monkeypatch):
+    """model.generate_batch (transformers' continuous batching) on the CPU through "graphattn_flash": varlen
+    calls, and the greedy tokens of "sdpa"."""
+    calls = _counting_varlen(monkeypatch)
+    ours, theirs = _models()
+    ours.config._attn_implementation = graphattn.torch.FLASH_NAME
+    torch.manual_seed(3)
+    prompts = [torch.randint(1, 97, (n,)).tolist() for n in (7, 13, 5)]
+    config = transformers.GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    ours_out = ours.generate_batch(inputs=prompts, generation_config=config)
+    theirs_out = theirs.generate_batch(inputs=prompts, generation_config=config)
+    assert calls and any(len(cu) > 2 for cu in calls), "no packed call of several sequences reached varlen"
+    assert sorted(ours_out) == sorted(theirs_out)
+    for key in ours_out:
+        assert ours_out[key].generated_tokens == theirs_out[key].generated_tokens
+
+
+def test_flash_name_with_a_padded_batch_generates_as_sdpa():
+    ours, theirs = _models()
+    ours.config._attn_implementation = graphattn.torch.FLASH_NAME
+    torch.manual_seed(4)
+    ids = torch.randint(1, 97, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :3] = 0  # left padding
+    args = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(ids, **args), theirs.generate(ids, **args))
