@@ -47,7 +47,8 @@ def core_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def time_call(fn, min_seconds: float = 0.2, max_reps: int = 50, warmup_share: float = 0.0) -> list[float]:
+def time_call(fn, min_seconds: float = 0.2, max_reps: int = 50, warmup_share: float = 0.0,
+              min_reps: int = 3) -> list[float]:
     """Runs fn to warm up (once, or for warmup_share of min_seconds where calls are short), then repeatedly for
     about min_seconds but at most max_reps times; returns the timed calls' seconds."""
     start = time.perf_counter()
@@ -55,12 +56,26 @@ def time_call(fn, min_seconds: float = 0.2, max_reps: int = 50, warmup_share: fl
     first = time.perf_counter() - start
     while time.perf_counter() - start < warmup_share * min_seconds:
         fn()
-    reps = max(3, min(max_reps, int(min_seconds / max(first, 1e-6))))
+    reps = max(min_reps, min(max_reps, int(min_seconds / max(first, 1e-6))))
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
+    return times
+
+
+def interleaved_times(runs: dict, min_seconds: float, rounds: int = 5, min_reps: int = 3) -> dict:
+    """Each callable's timed calls (seconds), taken in rounds that alternate between them; calls of seconds each
+    (a padded batch) take fewer rounds and repetitions."""
+    times = {name: [] for name in runs}
+    for name, fn in runs.items():  # warm-up (compiles and caches graphattn's partition)
+        fn()
+    for _ in range(rounds):  # interleaved, so drifting clocks or neighbours hit every contender alike
+        for name, fn in runs.items():
+            # Each round warms up first: the other contender's calls just ran on these cores, and a call of
+            # tens of microseconds timed right after them measures their traces in the caches, not itself.
+            times[name] += time_call(fn, min_seconds / rounds, max_reps=1000, warmup_share=0.2, min_reps=min_reps)
     return times
 
 

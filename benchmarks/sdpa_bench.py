@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 import graphattn as ga
-from bench_common import Progress, attention_flops, core_count, cpu_model, median, time_call
+from bench_common import Progress, attention_flops, core_count, cpu_model, interleaved_times, median, time_call
 import onednn_graph_peer
 from onednn_peer import onednn_sdpa, onednn_version, unusable_reason
 
@@ -153,20 +153,6 @@ def backward_contenders(shape, dtype: str, causal: bool, inputs, peers=PEERS):
             "backward", dtype, lambda: onednn_graph_peer.sdpa_backward(q, k, v, grad_out, stats, causal))) is not None:
         runs["onednn"] = run
     return runs
-
-
-def interleaved_times(runs: dict, min_seconds: float) -> dict:
-    """Each callable's timed calls (seconds), taken in rounds that alternate between them."""
-    times = {name: [] for name in runs}
-    for name, fn in runs.items():  # warm-up (compiles and caches graphattn's partition)
-        fn()
-    rounds = 5
-    for _ in range(rounds):  # interleaved, so drifting clocks or neighbours hit every contender alike
-        for name, fn in runs.items():
-            # Each round warms up first: the other contender's calls just ran on these cores, and a call of
-            # tens of microseconds timed right after them measures their traces in the caches, not itself.
-            times[name] += time_call(fn, min_seconds / rounds, max_reps=1000, warmup_share=0.2)
-    return times
 
 
 def bench_case(shape, dtype: str, causal: bool, rng, min_seconds: float, backward: bool = False,

@@ -392,3 +392,19 @@ def test_softcap_cost_times_both_paths_against_exp2(tmp_path):
                         ("fallback_over_exp2", "softcap_fallback_ns_per_score")):
         assert row[ratio] == pytest.approx(row[name] / row["exp2_ns_per_score"], rel=1e-2), (ratio, row)
     assert "softcap c*tanh(s/c), c = 50:" in lines[1]
+
+
+def test_varlen_benchmark_prints_rows_and_tables():
+    script = BENCH.parent / "varlen_bench.py"
+    result = subprocess.run([sys.executable, str(script), "--sequences", "3", "--min-len", "8", "--max-len", "40",
+                             "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--dense-batch", "2",
+                             "--dense-len", "16", "--dtypes", "f32", "--seconds", "0.01", "--rounds", "1",
+                             "--min-reps", "1"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [(r["bench"], r["pass"]) for r in rows] == [("varlen", "forward"), ("varlen_dense", "forward"),
+                                                      ("varlen", "backward"), ("varlen_dense", "backward")]
+    for r in rows:
+        assert r["varlen_ms"] > 0 and r["cpu"]
+    assert all(r["vs_per_sequence"] > 0 and r["vs_padded"] > 0 for r in rows if r["bench"] == "varlen")
+    assert "vs per-seq" in result.stdout and "dense/varlen" in result.stdout
