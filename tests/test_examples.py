@@ -107,3 +107,8 @@ def test_cpp_examples_build_and_match(tmp_path):
         result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "matches the reference" in result.stdout and " ms" in result.stdout
+
+
+def test_varlen_example_runs():
+    out = run("varlen_packed.py", "--new-tokens", "3")
+    assert "(matches)" in out and "greedy tokens match sdpa's" in out and "padding-free training" in out
