@@ -342,3 +342,35 @@ def test_errors_name_the_problem(queue, rng):
 def test_sycl_grad_tolerances_are_the_cpu_ones():
     """One tolerance table serves both devices (stated in graphattn.testing)."""
     assert set(GRAD_TOLERANCES) == {ga.DataType.f32, ga.DataType.bf16, ga.DataType.f16}
+
+
+VARLEN_OPTIONS = {
+    "causal": dict(is_causal=True),
+    "window_top_left": dict(window=(4, 1), causal_alignment="top_left"),
+    "modifiers": dict(softcap=2.5, alibi_slopes=np.linspace(0.1, 0.4, 4).astype(np.float32),
+                      sinks=np.array([0.5, -1.0, 0.0, 1.5], np.float32), is_causal=True),
+    "dropout": dict(dropout_p=0.25, dropout_seed=11, dropout_offset=3, is_causal=True),
+}
+
+
+@pytest.mark.parametrize("name", list(VARLEN_OPTIONS))
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_varlen_forward_on_sycl(subgroup_only, name, dtype):
+    """Packed sequences (empty ones and S_q > S_k among them) on the sub-group forward, against the float64
+    reference; the same length record as the CPU's."""
+    from graphattn.testing import varlen_reference
+
+    rng = np.random.default_rng(5)
+    lengths_q, lengths_k = (5, 0, 17, 1, 9), (7, 3, 17, 0, 4)
+    cq, ck = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lengths_q, lengths_k))
+    q = random_array((int(cq[-1]), 4, 80), dtype, rng)
+    k = random_array((int(ck[-1]), 2, 80), dtype, rng)
+    v = random_array((int(ck[-1]), 2, 80), dtype, rng)
+    options = VARLEN_OPTIONS[name]
+    out, stats = ga.varlen_attention(*(to_device(x, subgroup_only) for x in (q, k, v)), cq, ck, return_stats=True,
+                                     **options)
+    ref_out, ref_stats = varlen_reference(q, k, v, cq, ck, **options)
+    assert_close(host(out), ref_out, dtype, "out")
+    assert_close(host(stats), ref_stats, np.float32, "stats", STATS_TOLERANCE)
+    with pytest.raises(NotImplementedError, match="SYCL backward"):
+        ga.varlen_attention_backward(out, *(to_device(x, subgroup_only) for x in (q, k, v)), out, stats, cq, ck)

@@ -8,8 +8,8 @@ asynchronous on the queue.
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libcpp cimport bool
 
-from graphattn._cpu cimport (BufferExtent, DType, MaskKind, SdpaBackwardArgs, SdpaForwardArgs, Status, TensorView,
-                            kNoKeyLimit)
+from graphattn._cpu cimport (BufferExtent, DType, MaskKind, RowAlignment, SdpaBackwardArgs, SdpaForwardArgs,
+                            SequenceSpan, Status, TensorView, kNoKeyLimit)
 from graphattn._sycl cimport (MatrixKernels, build_seconds_total, build_xmx_sources, builds_done, kMaxHeadDim,
                               matrix_kernels, prebuild, sdpa_backward, sdpa_forward, sdpa_forward_kernel,
                               set_matrix_kernels)
@@ -117,6 +117,40 @@ def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, i
         _set_extent(_backward_view(&args, name), layout)
     with nogil:
         status = sdpa_backward(q, args)
+    _raise_if_failed(status)
+
+
+_ROW_ALIGNMENTS = {"top_left": <int>RowAlignment.top_left, "bottom_right": <int>RowAlignment.bottom_right}
+
+
+def forward_packed(queue, dict views, spans, tuple batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk,
+                   int64_t head_dim_v, *, float scale, int64_t window_left, int64_t window_right, str alignment,
+                   float softcap=0.0, float dropout_p=0.0, uint64_t dropout_seed=0, uint64_t dropout_offset=0,
+                   dict extents=None):
+    """Submit a forward of packed sequences (graphattn/sequences.hpp).  views: operand name -> (dtype code,
+    5 strides, USM address); spans: a C-contiguous int64 NumPy array (batch[0], 4) on the host, each row
+    (query_begin, query_rows, key_begin, key_rows); extents as backward's."""
+    if spans.dtype.str != "<i8" or spans.ndim != 2 or spans.shape[1] != 4 or not spans.flags.c_contiguous:
+        raise ValueError("spans: a C-contiguous int64 array of shape (sequences, 4)")
+    if spans.shape[0] != batch[0]:
+        raise ValueError(f"spans: {spans.shape[0]} rows for {batch[0]} sequences")
+    cdef SdpaForwardArgs args
+    cdef Status status
+    cdef void* q = _queue_ref(queue)
+    _set_shape_and_flags(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, <int>MaskKind.none, True, True,
+                         False, window_left, window_right, True, dropout_p, softcap, False)
+    for name, spec in views.items():
+        _set_address_view(_forward_view(&args, FORWARD_VIEWS.index(name)), spec)
+    for name, layout in (extents or {}).items():
+        _set_extent(_forward_view(&args, FORWARD_VIEWS.index(name)), layout)
+    args.scale = scale
+    args.window.fill = float("-inf")
+    args.dropout_seed = dropout_seed
+    args.dropout_offset = dropout_offset
+    args.alignment = <RowAlignment>(<int>_ROW_ALIGNMENTS[alignment])
+    args.sequences.spans = <const SequenceSpan*><uintptr_t>spans.ctypes.data
+    with nogil:
+        status = sdpa_forward(q, args)
     _raise_if_failed(status)
 
 

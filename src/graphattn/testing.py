@@ -574,6 +574,8 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     stats = np.full((heads, q.shape[0]), -np.inf)
     first = 0
     for b, (q0, q1, k0, k1) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
+        if q1 > q0 and k1 == k0 and options.get("sinks") is not None:  # no keys: the sink's weight is the sum
+            stats[:, q0:q1] = np.asarray(options["sinks"], np.float64)[:, None]
         if q1 > q0 and k1 > k0:
             o, st = sdpa_reference(q[q0:q1].swapaxes(0, 1), k[k0:k1].swapaxes(0, 1), v[k0:k1].swapaxes(0, 1),
                                    enable_gqa=True, return_stats=True,

@@ -7,7 +7,7 @@ holding query rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and key rows [cu_seqle
 H_q is a multiple of H_kv (query head h reads K/V head h // (H_q / H_kv)).  Each sequence attends to its own
 keys only, with causal, the window and ALiBi aligned per sequence (bottom-right by default, as flash-attn:
 i' = i + S_k - S_q of that sequence).  stats are (H_q, T_q) f32, the log-sum-exp of each row (sinks included),
--inf for a row that sees no key, whose output is 0.
+-inf for a row that sees no key (with sinks: the sink's logit alone), whose output is 0.
 
 Dropout keeps element (b, h, i, j) (sequence, query head, row and key within the sequence) by Philox element
 E_b + (h * S_q + i) * S_k + j of the stream (dropout_seed, dropout_offset) (graphattn/philox.hpp), where E_b
@@ -24,17 +24,21 @@ import math
 import ml_dtypes
 import numpy as np
 
-from . import _cpu, arguments, key_window, score_mods
+from . import _cpu, arguments, key_window, score_mods, sycl_runtime
 from .dtypes import kernel_code
 from .interop import from_numpy, is_torch_tensor, to_numpy, torch_compiling
 from .logical_tensor import dense_strides
-from .tensor import element_strides
+from .tensor import array_strides, element_strides
 
 _FLOATS = frozenset(np.dtype(x) for x in (np.float32, ml_dtypes.bfloat16, np.float16))
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
 def _host(x, name: str) -> tuple[np.ndarray, str]:
+    """x as the kernels read it: a NumPy view of a host array or torch tensor, or a USM array (dpnp,
+    usm_ndarray) as it is (kind "usm")."""
+    if sycl_runtime.is_usm_array(x):
+        return x, "usm"
     array, kind = to_numpy(x, name)
     arguments.check_host_array(array, name)
     return array, kind
@@ -42,8 +46,9 @@ def _host(x, name: str) -> tuple[np.ndarray, str]:
 
 def checked_cu_seqlens(cu_seqlens, name: str, total: int) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, lengths) as int64 of cu_seqlens: a 1-D int32 or int64 array of B + 1 offsets, 0 first,
-    non-decreasing, `total` last."""
-    array, kind = to_numpy(cu_seqlens, name)
+    non-decreasing, `total` last (a USM array is read on the host: the planner needs the lengths)."""
+    array, kind = (sycl_runtime.to_host(cu_seqlens), "usm") if sycl_runtime.is_usm_array(cu_seqlens) else \
+        to_numpy(cu_seqlens, name)
     if array.dtype not in _INDEX_DTYPES:
         raise TypeError(f"{name} must be int32 or int64, got {arguments.dtype_text(array.dtype, kind)}")
     if array.ndim != 1 or array.shape[0] < 1:
@@ -77,12 +82,12 @@ class _Call:
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, is_causal,
                  causal_alignment, window, softcap, alibi_slopes, sinks, dropout_p, dropout_seed, dropout_offset):
-        self.kind = "torch" if is_torch_tensor(q) else "numpy"
         names = ("q", "k", "v")
         arrays = [_host(x, n) for x, n in zip((q, k, v), names)]
         kinds = {kind for _, kind in arrays}
         if len(kinds) != 1:
-            raise TypeError("q, k and v must all be NumPy arrays or all torch tensors")
+            raise TypeError("q, k and v must all be NumPy arrays, all torch tensors or all USM arrays (dpnp)")
+        self.kind = kinds.pop()
         self.q, self.k, self.v = (a for a, _ in arrays)
         for name, a in zip(names, (self.q, self.k, self.v)):
             if a.ndim != 3:
@@ -190,9 +195,9 @@ def head_major(shape: tuple, dtype) -> np.ndarray:
     return np.empty((heads, rows, cols), dtype).swapaxes(0, 1)
 
 
-def _strides(a: np.ndarray) -> tuple:
+def _strides(a) -> tuple:
     """Element strides, dense ones for an empty array (NumPy may give it any, 0 included: no element is read)."""
-    return element_strides(a) if a.size else dense_strides(a.shape)
+    return array_strides(a) if a.size else dense_strides(a.shape)
 
 
 def _checked_result(given, shape: tuple, dtype, kind: str, name: str) -> np.ndarray:
@@ -237,6 +242,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         dropout_seed = new_dropout_seed(q)
     call = _Call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, is_causal,
                  causal_alignment, window, softcap, alibi_slopes, sinks, dropout_p, dropout_seed, dropout_offset)
+    if call.kind == "usm":
+        return _sycl_forward(call, out, return_stats)
     shape = (call.total_q, call.heads, call.head_dim_v)
     result = head_major(shape, call.q.dtype) if out is None else \
         _checked_result(out, shape, call.q.dtype, call.kind, "out")
@@ -247,6 +254,43 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     else:
         result = from_numpy(result, call.kind)
     return (result, from_numpy(stats, call.kind)) if return_stats else result
+
+
+def _sycl_forward(call: _Call, out, return_stats: bool):
+    """varlen_attention on USM arrays: the SYCL plugin's sub-group forward, the same length record; results
+    on q's queue, ready on return."""
+    queue = sycl_runtime.array_queue(call.q)
+    for name, a in (("k", call.k), ("v", call.v)):
+        if sycl_runtime.array_queue(a).sycl_context != queue.sycl_context:
+            raise ValueError(f"{name} lives on another SYCL context than q")
+    if not (call.q.dtype == call.k.dtype == call.v.dtype) or call.q.dtype not in (np.float32, np.float16):
+        raise TypeError(f"q, k and v on SYCL must share one dtype, float32 or float16, got {call.q.dtype}, "
+                        f"{call.k.dtype} and {call.v.dtype}")
+    if out is not None:
+        raise ValueError("out: not taken with USM arrays yet")
+    shape = (call.total_q, call.heads, call.head_dim_v)
+    result = sycl_runtime.empty((shape[1], shape[0], shape[2]), call.q.dtype, queue).swapaxes(0, 1)
+    stats = sycl_runtime.empty((call.heads, call.total_q), np.float32, queue) if return_stats else None
+    host = {"alibi_slopes": call.alibi, "sinks": call.sinks}
+    arrays = {"query": (call.q, True), "key": (call.k, False), "value": (call.v, False), "output": (result, True)}
+    views = {name: call.rows_view(a, grouped)[:2] for name, (a, grouped) in arrays.items()}
+    usm = {name: a for name, (a, _) in arrays.items()}
+    if stats is not None:
+        views["stats"], usm["stats"] = call.stats_view(stats)[:2], stats
+    for name, a in host.items():
+        if a is not None:
+            views[name], usm[name] = call.per_head_view(a)[:2], sycl_runtime.to_device(a, queue)
+    sycl_runtime.wait_for_producers(list(usm.values()))
+    no_limit = _cpu.NO_KEY_LIMIT
+    sycl_runtime.plugin().forward_packed(
+        queue, {name: view + (sycl_runtime.usm_address(usm[name]),) for name, view in views.items()}, call.spans,
+        (call.sequences, call.kv_heads, call.group), call.max_q, call.max_k, call.head_dim, call.head_dim_v,
+        scale=call.scale, window_left=no_limit if call.left == key_window.NO_LIMIT else call.left,
+        window_right=no_limit if call.right == key_window.NO_LIMIT else call.right, alignment=call.alignment,
+        softcap=call.softcap, dropout_p=call.dropout_p, dropout_seed=call.dropout_seed,
+        dropout_offset=call.dropout_offset, extents={name: sycl_runtime.usm_layout(a) for name, a in usm.items()})
+    queue.wait()
+    return (result, stats) if return_stats else result
 
 
 def new_dropout_seed(q) -> int:
@@ -275,6 +319,9 @@ def varlen_attention_backward(grad_out, q, k, v, out, stats, cu_seqlens_q, cu_se
         raise ValueError("return_sinks_grad: the call has no sinks")
     call = _Call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, is_causal,
                  causal_alignment, window, softcap, alibi_slopes, sinks, dropout_p, dropout_seed, dropout_offset)
+    if call.kind == "usm":
+        raise NotImplementedError("varlen_attention_backward on USM arrays: the SYCL backward does not take packed "
+                                  "sequences yet; pass host arrays")
     o_shape = (call.total_q, call.heads, call.head_dim_v)
     checked = {}
     for name, given, shape, dtype in (("grad_out", grad_out, o_shape, None), ("out", out, o_shape, None),

@@ -16,9 +16,9 @@
 
 #include "graphattn/cpu_features.hpp"
 #include "graphattn/kernel_table.hpp"
+#include "graphattn/packed_sequences.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_entry_points.hpp"
-#include "packed_sequences.hpp"
 
 namespace graphattn {
 namespace {
@@ -420,8 +420,21 @@ Status run_backward(const SdpaBackwardArgs& args) {
 
 std::string dense_backward_plan(const SdpaBackwardArgs& args);
 
-constexpr DenseForwardRunner kDenseForward = {admit_forward, run_forward, dense_forward_plan};
-constexpr DenseBackwardRunner kDenseBackward = {admit_backward, run_backward, dense_backward_plan};
+// The packed calls' dense entry points on the CPU (no context).
+template <class Args, Status (*F)(const Args&)>
+Status without_context(const Args& args, void*) {
+    return F(args);
+}
+template <class Args, std::string (*F)(const Args&)>
+std::string text_without_context(const Args& args, void*) {
+    return F(args);
+}
+const DenseForwardRunner kDenseForward = {without_context<SdpaForwardArgs, admit_forward>,
+                                          without_context<SdpaForwardArgs, run_forward>,
+                                          text_without_context<SdpaForwardArgs, dense_forward_plan>};
+const DenseBackwardRunner kDenseBackward = {without_context<SdpaBackwardArgs, admit_backward>,
+                                            without_context<SdpaBackwardArgs, run_backward>,
+                                            text_without_context<SdpaBackwardArgs, dense_backward_plan>};
 
 SdpaBackwardArgs with_alignment_resolved(const SdpaBackwardArgs& args) {
     SdpaBackwardArgs b = args;

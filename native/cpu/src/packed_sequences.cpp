@@ -8,9 +8,9 @@
 //   - the others are cut into (sequence, K/V head) tasks, run one per thread
 //     at once, largest first, so short sequences beside a long one keep every
 //     thread busy without a parallel region each.
-// Sequences that have no keys give their rows 0 (stats -inf, dQ 0); keys that
-// no row of their sequence has get dK = dV = 0.
-#include "packed_sequences.hpp"
+// Sequences that have no keys give their rows 0 (stats -inf, or the sink's
+// logit; dQ 0); keys that no row of their sequence has get dK = dV = 0.
+#include "graphattn/packed_sequences.hpp"
 
 #include <omp.h>
 
@@ -129,24 +129,33 @@ SdpaBackwardArgs dense_backward(const SdpaBackwardArgs& b, const Task& t, const 
     return d;
 }
 
-// Writes `value` (its bit pattern 0, or f32 -inf) over rows [first_row, first_row + rows) of every batch index
-// (count x batch[1] x batch[2], batch 0 stepping by rows) of a view with `cols` columns.
-void fill_rows(const TensorView& v, const int64_t batch[kBatchDims], int64_t first_row, int64_t rows, int64_t cols,
-               bool minus_inf) {
+// Writes 0 (its bit pattern, in every float dtype) over rows [first_row, first_row + rows) of every head
+// (batch[1] x batch[2]) of a view with `cols` columns.
+void zero_rows(const TensorView& v, const int64_t batch[kBatchDims], int64_t first_row, int64_t rows, int64_t cols) {
     if (!v.data || rows == 0) return;
     const int64_t size = dtype_size(v.dtype);
     char* base = static_cast<char*>(const_cast<void*>(v.data));
-    const float fill = minus_inf ? -__builtin_inff() : 0.0f;
     for (int64_t h1 = 0; h1 < batch[1]; ++h1)
         for (int64_t h2 = 0; h2 < batch[2]; ++h2)
             for (int64_t r = first_row; r < first_row + rows; ++r)
-                for (int64_t c = 0; c < cols; ++c) {
-                    char* at = base + (h1 * v.strides[1] + h2 * v.strides[2] + r * v.strides[3] + c * v.strides[4]) * size;
-                    if (minus_inf)
-                        std::memcpy(at, &fill, sizeof fill);  // the stats: f32 only
-                    else
-                        std::memset(at, 0, size_t(size));
-                }
+                for (int64_t c = 0; c < cols; ++c)
+                    std::memset(base + (h1 * v.strides[1] + h2 * v.strides[2] + r * v.strides[3] + c * v.strides[4]) * size,
+                                0, size_t(size));
+}
+
+// The stats of sequence s's rows where it has no keys: the log-sum-exp of nothing, -inf, or with sinks the
+// sink's logit alone (its weight is the row's whole sum).
+void no_key_stats(const SdpaForwardArgs& a, int64_t s, int64_t first_row, int64_t rows) {
+    if (!a.stats.data) return;
+    float* stats = static_cast<float*>(const_cast<void*>(a.stats.data));
+    const float* sinks = static_cast<const float*>(a.sinks.data);
+    const int64_t* st = a.stats.strides;
+    const int64_t* sk = a.sinks.strides;
+    for (int64_t h1 = 0; h1 < a.batch[1]; ++h1)
+        for (int64_t h2 = 0; h2 < a.batch[2]; ++h2) {
+            const float value = sinks ? sinks[s * sk[0] + h1 * sk[1] + h2 * sk[2]] : -__builtin_inff();
+            for (int64_t r = first_row; r < first_row + rows; ++r) stats[h1 * st[1] + h2 * st[2] + r * st[3]] = value;
+        }
 }
 
 // The tasks of a call, in the order they run: the whole-team runs, then the pooled tasks largest first
@@ -158,16 +167,17 @@ struct Plan {
     int threads = 1;
 };
 
-Plan plan_tasks(const SdpaForwardArgs& a) {
+// may_pool: small runs may be pooled one per thread; with_empty: runs without keys or rows are tasks too.
+Plan plan_tasks(const SdpaForwardArgs& a, bool may_pool, bool with_empty) {
     Plan plan;
-    plan.threads = omp_get_max_threads();
+    plan.threads = may_pool ? omp_get_max_threads() : 1;
     const SequenceSpan* spans = a.sequences.spans;
     std::vector<Task> runs;
     int64_t total = 0;
     for (int64_t s = 0; s < a.batch[0];) {
         int64_t end = s + 1;
         while (end < a.batch[0] && continues_run(spans[end - 1], spans[end])) ++end;
-        if (spans[s].query_rows > 0 && spans[s].key_rows > 0) {
+        if (with_empty ? spans[s].query_rows + spans[s].key_rows > 0 : spans[s].query_rows > 0 && spans[s].key_rows > 0) {
             Task run{s, end - s, 0, a.batch[1], (end - s) * heads_of(a) * sequence_work(a, spans[s])};
             total += run.work;
             runs.push_back(run);
@@ -178,7 +188,7 @@ Plan plan_tasks(const SdpaForwardArgs& a) {
     std::vector<Task> pooled;
     for (const Task& run : runs) {
         const SequenceSpan& s = spans[run.first];
-        const int64_t unit = run.work / (run.count * a.batch[1]);  // one sequence's K/V head
+        const int64_t unit = run.work / std::max<int64_t>(run.count * a.batch[1], 1);  // one sequence's K/V head
         const int64_t items = run.count * heads_of(a) * ((s.query_rows + kItemRows - 1) / kItemRows);
         const bool whole_team = plan.threads <= 1 || 2 * unit > share || (2 * run.work >= share && items >= plan.threads);
         if (whole_team) {
@@ -275,9 +285,9 @@ SdpaBackwardArgs envelope(const SdpaBackwardArgs& b) {
 }
 
 template <class Args, class Make>
-Status admit_all(const Plan& plan, Make&& make, Status (*admit)(const Args&)) {
+Status admit_all(const Plan& plan, Make&& make, const DenseRunner<Args>& dense) {
     for (const Task& t : plan.tasks) {
-        Status s = admit(make(t));
+        Status s = dense.admit(make(t), dense.context);
         if (!s.ok) return Status::error(sequence_text(t.first) + s.message);
     }
     return Status::success();
@@ -297,19 +307,19 @@ SdpaForwardArgs with_alignment_resolved(const SdpaForwardArgs& args) {
 Status run_packed_forward(const SdpaForwardArgs& a, const DenseForwardRunner& dense) {
     Status s = check_spans(a, false);
     if (!s.ok || !(s = check_forward_args(envelope(a))).ok) return s;
-    const Plan plan = plan_tasks(a);
+    const Plan plan = plan_tasks(a, dense.pooled, !dense.host_fills);
     const std::vector<uint64_t> prefix = dropout_prefix(a);
     auto make = [&](const Task& t) { return dense_forward(a, t, prefix); };
-    if (!(s = admit_all(plan, make, dense.admit)).ok) return s;
-    // Rows that see no key: output 0, stats -inf.
+    if (!(s = admit_all(plan, make, dense)).ok) return s;
+    // Rows of sequences without keys: output 0, stats of the sink alone (-inf without sinks).
     const int64_t one[kBatchDims] = {1, a.batch[1], a.batch[2]};
-    for (int64_t q = 0; q < a.batch[0]; ++q) {
+    for (int64_t q = 0; q < a.batch[0] && dense.host_fills; ++q) {
         const SequenceSpan& sp = a.sequences.spans[q];
         if (sp.query_rows == 0 || sp.key_rows > 0) continue;
-        fill_rows(a.output, one, sp.query_begin, sp.query_rows, a.head_dim_v, false);
-        fill_rows(a.stats, one, sp.query_begin, sp.query_rows, 1, true);
+        zero_rows(a.output, one, sp.query_begin, sp.query_rows, a.head_dim_v);
+        no_key_stats(a, q, sp.query_begin, sp.query_rows);
     }
-    return run_tasks(plan, [&](size_t i) { return dense.run(make(plan.tasks[i])); });
+    return run_tasks(plan, [&](size_t i) { return dense.run(make(plan.tasks[i]), dense.context); });
 }
 
 Status run_packed_backward(const SdpaBackwardArgs& b, const DenseBackwardRunner& dense) {
@@ -317,25 +327,25 @@ Status run_packed_backward(const SdpaBackwardArgs& b, const DenseBackwardRunner&
     Status s = check_spans(a, true);
     if (!s.ok || !(s = check_backward_args(envelope(b))).ok) return s;
     if (b.grad_mask.data) return Status::error("grad_mask: not taken with packed sequences");
-    const Plan plan = plan_tasks(a);
+    const Plan plan = plan_tasks(a, dense.pooled, !dense.host_fills);
     const std::vector<uint64_t> prefix = dropout_prefix(a);
     std::vector<SinkPart> sinks(b.grad_sinks.data ? plan.tasks.size() : 0);
     for (size_t i = 0; i < sinks.size(); ++i) sinks[i] = sink_part(b, plan.tasks[i]);
     auto make_at = [&](size_t i) { return dense_backward(b, plan.tasks[i], prefix, sinks.empty() ? nullptr : &sinks[i]); };
     for (size_t i = 0; i < plan.tasks.size(); ++i) {
-        Status admitted = dense.admit(make_at(i));
+        Status admitted = dense.admit(make_at(i), dense.context);
         if (!admitted.ok) return Status::error(sequence_text(plan.tasks[i].first) + admitted.message);
     }
     // Rows without keys have dQ = 0; keys without rows dK = dV = 0.
     const int64_t one[kBatchDims] = {1, a.batch[1], a.batch[2]};
-    for (int64_t q = 0; q < a.batch[0]; ++q) {
+    for (int64_t q = 0; q < a.batch[0] && dense.host_fills; ++q) {
         const SequenceSpan& sp = a.sequences.spans[q];
         if (sp.query_rows > 0 && sp.key_rows > 0) continue;
-        fill_rows(b.grad_query, one, sp.query_begin, sp.query_rows, a.head_dim_qk, false);
-        fill_rows(b.grad_key, one, sp.key_begin, sp.key_rows, a.head_dim_qk, false);
-        fill_rows(b.grad_value, one, sp.key_begin, sp.key_rows, a.head_dim_v, false);
+        zero_rows(b.grad_query, one, sp.query_begin, sp.query_rows, a.head_dim_qk);
+        zero_rows(b.grad_key, one, sp.key_begin, sp.key_rows, a.head_dim_qk);
+        zero_rows(b.grad_value, one, sp.key_begin, sp.key_rows, a.head_dim_v);
     }
-    if (!(s = run_tasks(plan, [&](size_t i) { return dense.run(make_at(i)); })).ok) return s;
+    if (!(s = run_tasks(plan, [&](size_t i) { return dense.run(make_at(i), dense.context); })).ok) return s;
     if (!b.grad_sinks.data) return s;
     // grad_sinks: every element the call reaches starts at 0, then takes each task's part in task order.
     float* out = static_cast<float*>(const_cast<void*>(b.grad_sinks.data));
@@ -360,7 +370,7 @@ Status run_packed_backward(const SdpaBackwardArgs& b, const DenseBackwardRunner&
 namespace {
 
 template <class Args, class Make>
-std::string plan_text(const Plan& plan, int64_t sequences, Make&& make, std::string (*dense_plan)(const Args&)) {
+std::string plan_text(const Plan& plan, int64_t sequences, Make&& make, const DenseRunner<Args>& dense) {
     std::string text = "layout=packed,sequences=" + std::to_string(sequences) +
                        ",team_calls=" + std::to_string(plan.tasks.size() - plan.pooled) +
                        ",pooled_tasks=" + std::to_string(plan.pooled) + ",threads=" + std::to_string(plan.threads);
@@ -369,24 +379,24 @@ std::string plan_text(const Plan& plan, int64_t sequences, Make&& make, std::str
     for (size_t i = 1; i < plan.tasks.size(); ++i)
         if (plan.tasks[i].work * plan.tasks[i].count > plan.tasks[largest].work * plan.tasks[largest].count)
             largest = i;
-    return text + ",largest:" + dense_plan(make(largest));
+    return text + ",largest:" + dense.plan(make(largest), dense.context);
 }
 
 }  // namespace
 
 std::string packed_forward_plan(const SdpaForwardArgs& a, const DenseForwardRunner& dense) {
     if (!check_spans(a, false).ok) return "layout=none";
-    const Plan plan = plan_tasks(a);
+    const Plan plan = plan_tasks(a, dense.pooled, !dense.host_fills);
     const std::vector<uint64_t> prefix = dropout_prefix(a);
-    return plan_text(plan, a.batch[0], [&](size_t i) { return dense_forward(a, plan.tasks[i], prefix); }, dense.plan);
+    return plan_text(plan, a.batch[0], [&](size_t i) { return dense_forward(a, plan.tasks[i], prefix); }, dense);
 }
 
 std::string packed_backward_plan(const SdpaBackwardArgs& b, const DenseBackwardRunner& dense) {
     if (!check_spans(b.forward, true).ok) return "layout=none";
-    const Plan plan = plan_tasks(b.forward);
+    const Plan plan = plan_tasks(b.forward, dense.pooled, !dense.host_fills);
     const std::vector<uint64_t> prefix = dropout_prefix(b.forward);
     return plan_text(plan, b.forward.batch[0],
-                     [&](size_t i) { return dense_backward(b, plan.tasks[i], prefix, nullptr); }, dense.plan);
+                     [&](size_t i) { return dense_backward(b, plan.tasks[i], prefix, nullptr); }, dense);
 }
 
 }  // namespace graphattn

@@ -118,7 +118,7 @@ void graphattn_sdpa_backward_kv(BackwardParams b, int64_t outer_items, int32_t s
             const float dp = sycl::reduce_over_group(sg, dp_part, sycl::plus<float>());
             const ScoreGrad sgrad = score_grad(p, s, graphattn::alibi_slope_log2(per_index(p.alibi_slopes, p.batch, fb), kLog2e), dp,
                                                lse_log2(p, fb, i), b.row_delta[fb * p.seq_q + i],
-                                               m_base + i * p.mask.strides[3], uint64_t((fb * p.seq_q + i) * p.seq_kv),
+                                               m_base + i * p.mask.strides[3], p.dropout_first_element + uint64_t((fb * p.seq_q + i) * p.seq_kv),
                                                i, j);
             if (b.grad_mask.data && lane == 0)
                 grad_mask_ptr(b)[dm_base + i * b.grad_mask.strides[3] + j * b.grad_mask.strides[4]] = sgrad.grad;
@@ -155,7 +155,7 @@ void graphattn_sdpa_backward_q(BackwardParams b) {
     for (int t = 0; t < GA_QK_CHUNKS; ++t) dq[t] = 0.0f;
     const float lse2 = lse_log2(p, fb, i), delta = b.row_delta[row];
     const float slope = graphattn::alibi_slope_log2(per_index(p.alibi_slopes, p.batch, fb), kLog2e);
-    const uint64_t drop_base = uint64_t((fb * p.seq_q + i) * p.seq_kv);
+    const uint64_t drop_base = p.dropout_first_element + uint64_t((fb * p.seq_q + i) * p.seq_kv);
     const int64_t end = key_end(p, i);
     for (int64_t j = key_begin(p, i); j < end; ++j) {
         const int64_t k_off = k_base + j * p.key.strides[3], v_off = v_base + j * p.value.strides[3];

@@ -17,7 +17,7 @@ void graphattn_sdpa_forward(ForwardParams p) {
     const int64_t k_base = batch_offset(p.key, p.batch, fb);
     const int64_t v_base = batch_offset(p.value, p.batch, fb);
     const int64_t m_off = p.mask_kind ? batch_offset(p.mask, p.batch, fb) + i * p.mask.strides[3] : 0;
-    const uint64_t drop_base = uint64_t((fb * p.seq_q + i) * p.seq_kv);
+    const uint64_t drop_base = p.dropout_first_element + uint64_t((fb * p.seq_q + i) * p.seq_kv);
     const float slope = graphattn::alibi_slope_log2(per_index(p.alibi_slopes, p.batch, fb), kLog2e);
 
     float q[GA_QK_CHUNKS], acc[GA_V_CHUNKS];

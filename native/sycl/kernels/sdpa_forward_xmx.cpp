@@ -124,7 +124,7 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
             const float subtract = new_max == -kInf ? 0.0f : new_max;
             const float rescale = sycl::exp2(row_max - subtract);
             float block_sum = 0.0f;
-            const uint64_t drop_base = uint64_t((fb * p.seq_q + my_row) * p.seq_kv);
+            const uint64_t drop_base = p.dropout_first_element + uint64_t((fb * p.seq_q + my_row) * p.seq_kv);
             for (int n = 0; n < kTileKeys; ++n) {
                 const float prob = sycl::exp2(scores[n] - subtract);
                 block_sum += n < keys ? prob : 0.0f;

@@ -33,6 +33,7 @@ struct ForwardParams {
     graphattn::KeyWindow window;  // the keys each row sees; the others score window.fill
     uint32_t dropout_threshold;  // keep when the Philox word >= this
     uint64_t dropout_seed, dropout_offset;
+    uint64_t dropout_first_element;  // Philox element of (batch 0, row 0, key 0) (SdpaForwardArgs' rule)
     float dropout_scale;     // 1 / (1 - p)
     int32_t dropout_active;
     // Score modifiers (graphattn/score_mods.hpp): the softcap in log2 units (0: none), ALiBi's row shift, and

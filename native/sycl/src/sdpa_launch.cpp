@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../kernels/sdpa_params.hpp"
+#include "graphattn/packed_sequences.hpp"
 #include "graphattn/philox.hpp"
 #include "graphattn/sycl/sdpa_sycl.hpp"
 #include "kernel_cache.hpp"
@@ -59,6 +60,7 @@ graphattn_sycl::ForwardParams forward_params(const SdpaForwardArgs& a) {
     p.dropout_threshold = dropout_threshold(a.dropout_p);
     p.dropout_seed = a.dropout_seed;
     p.dropout_offset = a.dropout_offset;
+    p.dropout_first_element = a.dropout_first_element;
     p.dropout_scale = a.dropout_p > 0.0f ? 1.0f / (1.0f - a.dropout_p) : 1.0f;
     p.softcap_log2 = a.softcap * graphattn_sycl::kLog2e;
     p.alibi_row_shift = a.alibi.row_shift(a.seq_q, a.seq_kv);
@@ -155,9 +157,11 @@ Status from_exception(const sycl::exception& e) { return Status::error(std::stri
 
 }  // namespace
 
-Status sdpa_forward(void* queue, const SdpaForwardArgs& args) {
-    Status s = check_sycl_args(args);
-    if (!s.ok) return s;
+namespace {
+
+// A dense call (its alignment resolved) on the queue, after check_sycl_args.
+Status run_dense_forward(const SdpaForwardArgs& args, void* queue) {
+    Status s;
     const int64_t batch = args.batch[0] * args.batch[1] * args.batch[2];
     const int64_t rows = batch * args.seq_q;
     if (rows == 0) return s;
@@ -187,7 +191,31 @@ Status sdpa_forward(void* queue, const SdpaForwardArgs& args) {
     return s;
 }
 
-Status sdpa_backward(void* queue, const SdpaBackwardArgs& args) {
+Status admit_dense_forward(const SdpaForwardArgs& args, void*) { return check_sycl_args(args); }
+
+std::string dense_forward_kernel(const SdpaForwardArgs& args, void* queue) {
+    return "kernel=" + choose_forward(as_queue(queue), args).name;
+}
+
+}  // namespace
+
+// Packed sequences go to one dense launch per run of equal-length sequences, in order on the queue (the
+// device's own work items keep it busy), rows without keys included: the kernels write them, as device
+// memory the host does not write.
+Status sdpa_forward(void* queue, const SdpaForwardArgs& args) {
+    if (args.sequences.packed())
+        return run_packed_forward(args, {admit_dense_forward, run_dense_forward, dense_forward_kernel, queue,
+                                         /*pooled=*/false, /*host_fills=*/false});
+    const SdpaForwardArgs a = with_alignment_resolved(args);
+    Status s = check_sycl_args(a);
+    return s.ok ? run_dense_forward(a, queue) : s;
+}
+
+Status sdpa_backward(void* queue, const SdpaBackwardArgs& given) {
+    if (given.forward.sequences.packed())
+        return Status::error("sequences: the SYCL backward does not take packed sequences yet");
+    SdpaBackwardArgs args = given;
+    args.forward = with_alignment_resolved(given.forward);
     Status s = check_backward_args(args);
     if (!s.ok) return s;
     if (!(s = check_sycl_args(args.forward)).ok) return s;
@@ -241,7 +269,8 @@ Status sdpa_backward(void* queue, const SdpaBackwardArgs& args) {
 }
 
 std::string sdpa_forward_kernel(void* queue, const SdpaForwardArgs& args) {
-    return choose_forward(as_queue(queue), args).name;
+    if (args.sequences.packed()) return "packed";
+    return choose_forward(as_queue(queue), with_alignment_resolved(args)).name;
 }
 
 void set_matrix_kernels(MatrixKernels policy) { g_matrix_kernels.store(int(policy)); }

@@ -1,6 +1,7 @@
 // Calls with packed sequences (graphattn/sequences.hpp): checked, cut into
 // dense calls of one run of equal-length sequences each and balanced over
-// the threads by the work each holds, then run through the kernel table.
+// the threads by the work each holds, then run by the caller's dense entry
+// point (the CPU kernel table, or the SYCL plugin's launches).
 #pragma once
 
 #include <string>
@@ -10,17 +11,24 @@
 namespace graphattn {
 
 // How a dense call is admitted (its checks, and whether the chosen or forced
-// candidate runs it: an error names why not) and run, for each pass.
-struct DenseForwardRunner {
-    Status (*admit)(const SdpaForwardArgs& args);
-    Status (*run)(const SdpaForwardArgs& args);
-    std::string (*plan)(const SdpaForwardArgs& args);
+// candidate runs it: an error names why not) and run, for each pass, with
+// the entry point's context (the SYCL queue; null on the CPU).  `pooled`:
+// small runs may go one per thread at once (CPU threads); else every run is
+// one call after another.  `host_fills`: rows of sequences without keys (or
+// keys without rows) are written here on the host; else they go to the
+// dense calls as sequences of no keys (no rows), which write them (device
+// memory the host cannot write).
+template <class Args>
+struct DenseRunner {
+    Status (*admit)(const Args& args, void* context);
+    Status (*run)(const Args& args, void* context);
+    std::string (*plan)(const Args& args, void* context);
+    void* context = nullptr;
+    bool pooled = true;
+    bool host_fills = true;
 };
-struct DenseBackwardRunner {
-    Status (*admit)(const SdpaBackwardArgs& args);
-    Status (*run)(const SdpaBackwardArgs& args);
-    std::string (*plan)(const SdpaBackwardArgs& args);
-};
+using DenseForwardRunner = DenseRunner<SdpaForwardArgs>;
+using DenseBackwardRunner = DenseRunner<SdpaBackwardArgs>;
 
 // The dense call's window and ALiBi alignment from args.alignment and its
 // lengths; as_given leaves them.
