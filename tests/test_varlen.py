@@ -141,7 +141,7 @@ def test_empty_sequences(lengths_q, lengths_k, rng):
 def test_long_sequence_beside_short_ones(rng):
     """One long sequence beside many short ones: every sequence right, and the short ones pooled over the threads
     where there are several."""
-    lengths = (300,) + (8,) * 30
+    lengths = (300,) + (8, 9) * 15  # no two neighbours alike: 30 runs of one short sequence each
     q, k, v, cq, ck = packed(rng, "f32", lengths, lengths, heads=2, kv_heads=1, d=8, dv=8)
     check_call(q, k, v, cq, ck, "f32", rng, is_causal=True)
     plan = ga.varlen.dispatch_text(q, k, v, cq, ck, is_causal=True)
