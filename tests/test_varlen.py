@@ -150,6 +150,20 @@ def test_long_sequence_beside_short_ones(rng):
         assert "team_calls=1," in plan and "pooled_tasks=30," in plan
 
 
+def test_verbose_log_names_the_plan(rng, capfd):
+    q, k, v, cq, ck = packed(rng, "f32")
+    ga.set_verbose(1)
+    try:
+        ga.varlen_attention(q, k, v, cq, ck, is_causal=True)
+    finally:
+        ga.set_verbose(0)
+    lines = capfd.readouterr().err.splitlines()
+    assert any(l.startswith("graphattn_verbose,compile,varlen,varlen_forward_cpu,layout=packed,sequences=7,")
+               for l in lines), lines
+    assert any(l.startswith("graphattn_verbose,exec,varlen,varlen_forward_cpu,sequences=7,") and l.endswith("ms")
+               for l in lines), lines
+
+
 def test_dense_batch_is_one_dense_call(rng):
     q, k, v, cq, ck = packed(rng, "f32", (16,) * 5, (16,) * 5)
     plan = ga.varlen.dispatch_text(q, k, v, cq, ck, is_causal=True)

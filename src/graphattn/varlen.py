@@ -20,11 +20,12 @@ The kernels read strided views in place: q, k and v may be views of one packed (
 from __future__ import annotations
 
 import math
+import time
 
 import ml_dtypes
 import numpy as np
 
-from . import _cpu, arguments, key_window, score_mods, sycl_runtime
+from . import _cpu, arguments, key_window, score_mods, sycl_runtime, verbose
 from .dtypes import kernel_code
 from .interop import from_numpy, is_torch_tensor, to_numpy, torch_compiling
 from .logical_tensor import dense_strides
@@ -176,6 +177,19 @@ class _Call:
         return views
 
     def run(self, views: dict, backward: bool, plan_only: bool = False):
+        """The kernel call (or its plan's text); with verbose output on, its plan and time are logged."""
+        if verbose.enabled() and not plan_only:
+            entry = "varlen_backward_cpu" if backward else "varlen_forward_cpu"
+            shape = (f"sequences={self.sequences},tq={self.total_q},tk={self.k.shape[0]},heads={self.heads}x"
+                     f"{self.kv_heads},d={self.head_dim},dv={self.head_dim_v},dtype={self.q.dtype}")
+            verbose.log("compile", "varlen", entry, self._call(views, backward, True), shape)
+            start = time.perf_counter()
+            self._call(views, backward, False)
+            verbose.log("exec", "varlen", entry, shape, f"{(time.perf_counter() - start) * 1e3:.4f}ms")
+            return None
+        return self._call(views, backward, plan_only)
+
+    def _call(self, views: dict, backward: bool, plan_only: bool):
         no_limit = _cpu.NO_KEY_LIMIT
         return _cpu.run_packed(
             views, self.spans, (self.sequences, self.kv_heads, self.group), self.max_q, self.max_k, self.head_dim,
