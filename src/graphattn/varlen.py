@@ -202,9 +202,9 @@ class _Call:
 
 
 def head_major(shape: tuple, dtype) -> np.ndarray:
-    """A new (T, H, E) result laid out head-major, (H, T, E) in memory: each head's rows lie together, which the
-    kernels write at the speed of a dense call's (B, H, L, E) output; rows of all heads interleaved (T, H, E)
-    cost the forward up to a fifth more on the Xeon.  A view of it: reshape copies where a layout needs it."""
+    """A new (T, H, E) result laid out head-major, (H, T, E) in memory: each head's rows lie together, as a dense
+    call's (B, H, L, E) output does, which the kernels write faster than rows of all heads interleaved
+    (docs/performance.md, "Packed sequences").  A view of it: reshape copies where a layout needs it."""
     rows, heads, cols = shape
     return np.empty((heads, rows, cols), dtype).swapaxes(0, 1)
 

@@ -159,8 +159,7 @@ void no_key_stats(const SdpaForwardArgs& a, int64_t s, int64_t first_row, int64_
 }
 
 // The tasks of a call, in the order they run: the whole-team runs, then the pooled tasks largest first
-// (`pooled` of them at the end).  `with` says which sequences have work: the forward's have query rows and
-// keys, the backward's too (the others are filled).
+// (`pooled` of them at the end).  A task's work is that of all its sequences and heads.
 struct Plan {
     std::vector<Task> tasks;
     size_t pooled = 0;
@@ -377,8 +376,7 @@ std::string plan_text(const Plan& plan, int64_t sequences, Make&& make, const De
     if (plan.tasks.empty()) return text;
     size_t largest = 0;
     for (size_t i = 1; i < plan.tasks.size(); ++i)
-        if (plan.tasks[i].work * plan.tasks[i].count > plan.tasks[largest].work * plan.tasks[largest].count)
-            largest = i;
+        if (plan.tasks[i].work > plan.tasks[largest].work) largest = i;
     return text + ",largest:" + dense.plan(make(largest), dense.context);
 }
 
