@@ -23,6 +23,23 @@ inline const char* element_ptr(const void* base, DType dt, int64_t offset) {
     return static_cast<const char*>(base) + offset * dtype_size(dt);
 }
 
+// Consecutive rows read in place: row r, column c at data + r * row_stride +
+// c * col_stride elements of `dtype`.
+struct RowBlock {
+    const void* data;
+    DType dtype;
+    int64_t row_stride, col_stride;
+
+    const uint16_t* words() const { return static_cast<const uint16_t*>(data); }  // bf16 and f16
+    const float* floats() const { return static_cast<const float*>(data); }
+    const uint16_t* word_row(int64_t r) const { return words() + r * row_stride; }
+};
+
+// The rows of view t from element `offset` on.
+inline RowBlock view_rows(const TensorView& t, int64_t offset) {
+    return {element_ptr(t.data, t.dtype, offset), t.dtype, t.strides[3], t.strides[4]};
+}
+
 // Contiguous 16-bit rows to f32 with the ISA's conversion instructions
 // (F16C for f16; bf16 is a widening shift).
 inline void convert_contiguous(const uint16_t* s, float* d, int cols, bool is_f16) {
@@ -175,21 +192,6 @@ inline void store_transposed_rows(const float* acc_t, int64_t ld, int count, int
         for (int l = 0; l < n; ++l)
             store_view_row(scratch + l * cols, cols, t, view_batch_offset(t, b) + (row0 + l0 + l) * t.strides[3]);
     }
-}
-
-// Rows j0 .. j0 + rows of a K/V-like view (at batch offset `base`) as f32
-// with unit column stride: in place when the tensor already is, else
-// converted into `scratch` (rows x cols).
-inline const float* rows_as_f32(const TensorView& t, int64_t base, int64_t j0, int rows, int cols, float* scratch,
-                                int64_t& row_stride) {
-    if (t.dtype == DType::f32 && t.strides[4] == 1) {
-        row_stride = t.strides[3];
-        return static_cast<const float*>(t.data) + base + j0 * t.strides[3];
-    }
-    load_block(element_ptr(t.data, t.dtype, base + j0 * t.strides[3]), t.dtype, t.strides[3], t.strides[4], rows, cols,
-               scratch, cols, 1);
-    row_stride = cols;
-    return scratch;
 }
 
 }  // namespace GRAPHATTN_ISA_NS

@@ -14,6 +14,7 @@
 #include "block_io.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
+#include "kv_reader.hpp"
 #include "work_order.hpp"
 
 namespace graphattn {
@@ -27,8 +28,9 @@ struct KvGrouping {
     int64_t outer_items = 1;           // number of outer indices
 
     explicit KvGrouping(const SdpaForwardArgs& a) {
+        const KvReader keys(a.key);  // check_backward_args: V and the K/V gradients share K's broadcast dims
         for (int d = 0; d < kBatchDims; ++d) {
-            shared[d] = a.batch[d] > 1 && a.key.strides[d] == 0;
+            shared[d] = a.batch[d] > 1 && keys.shared_over(d);
             shared_sizes[d] = shared[d] ? a.batch[d] : 1;
             outer_sizes[d] = shared[d] ? 1 : a.batch[d];
             group *= shared_sizes[d];

@@ -19,12 +19,16 @@
 
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
+#include "kv_reader.hpp"
 
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
-// Whether rows of a 16-bit operand give their column pairs in place: unit column stride, even width.
-inline bool pairs_in_place(const TensorView& t, int64_t cols) { return t.strides[4] == 1 && cols % 2 == 0; }
+// Whether rows of a 16-bit operand give their column pairs in place: read in place with adjacent
+// columns, even width.
+inline bool pairs_in_place(bool unit_columns, int64_t cols) { return unit_columns && cols % 2 == 0; }
+inline bool pairs_in_place(const TensorView& t, int64_t cols) { return pairs_in_place(t.strides[4] == 1, cols); }
+inline bool pairs_in_place(const KvReader& kv, int64_t cols) { return pairs_in_place(kv.rows_in_place(), cols); }
 
 }  // namespace GRAPHATTN_ISA_NS
 }  // namespace graphattn

@@ -35,6 +35,7 @@
 #include "dropout.hpp"
 #include "isa_entry_points.hpp"
 #include "kv_grouping.hpp"
+#include "kv_reader.hpp"
 #include "lane_masks.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
@@ -196,6 +197,7 @@ struct Backward {
         static constexpr int64_t kChunkPlane = int64_t(kRows) * kKeys / 2;  // P, dS: bf16 rows or pairs
         AlignedFloats k_cols, v_cols, k_pairs, dk_t, dv_t, s, dp, mask_rows, z, p_bf16, ds_bf16, p_pairs, ds_pairs,
             out_rows, kv_wide, kv_parts, cap_grad;
+        KvStage kv_stage;  // a K or V block where its layout keeps the rows apart (kv_reader.hpp)
         int64_t m_off[kRows], dm_off[kRows], qi[kRows];
         uint8_t keep[kKeys];
         __mmask16 infinite = 0;
@@ -330,19 +332,19 @@ struct Backward {
     // one block per part: the bf16 rows in place (Parts = 1), or their parts
     // as kKeys x padded planes in sc.kv_parts (zeros past cols), which the
     // next call overwrites.
-    void kv_part_blocks(Scratch& sc, const TensorView& t, const int64_t b[kBatchDims], int64_t j0, int kv_rows,
+    void kv_part_blocks(Scratch& sc, const KvReader& t, const int64_t b[kBatchDims], int64_t j0, int kv_rows,
                         int cols, int padded, Bf16Block blocks[Parts]) {
+        const int64_t base = t.batch_offset(b);
         if constexpr (Parts == 1) {
             (void)sc, (void)padded;
-            blocks[0] = {static_cast<const uint16_t*>(t.data) + view_batch_offset(t, b) + j0 * t.strides[3],
-                         t.strides[3], t.strides[4], kv_rows, cols};
+            const RowBlock in = t.block(base, j0, kv_rows, sc.kv_stage);
+            blocks[0] = {in.words(), in.row_stride, in.col_stride, kv_rows, cols};
         } else {
             float* wide = sc.kv_wide.get();
             uint16_t* planes = bf16s(sc.kv_parts);
             const int64_t plane = int64_t(kKeys) * padded;
             std::fill(wide, wide + size_t(kv_rows) * padded, 0.0f);
-            load_block(element_ptr(t.data, t.dtype, view_batch_offset(t, b) + j0 * t.strides[3]), t.dtype, t.strides[3],
-                       t.strides[4], kv_rows, cols, wide, padded, 1);
+            t.load_f32(base, j0, kv_rows, cols, wide, padded);
             for (int r = 0; r < kv_rows; ++r)
                 store_parts_row<Parts>(wide + r * padded, padded, planes + r * padded, plane, &sc.infinite);
             for (int p = 0; p < Parts; ++p) blocks[p] = {planes + p * plane, padded, 1, kv_rows, cols};
@@ -353,12 +355,12 @@ struct Backward {
                    const DqTurn& turn) {
         const int kv_rows = int(std::min<int64_t>(kKeys, Skv - j0));
         Bf16Block blocks[Parts];
-        kv_part_blocks(sc, a.key, outer_b, j0, kv_rows, D, Dp, blocks);
+        kv_part_blocks(sc, KvReader(a.key), outer_b, j0, kv_rows, D, Dp, blocks);
         for (int p = 0; p < Parts; ++p) {
             pack_column_pairs(blocks[p], kKeys, Dp, pairs(sc.k_cols) + p * sc.k_cols_plane, kKeys);
             pack_row_pairs(blocks[p], kKeys, Dp, pairs(sc.k_pairs) + p * sc.k_pairs_plane, Dp);
         }
-        kv_part_blocks(sc, a.value, outer_b, j0, kv_rows, Dv, Dvp, blocks);
+        kv_part_blocks(sc, KvReader(a.value), outer_b, j0, kv_rows, Dv, Dvp, blocks);
         for (int p = 0; p < Parts; ++p)
             pack_column_pairs(blocks[p], kKeys, Dvp, pairs(sc.v_cols) + p * sc.v_cols_plane, kKeys);
         std::fill(sc.dk_t.get(), sc.dk_t.get() + size_t(Dp) * kKeys, 0.0f);

@@ -41,6 +41,7 @@
 #include "graphattn/sdpa.hpp"
 #include "kv_grouping.hpp"
 #include "isa_namespace.hpp"
+#include "kv_reader.hpp"
 #include "lane_gemm.hpp"
 #include "lane_gemm_bf16.hpp"
 #include "lane_masks.hpp"
@@ -123,8 +124,12 @@ struct LaneBackward {
         auto bf16_pairs = [](const TensorView& t, int64_t cols) {
             return t.dtype == DType::bf16 && pairs_in_place(t, cols);
         };
-        return bf16_pairs_pay_off() && bf16_pairs(f.query, f.head_dim_qk) && bf16_pairs(f.key, f.head_dim_qk) &&
-               bf16_pairs(f.value, f.head_dim_v) && bf16_pairs(backward.grad_output, f.head_dim_v);
+        auto bf16_kv_pairs = [](const KvReader& kv, int64_t cols) {
+            return kv.dtype() == DType::bf16 && pairs_in_place(kv, cols);
+        };
+        return bf16_pairs_pay_off() && bf16_pairs(f.query, f.head_dim_qk) &&
+               bf16_kv_pairs(KvReader(f.key), f.head_dim_qk) && bf16_kv_pairs(KvReader(f.value), f.head_dim_v) &&
+               bf16_pairs(backward.grad_output, f.head_dim_v);
 #else
         (void)backward;
         return false;
@@ -146,8 +151,7 @@ struct LaneBackward {
     }
 
     // Row row0 of batch index b of Q or dO (f32 with unit column stride once
-    // the constructor has run), or of K or V where they are such f32; rows
-    // are strides[3] apart.
+    // the constructor has run); rows are strides[3] apart.
     static const float* f32_rows(const TensorView& t, const int64_t b[kBatchDims], int64_t row0) {
         return static_cast<const float*>(t.data) + view_batch_offset(t, b) + row0 * t.strides[3];
     }
@@ -250,6 +254,7 @@ struct LaneBackward {
         AlignedFloats cap_grad;  // a softcap's derivative per score (rows x kLaneBlock), where the call has one
         // pair_dots: per row chunk P^T and dS^T along the rows, Q's and dO's rows along the rows, dS rows in bf16.
         AlignedFloats p_pairs, ds_pairs, q_pairs, do_pairs, ds_rows;
+        KvStage k_stage, v_stage;  // K/V blocks where their layout keeps the rows apart (kv_reader.hpp)
         float lse[kRowChunk], delta[kRowChunk];
         uint64_t drop_base[kRowChunk];
         uint8_t keep[kLaneBlock];
@@ -274,21 +279,6 @@ struct LaneBackward {
             for (int g = 0; g < key_blocks; ++g) blocks.emplace_back(D, Dv, d_padded, pairs);
         }
     };
-
-    // Rows j0 .. j0 + rows of V at outer_b as f32 rows with unit column stride:
-    // V's own where it is such f32, else `buffer`'s (rows ld floats apart)
-    // filled by conversion.
-    static const float* f32_value_rows(const TensorView& t, const int64_t outer_b[kBatchDims], int64_t j0, int rows,
-                                       int cols, float* buffer, int64_t ld, int64_t& row_stride) {
-        if (t.dtype == DType::f32 && t.strides[4] == 1) {
-            row_stride = t.strides[3];
-            return f32_rows(t, outer_b, j0);
-        }
-        load_block(element_ptr(t.data, t.dtype, view_batch_offset(t, outer_b) + j0 * t.strides[3]), t.dtype,
-                   t.strides[3], t.strides[4], rows, cols, buffer, ld, 1);
-        row_stride = ld;
-        return buffer;
-    }
 
     // Rows i0 .. i0 + rows of batch index b against the item's keys.
     // On bf16 pairs, Q's and dO's rows from chunk_row0 on are in sc.q_pairs and sc.do_pairs
@@ -507,30 +497,30 @@ struct LaneBackward {
     void load_key_block(KeyScratch& sc, KeyBlock& kb, const int64_t outer_b[kBatchDims]) const {
         const int64_t j0 = kb.j0;
         const int kv_rows = kb.kv_rows;
-        const TensorView &k = a.key, &v = a.value;
+        const KvReader k(a.key), v(a.value);
+        const int64_t k_base = k.batch_offset(outer_b), v_base = v.batch_offset(outer_b);
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
-        if (pair_dots) {
-            const uint16_t* k_rows = bf16_rows(k, outer_b, j0);
-            const uint16_t* v_rows = bf16_rows(v, outer_b, j0);
-            auto word_rows = [](const uint16_t* rows, int64_t stride) {
-                return [=](int r) { return reinterpret_cast<const uint32_t*>(rows + r * stride); };
+        if (pair_dots) {  // K and V in place (uses_pair_dots)
+            const RowBlock k_rows = k.block(k_base, j0, kv_rows, sc.k_stage);
+            const RowBlock v_rows = v.block(v_base, j0, kv_rows, sc.v_stage);
+            auto word_rows = [](const RowBlock& rows) {
+                return [=](int r) { return reinterpret_cast<const uint32_t*>(rows.word_row(r)); };
             };
-            transpose_rows<uint32_t>(word_rows(k_rows, k.strides[3]), kv_rows, D / 2, kb.kt_pairs.words(), kLaneBlock,
-                                     1.0f, kLaneBlock);
-            transpose_rows<uint32_t>(word_rows(v_rows, v.strides[3]), kv_rows, Dv / 2, kb.vt_pairs.words(), kLaneBlock,
-                                     1.0f, kLaneBlock);
+            transpose_rows<uint32_t>(word_rows(k_rows), kv_rows, D / 2, kb.kt_pairs.words(), kLaneBlock, 1.0f,
+                                     kLaneBlock);
+            transpose_rows<uint32_t>(word_rows(v_rows), kv_rows, Dv / 2, kb.vt_pairs.words(), kLaneBlock, 1.0f,
+                                     kLaneBlock);
             // Words from D to d_padded stay unwritten: they reach only dQ's padding columns, never read.
-            pack_row_pairs(k_rows, k.strides[3], kv_rows, D, kb.k_row_pairs.words(), d_padded);
+            pack_row_pairs(k_rows.words(), k_rows.row_stride, kv_rows, D, kb.k_row_pairs.words(), d_padded);
             return;
         }
 #endif
         float* k_rows = kb.k_rows.get();
-        load_block(element_ptr(k.data, k.dtype, view_batch_offset(k, outer_b) + j0 * k.strides[3]), k.dtype,
-                   k.strides[3], k.strides[4], kv_rows, D, k_rows, d_padded, 1);
+        k.load_f32(k_base, j0, kv_rows, D, k_rows, d_padded);
         for (int r = 0; r < kv_rows; ++r)
             for (int d = 0; d < D; ++d) k_rows[r * d_padded + d] *= scale;
         int64_t v_stride;
-        const float* v_rows = f32_value_rows(v, outer_b, j0, kv_rows, Dv, sc.v_rows.get(), Dv, v_stride);
+        const float* v_rows = v.rows_f32(v_base, j0, kv_rows, Dv, sc.v_rows.get(), Dv, v_stride);
         transpose_rows_f32([=](int r) { return k_rows + r * d_padded; }, kv_rows, D, kb.k_t.get(), kLaneBlock, kLog2e,
                            kLaneBlock);
         transpose_rows_f32([=](int r) { return v_rows + r * v_stride; }, kv_rows, Dv, kb.v_t.get(), kLaneBlock, 1.0f,

@@ -39,6 +39,7 @@
 #include "block_io.hpp"
 #include "isa_entry_points.hpp"
 #include "key_splits.hpp"
+#include "kv_reader.hpp"
 #include "lane_masks.hpp"
 #include "scratch.hpp"
 #include "simd.hpp"
@@ -99,6 +100,7 @@ struct Scratch {
     int64_t slots_k_base = -1, slots_v_base = -1;  // K's and V's batch offsets whose blocks the slots hold
     AlignedFloats q_store, k_store, v_store, s_store, p_store, mask_store, o_store, out_store;
     AlignedFloats wide_store;  // split inputs with strided columns only: a block as f32 (split_source)
+    KvStage kv_stage;          // a K or V block where its layout keeps the rows apart (kv_reader.hpp)
     Scratch(int D, int Dv, int parts, int64_t rows, int kv_slots)
         : dp(int(round_up(D, kTileBf16Cols))),
           dvp(int(round_up(Dv, kTileBf16Cols))),
@@ -133,13 +135,23 @@ struct Scratch {
 
 const uint16_t* bf16_at(const TensorView& t, int64_t offset) { return static_cast<const uint16_t*>(t.data) + offset; }
 
-// Where the split packings read `rows` rows of `cols` values of view t
-// from `base`: the view itself where its columns are contiguous, else an f32
-// copy in sc.wide_store.
-SplitRows split_source(const TensorView& t, int64_t base, int rows, int cols, Scratch& sc) {
-    if (t.strides[4] == 1) return {element_ptr(t.data, t.dtype, base), t.dtype, t.strides[3], rows, cols};
+// Where the split packings read `rows` rows of `cols` values of Q from
+// element `base`, or of K or V from row j0 of their batch element at `base`:
+// in place where the columns are contiguous, else an f32 copy in sc.wide_store.
+SplitRows split_source(const TensorView& q, int64_t base, int rows, int cols, Scratch& sc) {
+    const RowBlock in = view_rows(q, base);
+    if (in.col_stride == 1) return {in.data, in.dtype, in.row_stride, rows, cols};
     float* wide = sc.wide_store.get();
-    load_block(element_ptr(t.data, t.dtype, base), t.dtype, t.strides[3], t.strides[4], rows, cols, wide, cols, 1);
+    load_block(in.data, in.dtype, in.row_stride, in.col_stride, rows, cols, wide, cols, 1);
+    return {wide, DType::f32, cols, rows, cols};
+}
+SplitRows split_source(const KvReader& kv, int64_t base, int64_t j0, int rows, int cols, Scratch& sc) {
+    if (kv.rows_in_place()) {
+        const RowBlock in = kv.block(base, j0, rows, sc.kv_stage);
+        return {in.data, in.dtype, in.row_stride, rows, cols};
+    }
+    float* wide = sc.wide_store.get();
+    kv.load_f32(base, j0, rows, cols, wide, cols);
     return {wide, DType::f32, cols, rows, cols};
 }
 
@@ -165,12 +177,13 @@ void pack_q(const TensorView& q, int64_t base, int rows, int D, Scratch& sc) {
 // round_up(kv_rows, 32) keys (all that scores_on_tiles reads); zeros past
 // kv_rows and D.  Split: term t's dp / 2 pair rows hold part b_part(t).
 template <int Parts>
-void pack_k(const TensorView& k, int64_t base, int kv_rows, int D, Scratch& sc) {
+void pack_k(const KvReader& k, int64_t base, int64_t j0, int kv_rows, int D, Scratch& sc) {
     const int width = int(round_up(kv_rows, 32));
     if constexpr (Parts == 1) {
-        pack_column_pairs({bf16_at(k, base), k.strides[3], k.strides[4], kv_rows, D}, width, sc.dp, sc.k(), kKeyPairsLd);
+        const RowBlock in = k.block(base, j0, kv_rows, sc.kv_stage);
+        pack_column_pairs({in.words(), in.row_stride, in.col_stride, kv_rows, D}, width, sc.dp, sc.k(), kKeyPairsLd);
     } else {
-        pack_column_pairs_split<Parts>(split_source(k, base, kv_rows, D, sc), width, sc.dp, sc.k(), kKeyPairsLd,
+        pack_column_pairs_split<Parts>(split_source(k, base, j0, kv_rows, D, sc), width, sc.dp, sc.k(), kKeyPairsLd,
                                        sc.infinite);
     }
 }
@@ -179,13 +192,14 @@ void pack_k(const TensorView& k, int64_t base, int kv_rows, int D, Scratch& sc) 
 // round_up(kv_rows, 32) keys (all that accumulate_on_tiles reads); zeros past
 // kv_rows and Dv.  Split: term t's pair rows, kBlockKV / 2 apart, hold part b_part(t).
 template <int Parts>
-void pack_v(const TensorView& v, int64_t base, int kv_rows, int Dv, Scratch& sc) {
+void pack_v(const KvReader& v, int64_t base, int64_t j0, int kv_rows, int Dv, Scratch& sc) {
     const int height = int(round_up(kv_rows, 32));
     if constexpr (Parts == 1) {
-        pack_row_pairs({bf16_at(v, base), v.strides[3], v.strides[4], kv_rows, Dv}, height, sc.dvp, sc.v(), sc.v_ld);
+        const RowBlock in = v.block(base, j0, kv_rows, sc.kv_stage);
+        pack_row_pairs({in.words(), in.row_stride, in.col_stride, kv_rows, Dv}, height, sc.dvp, sc.v(), sc.v_ld);
     } else {
-        pack_row_pairs_split<Parts>(split_source(v, base, kv_rows, Dv, sc), height, sc.dvp, sc.v(), sc.v_ld, kBlockKV / 2,
-                                    sc.infinite);
+        pack_row_pairs_split<Parts>(split_source(v, base, j0, kv_rows, Dv, sc), height, sc.dvp, sc.v(), sc.v_ld,
+                                    kBlockKV / 2, sc.infinite);
     }
 }
 
@@ -351,7 +365,8 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     const int row_tiles = int(round_up(rows, 32) / 16);  // tiles go in pairs
     const float scale = score_scale(a);
     const float scale_log2 = scale * kLog2e;
-    const TensorView &q = a.query, &k = a.key, &v = a.value;
+    const TensorView& q = a.query;
+    const KvReader k(a.key), v(a.value);
     for (int r = 0; r < rows; ++r) {
         sc.query_index[r] = i0 + r;
         sc.mask_offset[r] = view_batch_offset(a.mask, b) + (i0 + r) * a.mask.strides[3];
@@ -365,7 +380,7 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
     const float slope = slope_log2(a, b);
     const ScoreMods mods(a);
     const int64_t kv_end = skip_hidden_blocks ? std::min(key_end, window.key_end(i0 + rows - 1, a.seq_kv)) : key_end;
-    const int64_t k_base = view_batch_offset(k, b), v_base = view_batch_offset(v, b);
+    const int64_t k_base = k.batch_offset(b), v_base = v.batch_offset(b);
     const bool keeps = sc.keeps_blocks();
     // The first key some row of the item sees; kept blocks go by their index, so they stay whole.
     const int64_t first_key = window.key_begin(i0, a.seq_kv);
@@ -392,8 +407,8 @@ void run_item(const SdpaForwardArgs& a, Scratch& sc, const int64_t b[kBatchDims]
         sc.slot = keeps ? int(j0 / kBlockKV) : 0;
         if (!keeps || !sc.slot_packed[sc.slot]) {
             const int pack_rows = int(std::min<int64_t>(kBlockKV, pack_end - j0));
-            pack_k<Parts>(k, k_base + j0 * k.strides[3], pack_rows, D, sc);
-            pack_v<Parts>(v, v_base + j0 * v.strides[3], pack_rows, Dv, sc);
+            pack_k<Parts>(k, k_base, j0, pack_rows, D, sc);
+            pack_v<Parts>(v, v_base, j0, pack_rows, Dv, sc);
             sc.slot_packed[sc.slot] = 1;
         }
         // Keys of this block that rows of the pair at row tile m can see: past them

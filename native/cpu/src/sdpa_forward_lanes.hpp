@@ -42,6 +42,7 @@
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
 #include "key_splits.hpp"
+#include "kv_reader.hpp"
 #include "lane_gemm.hpp"
 #include "lane_gemm_bf16.hpp"
 #include "lane_masks.hpp"
@@ -72,7 +73,7 @@ inline int find_shared_dim(const SdpaForwardArgs& a, int64_t& group) {
     int shared = -1;
     group = 1;
     for (int d = 0; d < kBatchDims; ++d)
-        if (a.batch[d] > group && a.key.strides[d] == 0 && a.value.strides[d] == 0) {
+        if (a.batch[d] > group && KvReader(a.key).shared_over(d) && KvReader(a.value).shared_over(d)) {
             shared = d;
             group = a.batch[d];
         }
@@ -130,6 +131,7 @@ struct LaneForward {
         // v_pairs holds one key block's V pairs, or, where the head's V fits kVPairCacheBytes, every key
         // block's: packed once for the items of one K/V batch index that follow each other on this thread.
         AlignedFloats q_pairs, p_pairs, v_pairs, k_pairs;
+        KvStage k_stage, v_stage;  // K/V blocks where their layout keeps the rows apart (kv_reader.hpp)
         int64_t v_pairs_of = -1;                 // V's offset (batch index) whose blocks v_pairs caches
         std::vector<uint8_t> v_block_packed;     // per key block: packed for v_pairs_of
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
@@ -156,7 +158,7 @@ struct LaneForward {
               q_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_qk) : 0)),
               o_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_v) : 0)),
               k_pad(keys.copied ? size_t(kRowLayoutKeys) * padded(a.head_dim_qk) : 0),
-              v_pad(RowLayout && !keys.pairs && !row_layout_reads_in_place(a.value, int(a.head_dim_v))
+              v_pad(RowLayout && !keys.pairs && !row_layout_reads_in_place(KvReader(a.value), int(a.head_dim_v))
                         ? size_t(kRowLayoutKeys) * padded(a.head_dim_v)
                         : 0),
               p_rows(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * kRowLayoutKeys : 0)),
@@ -173,7 +175,7 @@ struct LaneForward {
               v_pairs(AlignedFloats::uninitialized(
                   pair_dots ? size_t(pairs(kBlockKV)) * padded(a.head_dim_v) * size_t(v_blocks) : 0)),
               k_pairs(AlignedFloats::uninitialized(
-                  pair_dots && !pairs_in_place(a.key, a.head_dim_qk) ? size_t(kBlockKV) * pairs(a.head_dim_qk) : 0)),
+                  pair_dots && !pairs_in_place(KvReader(a.key), a.head_dim_qk) ? size_t(kBlockKV) * pairs(a.head_dim_qk) : 0)),
               v_block_packed(size_t(pair_dots ? v_blocks : 0), 0) {}
         // Key blocks whose V pairs v_pairs keeps: all of them where they fit kVPairCacheBytes and a
         // thread takes several query blocks of one K/V batch index in a row (home-first units,
@@ -195,8 +197,8 @@ struct LaneForward {
     static bool row_pairs_pay_off(const SdpaForwardArgs& a) {
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         return RowLayout && bf16_pairs_pay_off() && a.query.dtype == DType::bf16 && a.key.dtype == DType::bf16 &&
-               a.value.dtype == DType::bf16 && pairs_in_place(a.key, a.head_dim_qk) &&
-               pairs_in_place(a.value, a.head_dim_v);
+               a.value.dtype == DType::bf16 && pairs_in_place(KvReader(a.key), a.head_dim_qk) &&
+               pairs_in_place(KvReader(a.value), a.head_dim_v);
 #else
         (void)a;
         return false;
@@ -216,8 +218,8 @@ struct LaneForward {
     // Whether the row layout reads rows of K or V (cols wide) in place, in
     // their dtype: unit column stride and whole vectors; else it copies them
     // into padded f32 rows.
-    static bool row_layout_reads_in_place(const TensorView& t, int cols) {
-        return t.strides[4] == 1 && Scratch::padded(cols) == cols;
+    static bool row_layout_reads_in_place(const KvReader& kv, int cols) {
+        return kv.rows_in_place() && Scratch::padded(cols) == cols;
     }
 
     // How the row layout reads K for items of this call's rows.  The row-key
@@ -230,14 +232,15 @@ struct LaneForward {
     // so other dtypes are copied first.
     static constexpr int64_t kPackedKeyMinRows = 5, kPackedKeyMinRowsBf16Dots = 16;
     static KeyReads key_reads(const SdpaForwardArgs& a, int64_t item_rows) {
-        const TensorView &q = a.query, &k = a.key;
+        const TensorView& q = a.query;
+        const KvReader k(a.key);
         const int D = int(a.head_dim_qk);
         int64_t group;
         find_shared_dim(a, group);
         const int64_t rows = std::min<int64_t>(item_rows, group * a.seq_q);
         const bool in_place = row_layout_reads_in_place(k, D);
 #if defined(__AVX512F__)
-        const bool bf16_dots = cpu_features().avx512_bf16 && q.dtype == DType::bf16 && k.dtype == DType::bf16 &&
+        const bool bf16_dots = cpu_features().avx512_bf16 && q.dtype == DType::bf16 && k.dtype() == DType::bf16 &&
                                q.strides[4] == 1 && in_place && Scratch::padded(D) % 32 == 0;
 #else
         const bool bf16_dots = false;
@@ -251,7 +254,7 @@ struct LaneForward {
         }
         reads.transposed = kLanes >= 16 && rows >= (bf16_dots ? kPackedKeyMinRowsBf16Dots : kPackedKeyMinRows);
         reads.bf16_dots = bf16_dots && !reads.transposed;
-        reads.copied = !in_place || (reads.transposed && k.dtype != DType::f32);
+        reads.copied = !in_place || (reads.transposed && k.dtype() != DType::f32);
         return reads;
     }
 
@@ -460,15 +463,16 @@ struct LaneForward {
 
     // S^T of keys [j0, j0 + kv_rows) into sc.s_t, scaled.
     static void score_block(const SdpaForwardArgs& a, Scratch& sc, int64_t k_base, int64_t j0, int kv_rows) {
-        const TensorView& k = a.key;
+        const KvReader k(a.key);
         const int D = int(a.head_dim_qk);
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         if (sc.pair_dots) {
-            const uint16_t* k_rows = static_cast<const uint16_t*>(k.data) + k_base + j0 * k.strides[3];
-            int64_t k_stride = k.strides[3];
+            const RowBlock block = k.block(k_base, j0, kv_rows, sc.k_stage);
+            const uint16_t* k_rows = block.words();
+            int64_t k_stride = block.row_stride;
             if (!pairs_in_place(k, D)) {
-                pack_strided_pairs(k_rows, k.strides[3], k.strides[4], kv_rows, D, Scratch::pairs(D), sc.k_pairs.words(),
-                                  Scratch::pairs(D), 1);
+                pack_strided_pairs(k_rows, block.row_stride, block.col_stride, kv_rows, D, Scratch::pairs(D),
+                                   sc.k_pairs.words(), Scratch::pairs(D), 1);
                 k_rows = reinterpret_cast<const uint16_t*>(sc.k_pairs.get());
                 k_stride = 2 * Scratch::pairs(D);
             }
@@ -478,7 +482,7 @@ struct LaneForward {
         }
 #endif
         int64_t k_stride;
-        const float* k_rows = rows_as_f32(k, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
+        const float* k_rows = k.rows_f32(k_base, j0, kv_rows, D, sc.k_rows.get(), D, k_stride);
         lane_gemm<RV, NT, false>(sc.q_t.get(), D, k_rows, k_stride, 1, kv_rows, sc.s_t.get());
     }
 
@@ -488,7 +492,7 @@ struct LaneForward {
                                     float* o_t, int Dv) {
         const int D = int(a.head_dim_qk);
         int64_t k_stride;
-        const float* k_rows = rows_as_f32(a.key, k_base, j0, kv_rows, D, sc.k_rows.get(), k_stride);
+        const float* k_rows = KvReader(a.key).rows_f32(k_base, j0, kv_rows, D, sc.k_rows.get(), D, k_stride);
         if (a.softcap > 0.0f) {
             TileSoftmax<RV, true> softmax(sc.s_t.get(), sc.row_max.get(), sc.row_sum.get(), sc.mods.softcap);
             lane_gemm_to<RV, NT>(sc.q_t.get(), D, k_rows, k_stride, 1, kv_rows, softmax);
@@ -504,7 +508,7 @@ struct LaneForward {
     // the first block sets O^T.
     static void accumulate_block(const SdpaForwardArgs& a, Scratch& sc, int64_t v_base, int64_t j0, int kv_rows,
                                  bool first, bool p_paired) {
-        const TensorView& v = a.value;
+        const KvReader v(a.value);
         const int Dv = int(a.head_dim_v);
         float* o_t = sc.o_t.get();
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
@@ -529,12 +533,12 @@ struct LaneForward {
                     sc.v_block_packed[0] = 0;  // packed below into block 0's place
                 }
             }
-            const uint16_t* v_rows = static_cast<const uint16_t*>(v.data) + v_base + j0 * v.strides[3];
-            if (pack_rows > 0 && v.strides[4] == 1) {
-                pack_row_pairs(v_rows, v.strides[3], pack_rows, Dv, v_pairs, ld);
+            const RowBlock block = v.block(v_base, j0, pack_rows, sc.v_stage);
+            if (pack_rows > 0 && v.rows_in_place()) {
+                pack_row_pairs(block.words(), block.row_stride, pack_rows, Dv, v_pairs, ld);
             } else if (pack_rows > 0) {  // V^T's rows are V's columns
                 for (int c = 0; c < Dv; ++c)
-                    pack_strided_pairs(v_rows + c * v.strides[4], 0, v.strides[3], 1, pack_rows,
+                    pack_strided_pairs(block.words() + c * block.col_stride, 0, block.row_stride, 1, pack_rows,
                                        Scratch::pairs(pack_rows), v_pairs + c, 0, ld);
             }
             if (!p_paired) pack_lane_pairs(sc.s_t.get(), kv_rows, kBlockQ, sc.p_pairs.words());
@@ -547,7 +551,7 @@ struct LaneForward {
         }
 #endif
         int64_t v_stride;
-        const float* v_rows = rows_as_f32(v, v_base, j0, kv_rows, Dv, sc.v_rows.get(), v_stride);
+        const float* v_rows = v.rows_f32(v_base, j0, kv_rows, Dv, sc.v_rows.get(), Dv, v_stride);
         if (first)
             lane_gemm<RV, NT, false>(sc.s_t.get(), kv_rows, v_rows, 1, v_stride, Dv, o_t);
         else
@@ -578,7 +582,7 @@ struct LaneForward {
         const int64_t unmasked_begin = a.window.key_begin(last_row, a.seq_kv);
         const int64_t unmasked_end =
             needs_score_pass(a) || capped_pass ? 0 : a.window.key_end(first_row, a.seq_kv);
-        const int64_t k_base = view_batch_offset(a.key, outer_b), v_base = view_batch_offset(a.value, outer_b);
+        const int64_t k_base = KvReader(a.key).batch_offset(outer_b), v_base = KvReader(a.value).batch_offset(outer_b);
         // O^T is not cleared up front: the first key block sets it, unscaled, instead of clearing it,
         // rescaling the zeros and adding to them.
         float* o_t = sc.o_t.get();
@@ -619,7 +623,8 @@ struct LaneForward {
                             int64_t key_begin, int64_t key_end, bool skip_hidden_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
         const int Dp = Scratch::padded(D), Dvp = Scratch::padded(Dv);
-        const TensorView &q = a.query, &k = a.key, &v = a.value;
+        const TensorView& q = a.query;
+        const KvReader k(a.key), v(a.value);
         const DropoutPlan dropout(a);
         const float scale = log2_score_scale(a);
         float* q_pad = sc.q_pad.get();
@@ -628,7 +633,7 @@ struct LaneForward {
         const bool k_transposed = sc.keys.transposed, bf16_dots = sc.keys.bf16_dots, k_copied = sc.keys.copied;
         const bool row_pairs = sc.keys.pairs;
         const bool v_in_place = row_layout_reads_in_place(v, Dv);
-        const DType k_type = k_copied ? DType::f32 : k.dtype, v_type = v_in_place ? v.dtype : DType::f32;
+        const DType k_type = k_copied ? DType::f32 : k.dtype(), v_type = v_in_place ? v.dtype() : DType::f32;
         // bf16_dots: the partials come straight from Q's bf16 rows, and the scores are scaled after.
         const float score_scale = bf16_dots ? scale : 1.0f;
         [[maybe_unused]] const uint16_t* q_bf16[kBlockQ];  // bf16_dots: Q's own rows
@@ -660,26 +665,36 @@ struct LaneForward {
             key_begin = std::max(key_begin, key_begin + (first_key - key_begin) / kRowLayoutKeys * kRowLayoutKeys);
             key_end = std::min(key_end, a.window.key_end(int64_t(*std::max_element(qi, qi + rows)), a.seq_kv));
         }
-        const int64_t k_base = view_batch_offset(k, outer_b), v_base = view_batch_offset(v, outer_b);
+        const int64_t k_base = k.batch_offset(outer_b), v_base = v.batch_offset(outer_b);
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kRowLayoutKeys) {
             const int kv = int(std::min<int64_t>(kRowLayoutKeys, key_end - j0));
             const int key_vectors = (kv + kLanes - 1) / kLanes;
-            const void* k_rows = element_ptr(k.data, k.dtype, k_base + j0 * k.strides[3]);
-            const void* v_rows = element_ptr(v.data, v.dtype, v_base + j0 * v.strides[3]);
-            int64_t k_stride = k.strides[3], v_stride = v.strides[3];
-            if (k_copied) {  // the padding columns of k_pad stay 0
-                load_block(k_rows, k.dtype, k.strides[3], k.strides[4], kv, D, sc.k_pad.get(), Dp, 1);
-                k_rows = sc.k_pad.get();
-                k_stride = Dp;
-            }
-            if (row_pairs) {
-                row_pair_products(a, dropout, sc, rows, j0, kv, k_rows, v_rows, p_rows, o_rows, scale);
+            if (row_pairs) {  // K and V in place (row_pairs_pay_off)
+                row_pair_products(a, dropout, sc, rows, j0, kv, k.block(k_base, j0, kv, sc.k_stage),
+                                  v.block(v_base, j0, kv, sc.v_stage), p_rows,
+                                  o_rows, scale);
                 continue;
             }
+            const void* k_rows;
+            const void* v_rows;
+            int64_t k_stride, v_stride;
+            if (k_copied) {  // the padding columns of k_pad stay 0
+                k.load_f32(k_base, j0, kv, D, sc.k_pad.get(), Dp);
+                k_rows = sc.k_pad.get();
+                k_stride = Dp;
+            } else {
+                const RowBlock block = k.block(k_base, j0, kv, sc.k_stage);
+                k_rows = block.data;
+                k_stride = block.row_stride;
+            }
             if (!v_in_place) {
-                load_block(v_rows, v.dtype, v.strides[3], v.strides[4], kv, Dv, sc.v_pad.get(), Dvp, 1);
+                v.load_f32(v_base, j0, kv, Dv, sc.v_pad.get(), Dvp);
                 v_rows = sc.v_pad.get();
                 v_stride = Dvp;
+            } else {
+                const RowBlock block = v.block(v_base, j0, kv, sc.v_stage);
+                v_rows = block.data;
+                v_stride = block.row_stride;
             }
             if (k_transposed) {  // K^T, its lanes past kv in the last key vector zero
                 const float* k_f32 = static_cast<const float*>(k_rows);
@@ -716,17 +731,15 @@ struct LaneForward {
     // One key block of attend_rows on bf16 pairs: S = Q K^T (scaled) from K^T's pairs, each row's softmax
     // step (masks, dropout), then O += P V from P rounded to bf16 and V's pairs along the keys.
     static void row_pair_products(const SdpaForwardArgs& a, const DropoutPlan& dropout, Scratch& sc, int rows,
-                                  int64_t j0, int kv, const void* k_rows, const void* v_rows, float* const* p_rows,
-                                  float* const* o_rows, float scale) {
+                                  int64_t j0, int kv, const RowBlock& k_rows, const RowBlock& v_rows,
+                                  float* const* p_rows, float* const* o_rows, float scale) {
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
         const int Dp = Scratch::padded(D), Dvp = Scratch::padded(Dv);
         const int key_vectors = (kv + kLanes - 1) / kLanes;
-        const int64_t k_stride = a.key.strides[3];
-        const uint16_t* k_bf16 = static_cast<const uint16_t*>(k_rows);
-        transpose_rows<uint32_t>([&](int j) { return reinterpret_cast<const uint32_t*>(k_bf16 + j * k_stride); }, kv,
+        transpose_rows<uint32_t>([&](int j) { return reinterpret_cast<const uint32_t*>(k_rows.word_row(j)); }, kv,
                                  D / 2, sc.row_kt_pairs.words(), kRowLayoutKeys, 1.0f, kRowLayoutKeys);
-        pack_row_pairs(static_cast<const uint16_t*>(v_rows), a.value.strides[3], kv, Dv, sc.row_v_pairs.words(), Dvp);
+        pack_row_pairs(v_rows.words(), v_rows.row_stride, kv, Dv, sc.row_v_pairs.words(), Dvp);
         // p_rows and o_rows are kRowLayoutKeys and Dvp floats apart (Scratch).
         pair_gemm<kRowLayoutKeyVectors, kKeyTransposeRowBlock, false>(
             sc.row_kt_pairs.words(), D / 2, reinterpret_cast<const uint16_t*>(sc.row_q_bf16.get()), Dp, 2, rows,

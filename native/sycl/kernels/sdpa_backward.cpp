@@ -83,10 +83,8 @@ void graphattn_sdpa_backward_kv(BackwardParams b, int64_t outer_items, int32_t s
 
     float k[GA_QK_CHUNKS], v[GA_V_CHUNKS], dk[GA_QK_CHUNKS], dv[GA_V_CHUNKS];
     const int64_t fb_outer = (o0 * p.batch[1] + o1) * p.batch[2] + o2;  // shared dims at 0
-    const int64_t k_off = batch_offset(p.key, p.batch, fb_outer) + j * p.key.strides[3];
-    const int64_t v_off = batch_offset(p.value, p.batch, fb_outer) + j * p.value.strides[3];
-    load_row_chunks(p.key, k_off, D, lane, p.score_scale * kLog2e, k);
-    load_row_chunks(p.value, v_off, Dv, lane, 1.0f, v);
+    load_kv_row_chunks(p.key, batch_offset(p.key, p.batch, fb_outer), j, D, lane, p.score_scale * kLog2e, k);
+    load_kv_row_chunks(p.value, batch_offset(p.value, p.batch, fb_outer), j, Dv, lane, 1.0f, v);
     for (int t = 0; t < GA_QK_CHUNKS; ++t) dk[t] = 0.0f;
     for (int t = 0; t < GA_V_CHUNKS; ++t) dv[t] = 0.0f;
     // Rows outside [first_row, row_end) cannot see key j through a -inf window
@@ -158,16 +156,15 @@ void graphattn_sdpa_backward_q(BackwardParams b) {
     const uint64_t drop_base = p.dropout_first_element + uint64_t((fb * p.seq_q + i) * p.seq_kv);
     const int64_t end = key_end(p, i);
     for (int64_t j = key_begin(p, i); j < end; ++j) {
-        const int64_t k_off = k_base + j * p.key.strides[3], v_off = v_base + j * p.value.strides[3];
         float k[GA_QK_CHUNKS], s_part = 0.0f, dp_part = 0.0f;
         for (int t = 0; t < GA_QK_CHUNKS; ++t) {
             const int d = lane + t * kSubGroup;
-            k[t] = d < D ? input_as_f32(p.key, k_off + d * p.key.strides[4]) : 0.0f;
+            k[t] = d < D ? kv_as_f32(p.key, k_base, j, d) : 0.0f;
             s_part += q[t] * k[t];
         }
         for (int t = 0; t < GA_V_CHUNKS; ++t) {
             const int d = lane + t * kSubGroup;
-            if (d < Dv) dp_part += go[t] * input_as_f32(p.value, v_off + d * p.value.strides[4]);
+            if (d < Dv) dp_part += go[t] * kv_as_f32(p.value, v_base, j, d);
         }
         const float s = sycl::reduce_over_group(sg, s_part, sycl::plus<float>());
         const float dp = sycl::reduce_over_group(sg, dp_part, sycl::plus<float>());

@@ -70,6 +70,17 @@ inline int64_t batch_offset(const KernelView& v, const int64_t batch[3], int64_t
     return b0 * v.strides[0] + b1 * v.strides[1] + b2 * v.strides[2];
 }
 
+// The same for K or V: the base its row offsets start from.
+inline int64_t batch_offset(const KvRows& kv, const int64_t batch[3], int64_t flat) {
+    const int64_t b2 = flat % batch[2], b1 = (flat / batch[2]) % batch[1], b0 = flat / (batch[2] * batch[1]);
+    return kv.layout.batch_offset(b0, b1, b2);
+}
+
+// Element c of K/V row j of the batch entry at `base`, as f32.
+inline float kv_as_f32(const KvRows& kv, int64_t base, int64_t j, int64_t c) {
+    return to_f32(static_cast<const InputT*>(kv.data)[kv.layout.element_offset(base, j, c)]);
+}
+
 // The keys query row i visits, [key_begin, key_end): those its window shows
 // where hidden keys weigh 0, else all of them (a finite fill keeps hidden
 // keys in the softmax).
@@ -183,6 +194,16 @@ inline void load_row_chunks(const KernelView& v, int64_t offset, int size, int l
     for (int t = 0; t < Chunks; ++t) {
         const int d = lane + t * kSubGroup;
         chunks[t] = d < size ? input_as_f32(v, offset + d * v.strides[4]) * scale : 0.0f;
+    }
+}
+
+// The same for K/V row j of the batch entry at `base`.
+template <int Chunks>
+inline void load_kv_row_chunks(const KvRows& kv, int64_t base, int64_t j, int size, int lane, float scale,
+                               float (&chunks)[Chunks]) {
+    for (int t = 0; t < Chunks; ++t) {
+        const int d = lane + t * kSubGroup;
+        chunks[t] = d < size ? kv_as_f32(kv, base, j, d) * scale : 0.0f;
     }
 }
 

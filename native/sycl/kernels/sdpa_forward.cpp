@@ -31,11 +31,10 @@ void graphattn_sdpa_forward(ForwardParams p) {
         const int count = int(sycl::min<int64_t>(kSubGroup, end - j0));
         float score = -kInf;  // lane c: key j0 + c
         for (int c = 0; c < count; ++c) {
-            const int64_t k_off = k_base + (j0 + c) * p.key.strides[3];
             float partial = 0.0f;
             for (int t = 0; t < GA_QK_CHUNKS; ++t) {
                 const int d = lane + t * kSubGroup;
-                if (d < D) partial += q[t] * input_as_f32(p.key, k_off + d * p.key.strides[4]);
+                if (d < D) partial += q[t] * kv_as_f32(p.key, k_base, j0 + c, d);
             }
             const float s = sycl::reduce_over_group(sg, partial, sycl::plus<float>());
             if (lane == c) score = s;
@@ -57,10 +56,9 @@ void graphattn_sdpa_forward(ForwardParams p) {
         for (int t = 0; t < GA_V_CHUNKS; ++t) acc[t] *= rescale;
         for (int c = 0; c < count; ++c) {
             const float pc = sycl::select_from_group(sg, dropped, c);
-            const int64_t v_off = v_base + (j0 + c) * p.value.strides[3];
             for (int t = 0; t < GA_V_CHUNKS; ++t) {
                 const int d = lane + t * kSubGroup;
-                if (d < Dv) acc[t] += pc * input_as_f32(p.value, v_off + d * p.value.strides[4]);
+                if (d < Dv) acc[t] += pc * kv_as_f32(p.value, v_base, j0 + c, d);
             }
         }
     }

@@ -90,7 +90,7 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
         const int keys = int(sycl::min<int64_t>(kTileKeys, end - j0));
         for (int x = lane; x < kTileKeys * D; x += kSubGroup) {  // K^T: kv_tile[d][n] = K[j0 + n][d]
             const int d = x / kTileKeys, n = x % kTileKeys;
-            kv_tile[x] = to_tile(n < keys && d < dim_qk ? input_as_f32(p.key, k_base + (j0 + n) * p.key.strides[3] + d * p.key.strides[4]) : 0.0f);
+            kv_tile[x] = to_tile(n < keys && d < dim_qk ? kv_as_f32(p.key, k_base, j0 + n, d) : 0.0f);
         }
         sycl::group_barrier(sg);
         // S = Q K^T on the transposed K tile.
@@ -137,7 +137,7 @@ void graphattn_sdpa_forward_xmx(ForwardParams p) {
         }
         for (int x = lane; x < kTileKeys * Dv; x += kSubGroup) {
             const int n = x / Dv, d = x % Dv;
-            kv_tile[x] = to_tile(n < keys && d < dim_v ? input_as_f32(p.value, v_base + (j0 + n) * p.value.strides[3] + d * p.value.strides[4]) : 0.0f);
+            kv_tile[x] = to_tile(n < keys && d < dim_v ? kv_as_f32(p.value, v_base, j0 + n, d) : 0.0f);
         }
         sycl::group_barrier(sg);
         // O += P V, one 8x16 accumulator tile per 16 output columns.

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "graphattn/key_window.hpp"
+#include "graphattn/kv_rows.hpp"
 
 namespace graphattn_sycl {
 
@@ -20,11 +21,22 @@ struct KernelView {
     int64_t strides[kViewDims];  // in elements
 };
 
+// K or V: its data and how its rows are found (graphattn/kv_rows.hpp), the
+// only way the kernels reach a key or value row.
+struct KvRows {
+    const void* data;
+    int32_t dtype;  // as KernelView's
+    int32_t unused;
+    graphattn::KvRowLayout layout;
+};
+
 struct ForwardParams {
     int64_t batch[3];
     int64_t seq_q, seq_kv;
     int32_t head_dim_qk, head_dim_v;
-    KernelView query, key, value, mask, output, stats;  // stats.data may be null
+    KernelView query;
+    KvRows key, value;
+    KernelView mask, output, stats;  // stats.data may be null
     float score_scale;       // multiplier of Q K^T (a divisor is inverted on the host)
     int32_t mask_kind;       // 0 none, 1 additive, 2 select
     int32_t select_keep_value;

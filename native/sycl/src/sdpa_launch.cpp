@@ -37,6 +37,14 @@ graphattn_sycl::KernelView kernel_view(const TensorView& v) {
     return k;
 }
 
+graphattn_sycl::KvRows kv_rows(const TensorView& v) {
+    graphattn_sycl::KvRows k{};
+    k.data = v.data;
+    k.dtype = int32_t(v.dtype);
+    k.layout = kv_row_layout(v);
+    return k;
+}
+
 graphattn_sycl::ForwardParams forward_params(const SdpaForwardArgs& a) {
     graphattn_sycl::ForwardParams p{};
     for (int d = 0; d < kBatchDims; ++d) p.batch[d] = a.batch[d];
@@ -45,8 +53,8 @@ graphattn_sycl::ForwardParams forward_params(const SdpaForwardArgs& a) {
     p.head_dim_qk = int32_t(a.head_dim_qk);
     p.head_dim_v = int32_t(a.head_dim_v);
     p.query = kernel_view(a.query);
-    p.key = kernel_view(a.key);
-    p.value = kernel_view(a.value);
+    p.key = kv_rows(a.key);
+    p.value = kv_rows(a.value);
     p.mask = kernel_view(a.mask);
     p.output = kernel_view(a.output);
     p.stats = kernel_view(a.stats);
@@ -243,7 +251,7 @@ Status sdpa_backward(void* queue, const SdpaBackwardArgs& given) {
         int32_t shared = 0;
         int64_t outer_items = 1;
         for (int d = 0; d < kBatchDims; ++d) {
-            if (a.batch[d] > 1 && a.key.strides[d] == 0) shared |= 1 << d;
+            if (a.batch[d] > 1 && kv_row_layout(a.key).shared_over(d)) shared |= 1 << d;
             else outer_items *= a.batch[d];
         }
         std::vector<sycl::event> deps;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "graphattn/key_window.hpp"
+#include "graphattn/kv_rows.hpp"
 #include "graphattn/score_mods.hpp"
 #include "graphattn/sequences.hpp"
 
@@ -49,6 +50,16 @@ struct TensorView {
     int64_t strides[kBatchDims + 2] = {0, 0, 0, 0, 0};
     BufferExtent buffer;
 };
+
+// How the rows of a K or V view are found (graphattn/kv_rows.hpp): its
+// strides, batch, row and column.
+inline KvRowLayout kv_row_layout(const TensorView& t) {
+    KvRowLayout layout;
+    for (int d = 0; d < kBatchDims; ++d) layout.batch_strides[d] = t.strides[d];
+    layout.row_stride = t.strides[3];
+    layout.col_stride = t.strides[4];
+    return layout;
+}
 
 // ALiBi (graphattn/score_mods.hpp): scores -= slope * |i' - j|, one slope
 // per batch index (f32; strides[0..2] walk the batch, the row and column
