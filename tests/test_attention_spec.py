@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import graphattn as ga
-from graphattn import functional, functional_backward
+from graphattn import forward_call, functional_backward
 from graphattn.attention_spec import AttentionSpec, NotUsable, Operand, kernel_window, lower
 from graphattn.dtypes import DataType
 from graphattn.logical_tensor import dense_strides
@@ -89,13 +89,13 @@ def test_window_whose_left_bound_about_the_row_is_minus_one(rng):
 def test_forward_and_backward_lower_one_call_alike(rng):
     """The functional forward and backward describe the same call: the same kernel batch and the same strides
     for every operand both read (here six batch dims, folded)."""
-    functional._cache.clear()
+    forward_call._cache.clear()
     functional_backward._plans.clear()
     shape = (2, 1, 2, 3, 1, 2)
     q, k, v = (random_array(shape + (9, 16), "f32", rng) for _ in range(3))
     out, stats = ga.scaled_dot_product_attention(q, k, v, window=(3, 0), return_stats=True)
     ga.scaled_dot_product_attention_backward(out, q, k, v, out, stats, window=(3, 0))
-    (forward,) = functional._cache._entries.values()
+    (forward,) = forward_call._cache._entries.values()
     (backward,) = functional_backward._plans._entries.values()
     assert forward.copies is None and backward.call.batch == forward.call.batch
     for role in ("query", "key", "value", "output"):
@@ -112,7 +112,7 @@ def test_batch_dims_the_kernel_cannot_walk_are_copied(dtype, rng):
     k, v = (random_array(q.shape, dtype, rng) for _ in range(2))
     out, stats = ga.scaled_dot_product_attention(q, k, v, is_causal=True, return_stats=True)
     assert_close(out, sdpa_reference(q, k, v, is_causal=True), dtype)
-    entry = next(e for s, e in functional._cache._entries.items() if e.out_shape == q.shape[:-1] + (16,))
+    entry = next(e for s, e in forward_call._cache._entries.items() if e.out_shape == q.shape[:-1] + (16,))
     assert entry.copies is not None
     grad = random_array(out.shape, dtype, rng)
     got = ga.scaled_dot_product_attention_backward(grad, q, k, v, out, stats, is_causal=True)

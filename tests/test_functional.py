@@ -425,14 +425,14 @@ def test_lowest_float_mask_keeps_its_meaning(dtype, rng):
 
 
 def test_repeated_calls_reuse_the_compiled_partition(rng):
-    from graphattn import functional
+    from graphattn import forward_call
 
     q = random_array((1, 2, 8, 16), "f32", rng)
     ga.scaled_dot_product_attention(q, q, q, is_causal=True)
-    size = len(functional._cache)
+    size = len(forward_call._cache)
     for _ in range(3):
         ga.scaled_dot_product_attention(q, q, q, is_causal=True)
-    assert len(functional._cache) == size
+    assert len(forward_call._cache) == size
 
 
 def test_signature_cache_keeps_the_entries_used_since_it_was_half_full():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import graphattn as ga
-from graphattn import _cpu, functional, functional_backward
+from graphattn import _cpu, forward_call, functional_backward
 from graphattn.attention_spec import lower
 from graphattn.testing import (STATS_TOLERANCE, assert_close, assert_grad_close, random_array, sdpa_reference,
                                sdpa_reference_backward)
@@ -16,8 +16,8 @@ REPLAYED = "plan=replayed"
 
 
 def _fresh_caches():
-    functional._cache.clear()
-    functional._by_length_free.clear()
+    forward_call._cache.clear()
+    forward_call._by_length_free.clear()
 
 
 def _numpy(x):
@@ -60,7 +60,7 @@ def _run_lengths(make, lengths, dtype, capsys, **kwargs):
         for got, want in zip(results, fresh):
             np.testing.assert_array_equal(_numpy(got), _numpy(want))
         # keep the replay's template: the next length replays the plan made for this one
-        functional._cache.clear()
+        forward_call._cache.clear()
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
@@ -120,7 +120,7 @@ def test_a_new_length_whose_strides_break_a_fold_is_planned_anew(rng):
     k = wide[..., :5, :]
     v = random_array((2, 3, 2, 2, 5, 8), "f32", rng)
     assert_close(ga.scaled_dot_product_attention(q, k, v), sdpa_reference(q, k, v), "f32", "strided K")
-    assert len(functional._cache) == 2
+    assert len(forward_call._cache) == 2
 
 
 def test_dropout_draws_the_same_mask_as_a_fresh_plan(rng, capsys):
@@ -368,8 +368,8 @@ def test_a_loop_of_new_lengths_leaves_the_plan_cache_as_it_was(rng, monkeypatch)
 
     _fresh_caches()
     replays = []
-    run = functional._LengthFreePlan.run
-    monkeypatch.setattr(functional._LengthFreePlan, "run", lambda *a: replays.append(1) or run(*a))
+    run = forward_call._LengthFreePlan.run
+    monkeypatch.setattr(forward_call._LengthFreePlan, "run", lambda *a: replays.append(1) or run(*a))
     other = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
     ga.scaled_dot_product_attention(other, other, other)
     q = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
@@ -380,14 +380,14 @@ def test_a_loop_of_new_lengths_leaves_the_plan_cache_as_it_was(rng, monkeypatch)
             got = ga.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
         if n % 97 == 0:
             assert_close(got, sdpa_reference(q, kv, kv, enable_gqa=True), "f32", f"length {n}")
-    assert len(functional._cache) == 2  # the other call's plan and the loop's first
-    assert functional._cache.replayed_count() == 0
-    assert len(functional._by_length_free) == 2
+    assert len(forward_call._cache) == 2  # the other call's plan and the loop's first
+    assert forward_call._cache.replayed_count() == 0
+    assert len(forward_call._by_length_free) == 2
     assert len(replays) == 3 * (CACHE_SIZE + 10) - 1  # every call but the first, which planned
 
 
 def _key(arrays, flags=(True, (-1, 0), "top_left", False, 0.0, None), free=False):
-    return _cpu.signature_key(arrays, functional._FREE_AXES, flags, free)
+    return _cpu.signature_key(arrays, forward_call._FREE_AXES, flags, free)
 
 
 def test_a_signature_key_tells_apart_what_a_plan_depends_on(rng):

@@ -11,7 +11,7 @@ import pytest
 import graphattn as ga
 from graphattn import _cpu
 from graphattn.dtypes import as_data_type, numpy_dtype
-from graphattn.functional import SignatureCache
+from graphattn.plan_cache import SignatureCache
 from graphattn.testing import TOLERANCES, assert_close, assert_grad_close, random_array, sdpa_reference, sdpa_reference_backward
 
 torch = pytest.importorskip("torch")

@@ -2,7 +2,7 @@
 
 Three producers describe calls as an AttentionSpec:
 
-    functional.py            scaled_dot_product_attention            -> forward spec
+    forward_call.py          scaled_dot_product_attention            -> forward spec
     functional_backward.py   scaled_dot_product_attention_backward   -> backward spec
     kernels/fused_sdpa*.py   a partition the pattern matcher fused   -> forward or backward spec
 

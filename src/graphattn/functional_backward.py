@@ -18,9 +18,9 @@ import numpy as np
 from . import _cpu
 from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
-from .functional import (_OPEN, SignatureCache, _check_inputs, _grouped_origin, _layout,
-                         _mask_fits, _normalize_mask, _s64, _sycl_inputs, check_out_kind, checked_out, grouped_shapes,
-                         replayed_window)
+from .call_prep import (OPEN_WINDOW, check_inputs, check_out_kind, checked_out, grouped_origin, grouped_shapes,
+                        layout_key, mask_fits, normalize_mask, replayed_window, s64, sycl_inputs)
+from .plan_cache import SignatureCache
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
 from .interop import from_numpy, plain_torch_tensors, to_numpy, torch_empty, torch_layout
@@ -89,7 +89,7 @@ def _lengths_agree(shapes: tuple, mask) -> bool:
     q_shape, k_shape, v_shape, o_shape, do_shape, st_shape = shapes
     seq_q, seq_kv = q_shape[-2], k_shape[-2]
     return v_shape[-2] == seq_kv and o_shape[-2] == seq_q and do_shape[-2] == seq_q and st_shape[-2] == seq_q and \
-        _mask_fits(None if mask is None else mask.shape, seq_q, seq_kv)
+        mask_fits(None if mask is None else mask.shape, seq_q, seq_kv)
 
 
 class _LengthFreeBackward:
@@ -145,7 +145,7 @@ class _LengthFreeBackward:
 
     def _window(self, seq_q: int, seq_kv: int) -> tuple:
         """The kernel's (left, right) window at these lengths."""
-        if self.bounds == _OPEN:
+        if self.bounds == OPEN_WINDOW:
             return self.open_window
         return replayed_window(self.bounds, self.alignment, seq_q, seq_kv)
 
@@ -173,7 +173,7 @@ class _LengthFreeBackward:
 def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_alignment, return_mask_grad,
           bounds, kind="numpy", mods=None, return_sinks_grad=False):
     """Checks a new signature and derives its _BackwardPlan (the arrays' data are not read)."""
-    gqa = _check_inputs(q, k, v, mask, is_causal, enable_gqa, causal_alignment, kind)
+    gqa = check_inputs(q, k, v, mask, is_causal, enable_gqa, causal_alignment, kind)
     for name, a in (("out", o), ("grad_out", do), ("stats", st)):
         if isinstance(a, np.ndarray):
             arguments.check_host_array(a, name)
@@ -247,7 +247,7 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
         given_arrays = {"query": (q, query_copy), "key": (k, kv_copy), "value": (v, kv_copy), "output": (o, dense),
                         "stats": (st, dense), "grad_output": (do, dense), "mask": (mask, mask_copy)} if gqa else {}
         operands = {name: Operand(dtype_of(dtype), tuple(shape), tuple(strides),
-                                  _grouped_origin(given_arrays[name][0].ndim, tuple(shape))
+                                  grouped_origin(given_arrays[name][0].ndim, tuple(shape))
                                   if name in given_arrays and not given_arrays[name][1] else None)
                     for name, (shape, strides, dtype) in layouts.items()}
         per_head = {} if mods is None else dict(mods.arrays())
@@ -288,7 +288,7 @@ def _run_kernel(plan: _BackwardPlan, arrays: dict, scale, dropout_seed, dropout_
     (plan's, or kernel, its replay at lengths (seq_q, seq_kv, left, right)), USM addresses for sycl_run (the
     SYCL plugin's backward)."""
     scale_value = plan.default_scale if scale is None else arguments.scale_value(scale)
-    seed, offset = bits64(_s64(dropout_seed or 0, "dropout_seed")), bits64(_s64(dropout_offset, "dropout_offset"))
+    seed, offset = bits64(s64(dropout_seed or 0, "dropout_seed")), bits64(s64(dropout_offset, "dropout_offset"))
     start = time.perf_counter() if verbose.enabled() else None
     if sycl_run is None:
         (plan.kernel if kernel is None else kernel).run(arrays, scale_value, seed, offset)
@@ -368,7 +368,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
             _run_kernel(plan, arrays, scale, dropout_seed, dropout_offset)
             return grads + (None,) if return_mask_grad else grads
 
-    on_sycl = _sycl_inputs(query, key, value, attn_mask)
+    on_sycl = sycl_inputs(query, key, value, attn_mask)
     if on_sycl is not None:  # dpnp / usm_ndarray in: the same steps with dpnp, the SYCL kernels, USM out
         import dpnp as xp
 
@@ -386,7 +386,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
         do, _ = to_numpy(grad_out, "grad_out")
         st, _ = to_numpy(stats, "stats")
         user_mask = None if attn_mask is None else to_numpy(attn_mask, "attn_mask")[0]
-    mask = _normalize_mask(user_mask)
+    mask = normalize_mask(user_mask)
     # A signature seen before was checked when its plan was made: repeated calls only bind data (a small call
     # spent most of its time in these checks and stride walks).
     operands = (q, k, v, o, do, st, mask)
@@ -402,8 +402,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
     # Else by the whole signature: NumPy arrays key on bytes (_cpu.signature_key), anything else on a tuple.
     signature = _cpu.signature_key(operands, _FREE_AXES, flags) if queue is None else None
     if signature is None:
-        signature = ((_layout(q), _layout(k), _layout(v), _layout(o), _layout(do), _layout(st)),
-                     _layout(mask) if mask is not None else None) + flags + (queue,)
+        signature = ((layout_key(q), layout_key(k), layout_key(v), layout_key(o), layout_key(do), layout_key(st)),
+                     layout_key(mask) if mask is not None else None) + flags + (queue,)
     plan = _plans.get(signature)
     if plan is None:
         # New lengths of a planned call that the class's run does not take (gradients into given arrays, a

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from . import arguments, functional, functional_backward, key_window
+from . import arguments, forward_call, functional_backward, key_window
 from .interop import torch_random_seed
 
 
@@ -22,13 +22,12 @@ def sdpa_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, at
                  dropout_seed: int, dropout_offset: int, window: list[int], softcap: Optional[float],
                  alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
                  seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, stats) of the functional forward (on detached operands: they take its direct route).  seed, where
+    """(out, stats) of the functional forward (forward_call, on detached operands).  seed, where
     given, is dropout's seed as an int64 tensor (drawn in the traced graph) in place of dropout_seed."""
-    return functional.scaled_dot_product_attention(
-        query.detach(), key.detach(), value.detach(), _detached(attn_mask), dropout_p,
-        is_causal, scale, enable_gqa, causal_alignment=causal_alignment, return_stats=True,
-        dropout_seed=_seed(dropout_seed, seed), dropout_offset=dropout_offset, window=tuple(window), softcap=softcap,
-        alibi_slopes=_detached(alibi_slopes), sinks=_detached(sinks))
+    return forward_call.attention(
+        query.detach(), key.detach(), value.detach(), _detached(attn_mask), dropout_p, is_causal, scale, enable_gqa,
+        causal_alignment, True, _seed(dropout_seed, seed), dropout_offset, tuple(window), softcap,
+        _detached(alibi_slopes), _detached(sinks), None)
 
 
 def _detached(x):

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from . import arguments, key_window, score_mods, varlen
+from . import arguments, key_window, score_mods, varlen_call
 from .torch_autograd import dropout_seeds
 
 
@@ -28,18 +28,17 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                    seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, stats) of varlen_attention on detached operands; max_seqlen -1 for None; seed, where given, is
     dropout's seed as an int64 tensor drawn in the traced graph, in place of dropout_seed."""
-    return varlen.varlen_attention(
+    return varlen_call.attention(
         q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, _int_or_none(max_seqlen_q),
-        _int_or_none(max_seqlen_k), scale=scale, is_causal=is_causal, causal_alignment=causal_alignment,
-        window=tuple(window), softcap=softcap, alibi_slopes=None if alibi_slopes is None else alibi_slopes.detach(),
-        sinks=None if sinks is None else sinks.detach(), dropout_p=dropout_p,
-        dropout_seed=dropout_seed if seed is None else int(seed), dropout_offset=dropout_offset, return_stats=True)
+        _int_or_none(max_seqlen_k), scale, is_causal, causal_alignment, tuple(window), softcap,
+        None if alibi_slopes is None else alibi_slopes.detach(), None if sinks is None else sinks.detach(), dropout_p,
+        dropout_seed if seed is None else int(seed), dropout_offset, True, None)
 
 
 @varlen_forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, is_causal, causal_alignment, window,
       softcap, alibi_slopes, sinks, dropout_p, dropout_seed, dropout_offset, seed):
-    out = q.new_empty((q.shape[1], q.shape[0], v.shape[2])).transpose(0, 1)  # varlen.head_major's layout
+    out = q.new_empty((q.shape[1], q.shape[0], v.shape[2])).transpose(0, 1)  # varlen_call.head_major's layout
     return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -52,14 +51,11 @@ def varlen_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                     seed: Optional[torch.Tensor],
                     sinks_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks) of varlen_attention_backward; dsinks is empty unless asked for."""
-    grads = varlen.varlen_attention_backward(
+    grads = varlen_call.backward(
         grad_out.detach(), q.detach(), k.detach(), v.detach(), out.detach(), stats, cu_seqlens_q, cu_seqlens_k,
-        _int_or_none(max_seqlen_q), _int_or_none(max_seqlen_k), scale=scale, is_causal=is_causal,
-        causal_alignment=causal_alignment, window=tuple(window), softcap=softcap,
-        alibi_slopes=None if alibi_slopes is None else alibi_slopes.detach(),
-        sinks=None if sinks is None else sinks.detach(), dropout_p=dropout_p,
-        dropout_seed=dropout_seed if seed is None else int(seed), dropout_offset=dropout_offset,
-        return_sinks_grad=sinks_grad)
+        _int_or_none(max_seqlen_q), _int_or_none(max_seqlen_k), scale, is_causal, causal_alignment, tuple(window),
+        softcap, None if alibi_slopes is None else alibi_slopes.detach(), None if sinks is None else sinks.detach(),
+        dropout_p, dropout_seed if seed is None else int(seed), dropout_offset, sinks_grad, None)
     dsinks = grads[3] if sinks_grad else q.new_empty(0, dtype=torch.float32)
     return grads[0], grads[1], grads[2], dsinks
 
@@ -116,7 +112,7 @@ def _length(value, name: str):
 def _index_tensor(x, name: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
-    return torch.as_tensor(varlen.to_numpy(x, name)[0])
+    return torch.as_tensor(varlen_call.to_numpy(x, name)[0])
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, is_causal, causal_alignment,

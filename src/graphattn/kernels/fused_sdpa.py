@@ -31,12 +31,12 @@ def plan_window(bounds) -> tuple:
     return None, (0 if any(b.side == "right" for b in bounds) else None)
 
 
-def operand(dtype: DataType, view: _View) -> Operand:
+def operand(dtype: DataType, view: KernelView) -> Operand:
     return Operand(dtype, tuple(view.shape), tuple(view.strides), view.origin)
 
 
 @dataclass
-class _View:
+class KernelView:
     """An operand as the kernel walks it: shape and strides, and where each stride comes from in the
     partition port's array: origin, per dim (the array's axis, multiplier) or None for a size-1 dim (None
     where unknown: an empty array), and folds, the (outer, inner, inner size) sources of the dims a reshape
@@ -47,25 +47,25 @@ class _View:
     folds: tuple = ()
 
 
-def port_view(lt) -> _View:
+def port_view(lt) -> KernelView:
     """A partition port's array as it is: each dim its own stride source."""
     origin = None if 0 in lt.shape else tuple(None if d == 1 else (axis, 1) for axis, d in enumerate(lt.shape))
-    return _View(lt.shape, lt.strides, origin)
+    return KernelView(lt.shape, lt.strides, origin)
 
 
-def _transposed(view: _View, shape: tuple, order: list, strides: tuple) -> _View:
+def _transposed(view: KernelView, shape: tuple, order: list, strides: tuple) -> KernelView:
     origin = None if view.origin is None else tuple(view.origin[a] for a in order)
-    return _View(shape, strides, origin, view.folds)
+    return KernelView(shape, strides, origin, view.folds)
 
 
-def _reshaped(view: _View, shape: tuple, strides: tuple) -> _View:
+def _reshaped(view: KernelView, shape: tuple, strides: tuple) -> KernelView:
     if view.origin is None or 0 in view.shape:
-        return _View(shape, strides, None, view.folds)
+        return KernelView(shape, strides, None, view.folds)
     origin, folds = reshape_origin(view.shape, view.origin, shape)
-    return _View(shape, strides, origin, view.folds + folds)
+    return KernelView(shape, strides, origin, view.folds + folds)
 
 
-def _apply_chain(chain: InputChain, lts, shapes) -> _View:
+def apply_chain(chain: InputChain, lts, shapes) -> KernelView:
     lt = lts[chain.tensor_id]
     view = port_view(lt)
     for op in chain.ops:
@@ -81,12 +81,12 @@ def _apply_chain(chain: InputChain, lts, shapes) -> _View:
     return view
 
 
-def _swap_last(view: _View) -> _View:
+def _swap_last(view: KernelView) -> KernelView:
     return _transposed(view, view.shape[:-2] + view.shape[-2:][::-1], list(range(len(view.shape) - 2)) +
                        [len(view.shape) - 1, len(view.shape) - 2], view.strides[:-2] + view.strides[-2:][::-1])
 
 
-def output_view(out, output_ops, shapes) -> _View:
+def output_view(out, output_ops, shapes) -> KernelView:
     """The view of a partition output as the op before `output_ops` (view ops) produced it: reorders and
     reshapes after a kernel's result are folded into its output strides."""
     view = port_view(out)
@@ -106,7 +106,7 @@ def output_view(out, output_ops, shapes) -> _View:
     return view
 
 
-def _scalar_chain(chain: InputChain | None, lts, what: str) -> InputChain | None:
+def scalar_chain(chain: InputChain | None, lts, what: str) -> InputChain | None:
     if chain is not None and lts[chain.tensor_id].numel() != 1:
         raise NotUsable(f"{what} (tensor {chain.tensor_id}) has shape {lts[chain.tensor_id].shape}; "
                         "the kernel takes a single value")
@@ -121,11 +121,11 @@ def _host(array) -> np.ndarray:
 _NEG_INF = float("-inf")
 
 
-def _scalar(array) -> float:
+def host_scalar(array) -> float:
     return _host(array).item()  # a one-element array of any rank
 
 
-def _u64(array) -> int:
+def as_u64(array) -> int:
     """An s64 seed or offset tensor's value as the 64-bit pattern the Philox key/counter takes."""
     return bits64(_host(array).reshape(-1)[0])
 
@@ -135,9 +135,9 @@ class WindowOperands:
     operands of each bound, read per call into (left, right, fill) about the row itself."""
 
     def __init__(self, bounds, lts):
-        self.bounds = [(b.side, b.adjust, [(_scalar_chain(c, lts, "key window index offset"), sign)
+        self.bounds = [(b.side, b.adjust, [(scalar_chain(c, lts, "key window index offset"), sign)
                                            for c, sign in b.terms],
-                        _scalar_chain(b.fill, lts, "key window fill value")) for b in bounds]
+                        scalar_chain(b.fill, lts, "key window fill value")) for b in bounds]
 
     def __bool__(self) -> bool:
         return bool(self.bounds)
@@ -148,12 +148,12 @@ class WindowOperands:
         left = right = _cpu.NO_KEY_LIMIT
         fills = []
         for side, adjust, terms, fill in self.bounds:
-            offset = adjust + sum(sign * int(_scalar(inputs[c.tensor_id])) for c, sign in terms)
+            offset = adjust + sum(sign * int(host_scalar(inputs[c.tensor_id])) for c, sign in terms)
             if side == "right":  # j - i <= offset
                 right = offset
             else:  # j - i >= offset
                 left = -offset
-            fills.append(float(_scalar(inputs[fill.tensor_id])))
+            fills.append(float(host_scalar(inputs[fill.tensor_id])))
         if len(fills) == 2 and fills[0] != fills[1] and not (np.isnan(fills[0]) and np.isnan(fills[1])):
             raise ValueError(f"the key window's two bounds fill hidden scores with {fills[0]} and {fills[1]}; "
                              "the fused kernel takes one fill value for both")
@@ -183,7 +183,7 @@ class ReplayedLengths:
     whether every view knows its strides' sources (replayable).  The kernel sets self.call (its lowering)."""
 
     def note_views(self, views: dict, ports: dict, lts: dict) -> None:
-        """views: role -> _View of each operand read from a port (ports: role -> tensor id)."""
+        """views: role -> KernelView of each operand read from a port (ports: role -> tensor id)."""
         self.ports = ports
         self.length_axes = tuple(None if views[role].origin is None or views[role].origin[-2] is None else
                                  (ports[role], views[role].origin[-2][0]) for role in ("query", "key"))
@@ -262,9 +262,9 @@ class FusedSdpaForward(ReplayedLengths):
     def __init__(self, match: SdpaMatch, lts: dict, shapes: dict, engine=None):
         self.match = match
         m = match
-        q = _apply_chain(m.query, lts, shapes)
-        k = _apply_chain(m.key, lts, shapes)
-        v = _apply_chain(m.value, lts, shapes)
+        q = apply_chain(m.query, lts, shapes)
+        k = apply_chain(m.key, lts, shapes)
+        v = apply_chain(m.value, lts, shapes)
         if m.qk.attrs["transpose_a"]:
             q = _swap_last(q)
         if not m.qk.attrs["transpose_b"]:
@@ -279,7 +279,7 @@ class FusedSdpaForward(ReplayedLengths):
         batch = shapes[m.pv.outputs[0].id][:-2]
         views = {"query": q, "key": k, "value": v, "output": output_view(lts[m.output_id], m.output_ops, shapes)}
         if m.mask is not None:
-            views["mask"] = _apply_chain(m.mask, lts, shapes)
+            views["mask"] = apply_chain(m.mask, lts, shapes)
         if m.stats_id is not None:
             views["stats"] = port_view(lts[m.stats_id])
         ports = {role: tensor_id for role, tensor_id in (
@@ -288,13 +288,13 @@ class FusedSdpaForward(ReplayedLengths):
             ("stats", m.stats_id)) if tensor_id is not None}
         self.note_views(views, ports, lts)
         operands = {role: operand(lts[self.ports[role]].dtype, view) for role, view in views.items()}
-        self.scale = _scalar_chain(m.scale, lts, "scale")
+        self.scale = scalar_chain(m.scale, lts, "scale")
         self.scale_is_divisor = m.scale_op is not None and m.scale_op.kind == OpKind.Divide
         self.softcap = None if m.softcap_divisor is None else (
-            _scalar_chain(m.softcap_divisor, lts, "softcap divisor"),
-            _scalar_chain(m.softcap_multiplier, lts, "softcap multiplier"))
+            scalar_chain(m.softcap_divisor, lts, "softcap divisor"),
+            scalar_chain(m.softcap_multiplier, lts, "softcap multiplier"))
         self._capped_plans = {}  # softcap value -> the plan with it (the value comes per call)
-        self.select_fill = _scalar_chain(m.select_fill, lts, "Select fill value")
+        self.select_fill = scalar_chain(m.select_fill, lts, "Select fill value")
         self.window = WindowOperands(m.bounds, lts)
         spec = AttentionSpec(
             "forward", tuple(batch), seq_q, seq_kv, head_dim, head_dim_v, operands, mask_kind=m.mask_kind,
@@ -309,8 +309,8 @@ class FusedSdpaForward(ReplayedLengths):
         if self.on_sycl:
             check_sycl_usable(input_dtypes, head_dim, head_dim_v)
         self.plan = call.forward_plan(engine.queue if self.on_sycl else None)
-        self.dropout_seed = _scalar_chain(m.dropout_seed, lts, "Dropout seed")
-        self.dropout_offset = _scalar_chain(m.dropout_offset, lts, "Dropout offset")
+        self.dropout_seed = scalar_chain(m.dropout_seed, lts, "Dropout seed")
+        self.dropout_offset = scalar_chain(m.dropout_offset, lts, "Dropout offset")
         if self.on_sycl:
             self.name = "sdpa_forward_sycl"
         self.lengths = (seq_q, seq_kv)
@@ -338,7 +338,7 @@ class FusedSdpaForward(ReplayedLengths):
         agree)."""
         if self.softcap is None:
             return self.plan if replayed is None else replayed
-        divisor, multiplier = (float(_scalar(inputs[c.tensor_id])) for c in self.softcap)
+        divisor, multiplier = (float(host_scalar(inputs[c.tensor_id])) for c in self.softcap)
         if divisor != multiplier:
             raise ValueError(f"the softcap divides by {divisor} and multiplies by {multiplier}; the fused kernel "
                              "takes one value for both")
@@ -363,7 +363,7 @@ class FusedSdpaForward(ReplayedLengths):
         if self.on_sycl:
             return None
         left, right, window_fill = self.window.values(fixed_inputs)
-        select_fill = _scalar(fixed_inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF
+        select_fill = host_scalar(fixed_inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF
         return self.plan_for(fixed_inputs).bound(left, right, select_fill, window_fill).run
 
     def _saturated_scale(self, scale: float, query, key) -> float:
@@ -398,13 +398,13 @@ class FusedSdpaForward(ReplayedLengths):
             data = [inputs[m.query.tensor_id], inputs[m.key.tensor_id], inputs[m.value.tensor_id], outputs[m.output_id]]
             mask = inputs[m.mask.tensor_id] if m.mask is not None else None
             stats = outputs[m.stats_id] if m.stats_id is not None else None
-        scale = _scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0
+        scale = host_scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0
         if self.softcap is not None:
             scale = self._saturated_scale(scale, inputs[m.query.tensor_id], inputs[m.key.tensor_id])
         # Positional: the per-call cost of keyword parsing is visible on decode-sized calls.
         run(*data, mask, stats, scale,
             left, right,
-            _scalar(inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF,
+            host_scalar(inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF,
             window_fill,
-            _u64(inputs[self.dropout_seed.tensor_id]) if self.dropout_seed is not None else 0,
-            _u64(inputs[self.dropout_offset.tensor_id]) if self.dropout_offset is not None else 0)
+            as_u64(inputs[self.dropout_seed.tensor_id]) if self.dropout_seed is not None else 0,
+            as_u64(inputs[self.dropout_offset.tensor_id]) if self.dropout_offset is not None else 0)

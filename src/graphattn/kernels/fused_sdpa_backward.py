@@ -19,16 +19,16 @@ from ..ops import OpKind
 from ..patterns.sdpa_backward import GradientOutput, SdpaBackwardMatch
 from ..attention_spec import AttentionSpec, NotUsable, Operand, lower
 from ..logical_tensor import dense_strides
-from .fused_sdpa import (ReplayedLengths, WindowOperands, _apply_chain, _scalar, _scalar_chain, _u64, _View,
+from .fused_sdpa import (ReplayedLengths, WindowOperands, apply_chain, host_scalar, scalar_chain, as_u64, KernelView,
                          check_sycl_usable, operand, output_view, plan_window, port_view, replayed_lengths,
                          usm_address)
 
 
-def _gradient_view(grad: GradientOutput, lts, shapes) -> _View:
+def _gradient_view(grad: GradientOutput, lts, shapes) -> KernelView:
     return output_view(lts[grad.tensor_id], grad.view_ops, shapes)
 
 
-def _check_reduction(grad: GradientOutput, operand: _View, batch: tuple, name: str, lts, shapes) -> _View:
+def _check_reduction(grad: GradientOutput, operand: KernelView, batch: tuple, name: str, lts, shapes) -> KernelView:
     """The gradient of K or V must be summed over exactly the batch dims the operand is broadcast over."""
     view = _gradient_view(grad, lts, shapes)
     pad = len(batch) - (len(operand.shape) - 2)
@@ -97,11 +97,11 @@ class FusedSdpaBackward(ReplayedLengths):
 
     def __init__(self, match: SdpaBackwardMatch, lts: dict, shapes: dict, engine=None):
         self.match = m = match
-        q = _apply_chain(m.query, lts, shapes)
-        k = _apply_chain(m.key, lts, shapes)
-        v = _apply_chain(m.value, lts, shapes)
-        grad_out = _apply_chain(m.grad_output, lts, shapes)
-        stats = _apply_chain(m.stats, lts, shapes)
+        q = apply_chain(m.query, lts, shapes)
+        k = apply_chain(m.key, lts, shapes)
+        v = apply_chain(m.value, lts, shapes)
+        grad_out = apply_chain(m.grad_output, lts, shapes)
+        stats = apply_chain(m.stats, lts, shapes)
         seq_q, head_dim = q.shape[-2:]
         seq_kv, head_dim_v = k.shape[-2], v.shape[-1]
         score_shape = shapes[m.subtract.inputs[0].id]
@@ -122,7 +122,7 @@ class FusedSdpaBackward(ReplayedLengths):
                  "grad_output": m.grad_output.tensor_id, "stats": m.stats.tensor_id,
                  "grad_query": m.dq.tensor_id, "grad_key": m.dk.tensor_id, "grad_value": m.dv.tensor_id}
         if m.mask is not None:
-            views["mask"], ports["mask"] = _apply_chain(m.mask, lts, shapes), m.mask.tensor_id
+            views["mask"], ports["mask"] = apply_chain(m.mask, lts, shapes), m.mask.tensor_id
         if m.grad_mask_id is not None:
             views["grad_mask"], ports["grad_mask"] = port_view(lts[m.grad_mask_id]), m.grad_mask_id
         operands = {role: operand(lts[ports[role]].dtype, view) for role, view in views.items()}
@@ -131,11 +131,11 @@ class FusedSdpaBackward(ReplayedLengths):
                                      dense_strides(tuple(batch) + (seq_q, head_dim_v)))
         self.note_views(views, ports, lts)  # replays for other lengths (see ReplayedLengths)
         self.batch = tuple(batch)
-        self.scale = _scalar_chain(m.scale, lts, "scale")
-        self.select_fill = _scalar_chain(m.select_fill, lts, "Select fill value")
+        self.scale = scalar_chain(m.scale, lts, "scale")
+        self.select_fill = scalar_chain(m.select_fill, lts, "Select fill value")
         self.window = WindowOperands(m.bounds, lts)
-        self.dropout_seed = _scalar_chain(m.dropout_seed, lts, "Dropout seed")
-        self.dropout_offset = _scalar_chain(m.dropout_offset, lts, "Dropout offset")
+        self.dropout_seed = scalar_chain(m.dropout_seed, lts, "Dropout seed")
+        self.dropout_offset = scalar_chain(m.dropout_offset, lts, "Dropout offset")
         self.scale_is_divisor = m.scale_op is not None and m.scale_op.kind == OpKind.Divide
         spec = AttentionSpec(
             "backward", tuple(batch), seq_q, seq_kv, head_dim, head_dim_v, operands, mask_kind=m.mask_kind,
@@ -182,11 +182,11 @@ class FusedSdpaBackward(ReplayedLengths):
         m = self.match
         left, right, window_fill = self.window.values(inputs)
         runtime = dict(
-            scale=_scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0,
+            scale=host_scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0,
             window_left=left, window_right=right, window_fill=window_fill,
-            select_fill=_scalar(inputs[self.select_fill.tensor_id]) if self.select_fill is not None else float("-inf"),
-            dropout_seed=_u64(inputs[self.dropout_seed.tensor_id]) if self.dropout_seed is not None else 0,
-            dropout_offset=_u64(inputs[self.dropout_offset.tensor_id]) if self.dropout_offset is not None else 0)
+            select_fill=host_scalar(inputs[self.select_fill.tensor_id]) if self.select_fill is not None else float("-inf"),
+            dropout_seed=as_u64(inputs[self.dropout_seed.tensor_id]) if self.dropout_seed is not None else 0,
+            dropout_offset=as_u64(inputs[self.dropout_offset.tensor_id]) if self.dropout_offset is not None else 0)
         arrays = {"query": inputs[m.query.tensor_id], "key": inputs[m.key.tensor_id],
                   "value": inputs[m.value.tensor_id], "grad_output": inputs[m.grad_output.tensor_id],
                   "stats": inputs[m.stats.tensor_id], "grad_query": outputs[m.dq.tensor_id],

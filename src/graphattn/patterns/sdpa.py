@@ -101,7 +101,7 @@ def _sole_consumer(graph, tensor_id: int, what: str) -> Op:
     return consumers[0]
 
 
-def _input_chain(graph, tensor_id: int, uses: int = 1) -> InputChain:
+def input_chain(graph, tensor_id: int, uses: int = 1) -> InputChain:
     """Walks up through view ops whose output is used only by the next op of the chain; the first
     tensor may have `uses` consumers (all of them inside the pattern, as the caller ensures)."""
     ops: list[Op] = []
@@ -116,7 +116,7 @@ def _input_chain(graph, tensor_id: int, uses: int = 1) -> InputChain:
         current = producer.inputs[0].id
 
 
-def _output_chain(graph, tensor_id: int) -> tuple[list[Op], int]:
+def output_chain(graph, tensor_id: int) -> tuple[list[Op], int]:
     ops: list[Op] = []
     current = tensor_id
     while not graph.is_marked_output(current):
@@ -142,8 +142,8 @@ def _trace_softcap(graph, tensor_id: int, match_parts: dict) -> int:
         if divide is None or divide.kind != OpKind.Divide:
             raise NoMatch(f"{tanh.where} does not take the scores divided by a softcap")
         match_parts.update(softcap_ops=[divide, tanh, multiply],
-                           softcap_divisor=_input_chain(graph, divide.inputs[1].id),
-                           softcap_multiplier=_input_chain(graph, multiply.inputs[1 - side].id))
+                           softcap_divisor=input_chain(graph, divide.inputs[1].id),
+                           softcap_multiplier=input_chain(graph, multiply.inputs[1 - side].id))
         return divide.inputs[0].id
     return tensor_id
 
@@ -159,7 +159,7 @@ def _trace_scores(graph, tensor_id: int, match_parts: dict) -> None:
             inner = graph.producer(producer.inputs[score_index].id)
             if inner is not None and inner.kind == OpKind.MatMul:
                 match_parts["scale_op"] = scale_op
-                match_parts["scale"] = _input_chain(graph, producer.inputs[1 - score_index].id)
+                match_parts["scale"] = input_chain(graph, producer.inputs[1 - score_index].id)
                 match_parts["qk"] = inner
                 return
         raise NoMatch(f"{producer.where} does not scale the output of a MatMul")
@@ -199,7 +199,7 @@ def _index_expr(graph, tensor_id: int, score_ids: set[int] | None):
             except NoMatch:
                 continue
             sign = -1 if producer.kind == OpKind.Subtract else 1
-            term = _input_chain(graph, producer.inputs[1 - expr_side].id)
+            term = input_chain(graph, producer.inputs[1 - expr_side].id)
             return axis, terms + [(term, sign)], ops + term.ops + [producer]
     raise NoMatch(f"{producer.where} is not part of a key window bound")
 
@@ -220,7 +220,7 @@ def _key_bound(graph, select: Op, compare: Op, score_side: int) -> KeyBound:
         side, adjust = "left", (1 if strict else 0)
     if score_side == 2:  # Select(cond, fill, score): the score survives where cond is false
         side, adjust = ("left", adjust + 1) if side == "right" else ("right", adjust - 1)
-    fill = _input_chain(graph, select.inputs[3 - score_side].id)
+    fill = input_chain(graph, select.inputs[3 - score_side].id)
     ops = [compare] + lhs_ops + rhs_ops + fill.ops
     return KeyBound(side, terms, adjust, fill, ops, select)
 
@@ -258,9 +258,9 @@ def match_masked_scores(graph, masked: int, parts: dict) -> None:
             raise NoMatch(f"{mask_op.where} selects between no attention scores")
         _trace_scores(graph, mask_op.inputs[score_side].id, parts)
         parts["mask_kind"] = "select"
-        parts["mask"] = _input_chain(graph, mask_op.inputs[0].id)
+        parts["mask"] = input_chain(graph, mask_op.inputs[0].id)
         parts["select_keep_value"] = score_side == 1
-        parts["select_fill"] = _input_chain(graph, mask_op.inputs[3 - score_side].id)
+        parts["select_fill"] = input_chain(graph, mask_op.inputs[3 - score_side].id)
         parts["mask_op"] = mask_op
     elif mask_op is not None and mask_op.kind == OpKind.Add:
         score_side = _score_side(graph, mask_op, (0, 1))
@@ -268,7 +268,7 @@ def match_masked_scores(graph, masked: int, parts: dict) -> None:
             raise NoMatch(f"{mask_op.where} adds no attention scores")
         _trace_scores(graph, mask_op.inputs[score_side].id, parts)
         parts.update(mask_op=mask_op, mask_kind="additive",
-                     mask=_input_chain(graph, mask_op.inputs[1 - score_side].id))
+                     mask=input_chain(graph, mask_op.inputs[1 - score_side].id))
     else:
         _trace_scores(graph, masked, parts)
     # GenIndex must index scores of the pattern: the MatMul's, or those of a later op before SoftMax.
@@ -308,18 +308,18 @@ def match_sdpa(graph, softmax: Op) -> SdpaMatch:
         if len(dropout.outputs) > 1 and (graph.consumers(dropout.outputs[1].id)
                                          or graph.is_marked_output(dropout.outputs[1].id)):
             raise NoMatch(f"{dropout.where}: its mask output is used, and the fused kernel does not write it")
-        parts.update(dropout_op=dropout, dropout_seed=_input_chain(graph, dropout.inputs[1].id),
-                     dropout_offset=_input_chain(graph, dropout.inputs[2].id))
+        parts.update(dropout_op=dropout, dropout_seed=input_chain(graph, dropout.inputs[1].id),
+                     dropout_offset=input_chain(graph, dropout.inputs[2].id))
         probabilities = dropout.outputs[0].id
         pv = _sole_consumer(graph, probabilities, "Dropout output")
     if pv.kind != OpKind.MatMul or pv.inputs[0].id != probabilities or pv.attrs["transpose_a"]:
         raise NoMatch(f"the probabilities feed {pv.where}, not the first input of MatMul(P, V)")
     match_masked_scores(graph, softmax.inputs[0].id, parts)
     qk = parts.pop("qk")
-    output_ops, output_id = _output_chain(graph, pv.outputs[0].id)
+    output_ops, output_id = output_chain(graph, pv.outputs[0].id)
     match = SdpaMatch(qk=qk, softmax=softmax, pv=pv,
-                      query=_input_chain(graph, qk.inputs[0].id), key=_input_chain(graph, qk.inputs[1].id),
-                      value=_input_chain(graph, pv.inputs[1].id), output_ops=output_ops, output_id=output_id,
+                      query=input_chain(graph, qk.inputs[0].id), key=input_chain(graph, qk.inputs[1].id),
+                      value=input_chain(graph, pv.inputs[1].id), output_ops=output_ops, output_id=output_id,
                       stats_id=softmax.outputs[1].id if len(softmax.outputs) > 1 else None, **parts)
     _check_intermediates(graph, match)
     return match

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ops import Op, OpKind
-from .sdpa import (SCALE_KINDS, InputChain, NoMatch, _input_chain, _output_chain, check_closed, unique_ops,
+from .sdpa import (SCALE_KINDS, InputChain, NoMatch, input_chain, output_chain, check_closed, unique_ops,
                    match_masked_scores)
 
 
@@ -102,7 +102,7 @@ def _gradient_output(graph, matmul: Op) -> GradientOutput:
     if not graph.is_marked_output(current) and len(consumers) == 1 and consumers[0].kind == OpKind.ReduceSum:
         reduce = consumers[0]
         current = reduce.outputs[0].id
-    view_ops, tensor_id = _output_chain(graph, current)
+    view_ops, tensor_id = output_chain(graph, current)
     return GradientOutput(matmul, reduce, view_ops, tensor_id)
 
 
@@ -158,7 +158,7 @@ def match_sdpa_backward(graph, sbw: Op) -> SdpaBackwardMatch:
     if dropouts:
         first, second = dropouts
         same = first.attrs["p"] == second.attrs["p"] and all(
-            _input_chain(graph, first.inputs[i].id).tensor_id == _input_chain(graph, second.inputs[i].id).tensor_id
+            input_chain(graph, first.inputs[i].id).tensor_id == input_chain(graph, second.inputs[i].id).tensor_id
             for i in (1, 2))
         if not same:
             raise NoMatch(f"{first.where} and {second.where} differ in p, seed or offset")
@@ -174,7 +174,7 @@ def match_sdpa_backward(graph, sbw: Op) -> SdpaBackwardMatch:
             raise NoMatch(f"dS (tensor {ds_id}) is not scaled like the scores ({parts['scale_op'].where})")
         grad_scale_op = ds_users[0]
         other = [t.id for t in grad_scale_op.inputs if t.id != ds_id]
-        if len(other) != 1 or _input_chain(graph, other[0]).tensor_id != parts["scale"].tensor_id:
+        if len(other) != 1 or input_chain(graph, other[0]).tensor_id != parts["scale"].tensor_id:
             raise NoMatch(f"{grad_scale_op.where} does not use the forward's scale tensor")
         tensor = grad_scale_op.outputs[0].id
     cast, tensor = _through(graph, tensor, OpKind.TypeCast)
@@ -193,13 +193,13 @@ def match_sdpa_backward(graph, sbw: Op) -> SdpaBackwardMatch:
 
     match = SdpaBackwardMatch(
         qk=qk, subtract=subtract, exp=exp, softmax_backward=sbw,
-        query=_input_chain(graph, qk.inputs[0].id, uses=2), key=_input_chain(graph, qk.inputs[1].id, uses=2),
-        value=_input_chain(graph, dp_matmul.inputs[1].id), grad_output=_input_chain(graph, grad_out_id, uses=2),
-        stats=_input_chain(graph, subtract.inputs[1].id),
+        query=input_chain(graph, qk.inputs[0].id, uses=2), key=input_chain(graph, qk.inputs[1].id, uses=2),
+        value=input_chain(graph, dp_matmul.inputs[1].id), grad_output=input_chain(graph, grad_out_id, uses=2),
+        stats=input_chain(graph, subtract.inputs[1].id),
         dv=_gradient_output(graph, dv_matmul), dq=_gradient_output(graph, dq_mm), dk=_gradient_output(graph, dk_mm),
         dp_matmul=dp_matmul, grad_scale_op=grad_scale_op, casts=casts, dropouts=dropouts,
-        dropout_seed=_input_chain(graph, dropouts[0].inputs[1].id) if dropouts else None,
-        dropout_offset=_input_chain(graph, dropouts[0].inputs[2].id) if dropouts else None,
+        dropout_seed=input_chain(graph, dropouts[0].inputs[1].id) if dropouts else None,
+        dropout_offset=input_chain(graph, dropouts[0].inputs[2].id) if dropouts else None,
         grad_mask_id=ds_id if marked else None, **parts)
     check_closed(graph, match.all_ops(), {chain.tensor_id for chain in match.input_chains()},
                  set(match.output_ids()))
