@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import graphattn as ga
-from graphattn import forward_call, functional_backward
+from graphattn import _cpu, forward_call, functional_backward
 from graphattn.attention_spec import AttentionSpec, NotUsable, Operand, kernel_window, lower
 from graphattn.dtypes import DataType
 from graphattn.logical_tensor import dense_strides
@@ -62,14 +62,22 @@ def test_lowering_says_why_it_cannot():
 
 @pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
 @pytest.mark.parametrize("window", [(-1, 0), (2, 1), (4, 4), (-1, -1), (0, -1)])
-def test_kernel_window_folds_the_alignment_into_the_bounds(alignment, window):
-    """The kernel's bounds are about the row itself (key j is visible iff i - left <= j <= i + right), the
-    alignment's shift (S_kv - S_q = 3 under bottom_right) folded in; None is an open side, and every int a
-    bound (-1 too: under bottom_right, left 2 becomes -1, each row's first key one past its own)."""
-    left, right = kernel_window(window, alignment, 7, 10)
-    shift = 3 if alignment == "bottom_right" else 0
-    assert right == (None if window[1] == -1 else window[1] + shift)
-    assert left == (None if window[0] == -1 else window[0] - shift)
+def test_the_kernel_aligns_the_window_not_python(alignment, window, rng):
+    """A call's spec keeps the window about the aligned row (None an open side) and the alignment as it is: the
+    kernel shifts the rows by each call's own S_kv - S_q, so one plan holds at every length, and new lengths
+    replay it with the same window (checked against the reference at three lengths of K/V)."""
+    assert kernel_window(window) == tuple(None if side == -1 else side for side in window)
+    forward_call._cache.clear()
+    forward_call._by_length_free.clear()
+    options = dict(window=window, causal_alignment=alignment)
+    for seq_kv in (10, 13, 29):
+        q = random_array((1, 2, 7, 16), "f32", rng)
+        k, v = (random_array((1, 2, seq_kv, 16), "f32", rng) for _ in range(2))
+        assert_close(ga.scaled_dot_product_attention(q, k, v, **options), sdpa_reference(q, k, v, **options), "f32")
+    (entry,) = forward_call._cache._entries.values()  # planned once, replayed at the other lengths
+    assert entry.call.options["alignment"] == _cpu.ROW_ALIGNMENTS[alignment]
+    no_limit = _cpu.NO_KEY_LIMIT
+    assert entry.window == tuple(no_limit if side == -1 else side for side in window)
 
 
 def test_window_whose_left_bound_about_the_row_is_minus_one(rng):

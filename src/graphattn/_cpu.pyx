@@ -446,10 +446,10 @@ cdef class ForwardPlan:
                  query, key, value, output, mask=None, stats=None, alibi_slopes=None, sinks=None, *,
                  int mask_kind=0, bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
                  int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, bint inf_as_zero=False,
-                 float dropout_p=0.0, float softcap=0.0, bint alibi_bottom_right=False):
+                 float dropout_p=0.0, float softcap=0.0, int alignment=0):
         _set_shape_and_flags(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
                              has_scale, scale_is_divisor, window_left, window_right, inf_as_zero,
-                             dropout_p, softcap, alibi_bottom_right)
+                             dropout_p, softcap, alignment)
         _set_forward_views(&self.args, query, key, value, output, mask, stats, alibi_slopes, sinks)
 
     def with_softcap(self, float softcap):
@@ -550,10 +550,6 @@ cdef int _run_forward(const SdpaForwardArgs* args, uintptr_t query, uintptr_t ke
     if not status.ok:
         raise ValueError(status.message.decode())
     return 0
-
-
-# The row alignments of packed calls, by name (graphattn::RowAlignment).
-ROW_ALIGNMENTS = {"top_left": <int>RowAlignment.top_left, "bottom_right": <int>RowAlignment.bottom_right}
 
 
 def run_packed(dict views, cnp.ndarray spans, tuple batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk,
@@ -800,12 +796,12 @@ cdef class BackwardPlan:
     def __init__(self, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, int64_t head_dim_v,
                  dict roles, *, int mask_kind=0, bint select_keep_value=True, bint has_scale=False,
                  int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, bint inf_as_zero=True,
-                 float dropout_p=0.0, float softcap=0.0, bint alibi_bottom_right=False):
+                 float dropout_p=0.0, float softcap=0.0, int alignment=0):
         # roles: operand name -> (dtype code, 5 strides)
         views = {name: (code, strides, 0) for name, (code, strides) in roles.items()}
         _set_backward_args(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind,
                            select_keep_value, has_scale, 1.0, window_left, window_right, float("-inf"),
-                           float("-inf"), inf_as_zero, dropout_p, 0, 0, softcap, alibi_bottom_right)
+                           float("-inf"), inf_as_zero, dropout_p, 0, 0, softcap, alignment)
         cdef int i
         for i in range(kBackwardViews):
             self.present[i] = BACKWARD_VIEWS[i] in roles

@@ -1,10 +1,14 @@
 # Marshalling of graphattn::SdpaForwardArgs shared by the CPU and SYCL bindings (no math).
 #
-# A key window comes from Python as (left, right) about the row itself (row_shift 0), kNoKeyLimit for a
-# side without a limit, and its fill.
+# A key window comes from Python as (left, right) about the aligned row (row_shift 0 and the RowAlignment
+# code, which the kernel resolves at each call's lengths), kNoKeyLimit for a side without a limit, and its fill.
 
 # The window side without a limit (graphattn::kNoKeyLimit).
 NO_KEY_LIMIT = kNoKeyLimit
+
+# How rows align to keys, by name (graphattn::RowAlignment): as_given takes the window about the row itself.
+ROW_ALIGNMENTS = {"as_given": <int>RowAlignment.as_given, "top_left": <int>RowAlignment.top_left,
+                  "bottom_right": <int>RowAlignment.bottom_right}
 
 cdef void _set_view(TensorView* view, object spec) except *:
     # spec = (dtype code, five strides in elements)
@@ -20,7 +24,7 @@ cdef void _set_shape_and_flags(SdpaForwardArgs* args, object batch, int64_t seq_
                                int64_t head_dim_qk, int64_t head_dim_v, int mask_kind, bint select_keep_value,
                                bint has_scale, bint scale_is_divisor, int64_t window_left, int64_t window_right,
                                bint inf_as_zero, float dropout_p, float softcap=0.0,
-                               bint alibi_bottom_right=False) except *:
+                               int alignment=0) except *:
     # The compile-time part of a call, shared by the forward plan and the backward.
     if len(batch) != 3:
         raise ValueError("batch must have 3 dimensions")
@@ -40,7 +44,9 @@ cdef void _set_shape_and_flags(SdpaForwardArgs* args, object batch, int64_t seq_
     args.inf_as_zero = inf_as_zero
     args.dropout_p = dropout_p
     args.softcap = softcap
-    args.alibi.bottom_right = alibi_bottom_right
+    # The kernel aligns the rows for the window and ALiBi at the call's own lengths (RowAlignment).
+    args.alignment = <RowAlignment>alignment
+    args.alibi.bottom_right = False
 
 
 
@@ -150,11 +156,11 @@ cdef void _set_backward_args(SdpaBackwardArgs* args, object batch, int64_t seq_q
                              bint select_keep_value, bint has_scale, float scale, int64_t window_left,
                              int64_t window_right, float select_fill, float window_fill, bint inf_as_zero,
                              float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset, float softcap=0.0,
-                             bint alibi_bottom_right=False) except *:
+                             int alignment=0) except *:
     # views maps the backward's operand names to (dtype code, 5 strides, address).
     _set_shape_and_flags(&args.forward, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
                          has_scale, False, window_left, window_right, inf_as_zero, dropout_p, softcap,
-                         alibi_bottom_right)
+                         alignment)
     for name, spec in views.items():  # a required view left out stays null, which the kernels' checks refuse
         _set_address_view(_backward_view(args, name), spec)
     args.forward.scale = scale

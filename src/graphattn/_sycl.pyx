@@ -56,12 +56,12 @@ cdef class ForwardPlan:
                  query, key, value, output, mask=None, stats=None, alibi_slopes=None, sinks=None, *,
                  int mask_kind=0, bint select_keep_value=True, bint has_scale=False, bint scale_is_divisor=False,
                  int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, bint inf_as_zero=False,
-                 float dropout_p=0.0, float softcap=0.0, bint alibi_bottom_right=False):
+                 float dropout_p=0.0, float softcap=0.0, int alignment=0):
         _queue_ref(queue)
         self.queue = queue
         _set_shape_and_flags(&self.args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, mask_kind, select_keep_value,
                              has_scale, scale_is_divisor, window_left, window_right, inf_as_zero,
-                             dropout_p, softcap, alibi_bottom_right)
+                             dropout_p, softcap, alignment)
         _set_forward_views(&self.args, query, key, value, output, mask, stats, alibi_slopes, sinks)
 
     def with_softcap(self, float softcap):
@@ -103,7 +103,7 @@ def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, i
              int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, float select_fill=float("-inf"),
              float window_fill=float("-inf"), bint inf_as_zero=True, float dropout_p=0.0,
              uint64_t dropout_seed=0, uint64_t dropout_offset=0, dict extents=None, float softcap=0.0,
-             bint alibi_bottom_right=False):
+             int alignment=0):
     """Submit the fused backward kernels.  views maps the CPU backward's names to
     (dtype code, 5 strides, USM address); extents (optional) maps them to the (shape, element strides,
     itemsize) of the USM array at each address, which the views' reach is checked against."""
@@ -112,15 +112,12 @@ def backward(queue, batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk, i
     cdef void* q = _queue_ref(queue)
     _set_backward_args(&args, batch, seq_q, seq_kv, head_dim_qk, head_dim_v, views, mask_kind, select_keep_value,
                        has_scale, scale, window_left, window_right, select_fill, window_fill, inf_as_zero, dropout_p,
-                       dropout_seed, dropout_offset, softcap, alibi_bottom_right)
+                       dropout_seed, dropout_offset, softcap, alignment)
     for name, layout in (extents or {}).items():
         _set_extent(_backward_view(&args, name), layout)
     with nogil:
         status = sdpa_backward(q, args)
     _raise_if_failed(status)
-
-
-_ROW_ALIGNMENTS = {"top_left": <int>RowAlignment.top_left, "bottom_right": <int>RowAlignment.bottom_right}
 
 
 def forward_packed(queue, dict views, spans, tuple batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk,
@@ -147,7 +144,7 @@ def forward_packed(queue, dict views, spans, tuple batch, int64_t seq_q, int64_t
     args.window.fill = float("-inf")
     args.dropout_seed = dropout_seed
     args.dropout_offset = dropout_offset
-    args.alignment = <RowAlignment>(<int>_ROW_ALIGNMENTS[alignment])
+    args.alignment = <RowAlignment>(<int>ROW_ALIGNMENTS[alignment])
     args.sequences.spans = <const SequenceSpan*><uintptr_t>spans.ctypes.data
     with nogil:
         status = sdpa_forward(q, args)

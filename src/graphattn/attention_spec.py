@@ -60,11 +60,13 @@ class AttentionSpec:
     roles from FORWARD_ROLES (and BACKWARD_ROLES for a backward), a dim of size 1 broadcasting; mask_kind:
     "none", "additive" (added to the scores) or "select" (a bool mask keeping where it equals
     select_keep_value); scale: multiplied in (scale_is_divisor: divided), or none (has_scale False); window:
-    the key window (left, right) about the row itself, None for an open side (every int is a bound, -1 too: a
-    row whose first key is one past its own); a graph's window is given per call, and its spec holds the
-    plan's (causal where a right bound was matched); inf_as_zero: rows that see no key give 0; dropout_p: the
-    dropout probability (seed and offset come per call); softcap: c of the softcap (0.0: none); alibi_bottom_right:
-    ALiBi's rows aligned bottom-right (the alibi_slopes operand gives the slopes).
+    the key window (left, right) about the aligned row, None for an open side (every int is a bound, -1 too: a
+    row whose first key is one past its own); alignment: how rows align to keys for the window and ALiBi,
+    "top_left", "bottom_right" (the kernel shifts the rows by S_kv - S_q of the call's own lengths, so a plan
+    holds at any length) or "as_given" (the window is about the row itself: a graph's, given per call, its
+    spec holding the plan's, causal where a right bound was matched); inf_as_zero: rows that see no key give
+    0; dropout_p: the dropout probability (seed and offset come per call); softcap: c of the softcap (0.0:
+    none); the alibi_slopes operand gives ALiBi's slopes.
     """
     pass_name: str
     batch: tuple
@@ -81,7 +83,7 @@ class AttentionSpec:
     inf_as_zero: bool = True
     dropout_p: float = 0.0
     softcap: float = 0.0
-    alibi_bottom_right: bool = False
+    alignment: str = "as_given"
 
 
 @dataclass
@@ -153,12 +155,11 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
-def kernel_window(bounds: tuple, causal_alignment: str, seq_q: int, seq_kv: int) -> tuple:
-    """A call's (left, right) window (key_window.effective_window's) about the row itself, as the kernel takes
-    it: the alignment's row shift folded in, None for an open side."""
-    shift = key_window.row_shift(causal_alignment, seq_q, seq_kv)
-    lowest, highest = key_window.diagonal_bounds(*bounds, shift)
-    return (None if lowest is None else -lowest), highest
+def kernel_window(bounds: tuple) -> tuple:
+    """A call's (left, right) window (key_window.effective_window's, about the aligned row) as a spec holds it:
+    None for an open side.  The alignment goes to the kernel as it is (AttentionSpec.alignment), which shifts
+    the rows for each call's lengths."""
+    return tuple(None if side == key_window.NO_LIMIT else side for side in bounds)
 
 
 def _allowed(role: str, mask_kind: str) -> frozenset:
@@ -248,7 +249,7 @@ def lower(spec: AttentionSpec) -> KernelCall:
                    window_left=no_limit if left is None else left,
                    window_right=no_limit if right is None else right,
                    inf_as_zero=spec.inf_as_zero, dropout_p=spec.dropout_p, softcap=spec.softcap,
-                   alibi_bottom_right=spec.alibi_bottom_right)
+                   alignment=_cpu.ROW_ALIGNMENTS[spec.alignment])
     text_fields = (spec.operands["query"].dtype.value, spec.mask_kind)
     return KernelCall(kernel_batch, tuple(spec.batch), spec.seq_q, spec.seq_kv, spec.head_dim, spec.head_dim_v,
                       {r: (codes[r], tuple(bst) + full[r][-2:]) for r, bst in zip(roles, batch_strides)},

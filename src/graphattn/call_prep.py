@@ -1,6 +1,6 @@
 """What the functional forward, its backward and the varlen calls share to prepare a call: the checks of
 Q, K, V and the mask, the grouped (GQA) shapes, layout keys of the plan caches, USM detection, the given
-output arrays' checks and the window rules of a replayed call.  Every caller imports these by their public
+output arrays' checks.  Every caller imports these by their public
 names; none of them imports another caller.
 """
 from __future__ import annotations
@@ -11,19 +11,11 @@ import numpy as np
 
 from . import _cpu, arguments, key_window, sycl_runtime
 from .dtypes import DataType, numpy_dtype
-from .attention_spec import kernel_window
 from .ops.broadcast import broadcast_shapes
 from .interop import is_torch_tensor
 from .tensor import array_strides
 
 KERNEL_FLOATS = frozenset(numpy_dtype(dt) for dt in (DataType.f32, DataType.bf16, DataType.f16))
-OPEN_WINDOW = (key_window.NO_LIMIT, key_window.NO_LIMIT)  # the bounds of a call without window or is_causal
-
-
-def replayed_window(bounds: tuple, alignment: str, seq_q: int, seq_kv: int) -> tuple:
-    """kernel_window's (left, right) at these lengths as a replayed plan takes them: NO_KEY_LIMIT for an open
-    side."""
-    return tuple([_cpu.NO_KEY_LIMIT if w is None else w for w in kernel_window(bounds, alignment, seq_q, seq_kv)])
 
 
 def new_dropout_seed() -> int:

@@ -31,8 +31,8 @@ from .interop import (from_numpy, plain_torch_tensors, to_numpy, torch_empty, to
 from .plan_cache import SignatureCache
 from .tensor import array_strides
 
-from .call_prep import (OPEN_WINDOW, check_inputs, checked_out, grouped_origin, grouped_shapes,
-                        layout_key, mask_fits, new_dropout_seed, normalize_mask, replayed_window, s64, sycl_inputs)
+from .call_prep import (check_inputs, checked_out, grouped_origin, grouped_shapes,
+                        layout_key, mask_fits, new_dropout_seed, normalize_mask, s64, sycl_inputs)
 
 _NEG_INF = float("-inf")
 _RUNS_ON_HOST = object()  # the cache's entry for USM calls the SYCL kernels cannot take
@@ -71,19 +71,15 @@ class _LengthFreePlan:
     here) and native/cpu replays its lowering for their strides at the kernel's call, where the lowering's
     batch folds still hold.  Nothing is kept per length: such a call costs the same at any length, new or not."""
 
-    def __init__(self, entry: _ForwardPlan, bounds: tuple, alignment: str):
+    def __init__(self, entry: _ForwardPlan):
         self.entry = entry
-        self.bounds = bounds          # the window (left, right) before alignment, is_causal included
-        self.alignment = alignment
-        # the kernel's window is the template's at any length without a window or a row shift (top-left)
-        self.fixed_window = bounds == OPEN_WINDOW or key_window.row_shift(alignment, 1, 2) == 0
         self.out_head = entry.out_shape[:-2]
         self.head_dim_v = entry.out_shape[-1]
         self.out_dtype, self.default_scale = entry.out_dtype, entry.default_scale
         # the dense output's batch strides over seq_q * head_dim_v: the products of the inner batch dims
         call = entry.call
         self.replay = entry.plan.length_free(call.sources, call.folds, dense_strides(call.call_batch + (1,))[:-1])
-        self.window = entry.window
+        self.window = entry.window  # about the aligned row: the kernel aligns it at each call's lengths
         self.stats = "stats" in call.roles  # the plan returns the stats
         self.replay.set_results(self.out_head, self.out_dtype, self.stats)
 
@@ -92,7 +88,7 @@ class _LengthFreePlan:
         lowering does not hold for it (nothing is written).  q, k, v, mask: NumPy arrays, or with layouts
         (interop.torch_layout's of Q, K and V) torch tensors and no mask; out: the caller's output array or
         None; seed and offset: the dropout's (_dropout_bits)."""
-        if self.fixed_window and out is None and not verbose.enabled():  # all of it in one native call
+        if out is None and not verbose.enabled():  # all of it in one native call
             left, right = self.window
             scale_value = self.default_scale if scale is None else arguments.scale_value(scale)
             if layouts is not None:  # torch's: never a mask or modifiers
@@ -111,10 +107,7 @@ class _LengthFreePlan:
             if v_shape[-2] != seq_kv:
                 return None
         seq_q = q_shape[-2]
-        if self.fixed_window:
-            left, right = self.window
-        else:
-            left, right = replayed_window(self.bounds, self.alignment, seq_q, seq_kv)
+        left, right = self.window
         out_shape = self.out_head + (seq_q, self.head_dim_v)
         if layouts is not None:
             out = torch_empty_like(q) if q_shape == out_shape and _cpu.row_major(q_shape, strides[0]) else \
@@ -201,7 +194,7 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
     out_grouped, stats_grouped = batch + (seq_q, head_dim_v), batch + (seq_q, 1)
     out_shape = out_grouped[:-4] + (q.shape[-3], seq_q, head_dim_v) if gqa else out_grouped
     mask_kind = "none" if m2 is None else ("select" if mask.dtype == np.bool_ else "additive")
-    window = kernel_window(bounds, alignment, seq_q, seq_kv)
+    window = kernel_window(bounds)
 
     def describe(copied: bool):
         if copied:
@@ -221,7 +214,7 @@ def _build(q, k, v, mask, gqa, bounds, alignment, return_stats, dropout_p, queue
             operands[role] = Operand(DataType.f32, *score_mods.per_head_view(a, q2[0], gqa))
         return AttentionSpec("forward", batch, seq_q, seq_kv, head_dim, head_dim_v, operands, mask_kind=mask_kind,
                              window=window, dropout_p=dropout_p, softcap=0.0 if mods is None else mods.softcap,
-                             alibi_bottom_right=alignment == "bottom_right"), copies
+                             alignment=alignment), copies
 
     call, copies = lower_as_given_or_copied(describe)
     return _plan_entry(call, grouped, copies, out_shape, numpy_dtype(dt), default_scale(head_dim),
@@ -302,7 +295,7 @@ def attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
                           return_stats, dropout_p, queue, kind, mods)
         if template is None and free is not None and entry is not _RUNS_ON_HOST:
             # the first plan of its class of lengths: the template of the others, where it copies nothing
-            _by_length_free.put(free, _LengthFreePlan(entry, bounds, causal_alignment) if entry.copies is None
+            _by_length_free.put(free, _LengthFreePlan(entry) if entry.copies is None
                                 else _NOT_REPLAYED)
         _cache.put(signature, entry)
     if entry is _RUNS_ON_HOST:

@@ -18,8 +18,8 @@ import numpy as np
 from . import _cpu
 from .dtypes import DataType, from_numpy as dtype_of
 from . import arguments, key_window, score_mods, sycl_runtime, verbose
-from .call_prep import (OPEN_WINDOW, check_inputs, check_out_kind, checked_out, grouped_origin, grouped_shapes,
-                        layout_key, mask_fits, normalize_mask, replayed_window, s64, sycl_inputs)
+from .call_prep import (check_inputs, check_out_kind, checked_out, grouped_origin, grouped_shapes,
+                        layout_key, mask_fits, normalize_mask, s64, sycl_inputs)
 from .plan_cache import SignatureCache
 from .tensor import array_strides
 from .attention_spec import AttentionSpec, KernelCall, Operand, default_scale, kernel_window, lower_as_given_or_copied
@@ -98,14 +98,15 @@ class _LengthFreeBackward:
     multiple of one of their arrays' strides, where the batch dims it folded still fold; the checks passed
     with the template's."""
 
-    def __init__(self, plan: _BackwardPlan, bounds: tuple, alignment: str):
-        self.plan, self.bounds, self.alignment = plan, bounds, alignment
+    def __init__(self, plan: _BackwardPlan):
+        self.plan = plan
         call = plan.call
         # the dense gradients' batch strides over rows * cols (dMask's where the call has it)
         dense = plan.grad_shapes + (() if plan.grad_mask_shape is None else (plan.grad_mask_shape,))
         grad_steps = tuple(dense_strides(shape[:-2] + (1,))[:-1] for shape in dense)
         self.replay = plan.kernel.length_free(call.sources, call.folds, grad_steps)
-        self.open_window = (call.options["window_left"], call.options["window_right"])  # of calls without one
+        # about the aligned row: the kernel aligns it at each call's lengths
+        self.window = (call.options["window_left"], call.options["window_right"])
 
     def run(self, q, k, v, o, do, st, mask, layouts, scale, dropout_seed, dropout_offset, mods, sinks_grad: bool):
         """The gradients (dq, dk, dv, then d(sinks) where sinks_grad) of a call at its own lengths through the
@@ -121,7 +122,7 @@ class _LengthFreeBackward:
             return None  # a length rule broken: the full checks name it
         q_shape, k_shape, v_shape = shapes[:3]
         seq_q, seq_kv = q_shape[-2], k_shape[-2]
-        left, right = self._window(seq_q, seq_kv)
+        left, right = self.window
         kernel = self.replay.plan_for(seq_q, seq_kv, *strides, left, right, None, mask)
         if kernel is None:
             return None
@@ -143,18 +144,12 @@ class _LengthFreeBackward:
                     lengths=(seq_q, seq_kv, left, right))
         return grads
 
-    def _window(self, seq_q: int, seq_kv: int) -> tuple:
-        """The kernel's (left, right) window at these lengths."""
-        if self.bounds == OPEN_WINDOW:
-            return self.open_window
-        return replayed_window(self.bounds, self.alignment, seq_q, seq_kv)
-
     def remade(self, q, k, v, o, do, st, mask) -> _BackwardPlan | None:
         plan = self.plan
         if not _lengths_agree((q.shape, k.shape, v.shape, o.shape, do.shape, st.shape), mask):
             return None  # a length rule broken: the full checks name it
         seq_q, seq_kv = q.shape[-2], k.shape[-2]
-        left, right = self._window(seq_q, seq_kv)
+        left, right = self.window
         kernel = self.replay.plan_for(seq_q, seq_kv, q, k, v, o, st, do, left, right, None, mask)
         if kernel is None:
             return None
@@ -256,10 +251,9 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
         for role, a in per_head.items():
             operands[role] = Operand(DataType.f32, *score_mods.per_head_view(a, q2.shape, gqa))
         return AttentionSpec("backward", batch, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], operands,
-                             mask_kind=mask_kind, window=kernel_window(bounds, causal_alignment, q.shape[-2],
-                                                                       k.shape[-2]),
+                             mask_kind=mask_kind, window=kernel_window(bounds),
                              dropout_p=dropout_p, softcap=0.0 if mods is None else mods.softcap,
-                             alibi_bottom_right=causal_alignment == "bottom_right"), (query_copy, kv_copy, mask_copy, dense, grad_shapes,
+                             alignment=causal_alignment), (query_copy, kv_copy, mask_copy, dense, grad_shapes,
                                                     grad_mask_shape)
 
     call, choice = lower_as_given_or_copied(describe)
@@ -415,7 +409,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, stat
                          return_mask_grad, bounds, kind, mods, return_sinks_grad)
             keys = [key for key in (free, torch_free) if key is not None]  # host calls only
             if template is None and keys and plan.direct:
-                made = _LengthFreeBackward(plan, bounds, causal_alignment)
+                made = _LengthFreeBackward(plan)
                 for key in keys:
                     _by_length_free.put(key, made)
         replayed = plan.lengths is not None

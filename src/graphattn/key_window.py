@@ -4,7 +4,8 @@ window=(left, right), -1 meaning no limit on that side: key j is visible to quer
 (left < 0 or j >= i' - left) and (right < 0 or j <= i' + right), where i' = i under causal_alignment
 "top_left" and i + S_kv - S_q under "bottom_right".  is_causal=True sets right to 0 (intersected with any
 window).  A row with no visible key gives 0, its stats -inf.  The kernels take the same rule from
-native/cpu/include/graphattn/key_window.hpp, as bounds about the row itself (no alignment).
+native/cpu/include/graphattn/key_window.hpp, as these bounds and the alignment, which the kernel turns into
+the row shift of each call's own lengths.
 """
 from __future__ import annotations
 
