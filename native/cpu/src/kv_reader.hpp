@@ -38,7 +38,6 @@ public:
     explicit KvReader(const TensorView& t) : data_(t.data), dtype_(t.dtype), layout_(kv_row_layout(t)) {}
 
     DType dtype() const { return dtype_; }
-    const KvRowLayout& layout() const { return layout_; }
     int64_t batch_offset(const int64_t b[kBatchDims]) const { return layout_.batch_offset(b[0], b[1], b[2]); }
     bool shared_over(int d) const { return layout_.shared_over(d); }
 
