@@ -42,7 +42,6 @@ _by_length_free = SignatureCache()  # _LengthFreePlan by signature with the sequ
 # the sequence lengths in signature_key: dim -2 of Q, K and V, both of the mask's
 _FREE_AXES = (0, 0b10) * 3 + (0, 0b11)
 
-ALIGNMENTS = key_window.ALIGNMENTS
 _NO_LIMIT = key_window.NO_LIMIT
 # The dtypes of query, key and value the kernels take.
 
