@@ -408,3 +408,16 @@ def test_varlen_benchmark_prints_rows_and_tables():
         assert r["varlen_ms"] > 0 and r["cpu"]
     assert all(r["vs_per_sequence"] > 0 and r["vs_padded"] > 0 for r in rows if r["bench"] == "varlen")
     assert "vs per-seq" in result.stdout and "dense/varlen" in result.stdout
+
+
+def test_kvcache_benchmark_prints_rows_and_table():
+    script = BENCH.parent / "kvcache_bench.py"
+    result = subprocess.run([sys.executable, str(script), "--sequences", "2", "--cached", "40", "--heads", "4",
+                             "--kv-heads", "2", "--head-dim", "16", "--block-sizes", "3,16", "--seconds", "0.01",
+                             "--rounds", "1"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert {r["contender"] for r in rows} >= {"paged_3", "paged_16", "dense"}
+    for r in rows:
+        assert r["ms"] > 0 and r["kv_gbs"] > 0 and r["stream_gbs"] > 0 and r["cpu"]
+    assert "of stream" in result.stdout

@@ -25,13 +25,14 @@ from .run import run_graph
 from .functional import scaled_dot_product_attention
 from .functional_backward import scaled_dot_product_attention_backward
 from .varlen import varlen_attention, varlen_attention_backward
+from .kv_cache import attention_with_kv_cache, kv_cache_append
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CompiledPartition", "DataType", "Engine", "Graph", "Layout", "LogicalTensor", "Op", "OpKind",
-    "Partition", "Property", "Stream", "Tensor", "backward_isa", "cpu_features", "force_kernel",
-    "forward_isa", "kernel_candidates", "run_graph", "scaled_dot_product_attention",
+    "Partition", "Property", "Stream", "Tensor", "attention_with_kv_cache", "backward_isa", "cpu_features", "force_kernel",
+    "forward_isa", "kernel_candidates", "kv_cache_append", "run_graph", "scaled_dot_product_attention",
     "scaled_dot_product_attention_backward", "set_verbose", "thread_count", "varlen_attention",
     "varlen_attention_backward",
 ]

@@ -46,11 +46,20 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         int64_t begin
         int64_t end
 
+    cdef struct KvPages:
+        const int32_t* table
+        int64_t table_stride
+        int64_t block_rows
+        int64_t num_blocks
+        int64_t first_row
+        int64_t cols
+
     cdef struct TensorView:
         const void* data
         DType dtype
         int64_t strides[5]
         BufferExtent buffer
+        KvPages pages
 
     cdef struct Alibi:
         TensorView slopes

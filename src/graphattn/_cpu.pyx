@@ -552,16 +552,29 @@ cdef int _run_forward(const SdpaForwardArgs* args, uintptr_t query, uintptr_t ke
     return 0
 
 
+cdef void _set_pages(TensorView* view, cnp.ndarray table, int64_t block_rows, int64_t num_blocks) noexcept:
+    view.pages.table = <const int32_t*>cnp.PyArray_DATA(table)
+    view.pages.table_stride = table.shape[1]
+    view.pages.block_rows = block_rows
+    view.pages.num_blocks = num_blocks
+
+
 def run_packed(dict views, cnp.ndarray spans, tuple batch, int64_t seq_q, int64_t seq_kv, int64_t head_dim_qk,
                int64_t head_dim_v, *, float scale, int64_t window_left, int64_t window_right, str alignment,
                float softcap=0.0, float dropout_p=0.0, uint64_t dropout_seed=0, uint64_t dropout_offset=0,
-               bint backward=False, bint plan_only=False):
+               bint backward=False, bint plan_only=False, cnp.ndarray block_table=None, int64_t block_rows=0,
+               int64_t num_blocks=0):
     """One call of packed sequences (graphattn/sequences.hpp), forward or backward.  views: operand name of
     BACKWARD_VIEWS -> (dtype code, 5 strides, NumPy array or torch CPU tensor); spans: C-contiguous int64
     (batch[0], 4), each row (query_begin, query_rows, key_begin, key_rows); the window about the row before
-    alignment.  plan_only: return the dispatch text instead of running.  Raises ValueError on bad arguments."""
+    alignment.  block_table: a C-contiguous int32 (batch[0], max_blocks) table of a paged K/V cache (key and
+    value strides[0] then step from block to block; graphattn/kv_rows.hpp), of num_blocks blocks of block_rows
+    rows.  plan_only: return the dispatch text instead of running.  Raises ValueError on bad arguments."""
     if spans.dtype != np.int64 or spans.ndim != 2 or spans.shape[1] != 4 or not spans.flags.c_contiguous:
         raise ValueError("spans: a C-contiguous int64 array of shape (sequences, 4)")
+    if block_table is not None and (block_table.dtype != np.int32 or block_table.ndim != 2 or
+                                    block_table.shape[0] != batch[0] or not block_table.flags.c_contiguous):
+        raise ValueError("block_table: a C-contiguous int32 array of one row per sequence")
     if spans.shape[0] != batch[0]:
         raise ValueError(f"spans: {spans.shape[0]} rows for {batch[0]} sequences")
     cdef SdpaBackwardArgs args
@@ -579,6 +592,9 @@ def run_packed(dict views, cnp.ndarray spans, tuple batch, int64_t seq_q, int64_
     args.forward.dropout_offset = dropout_offset
     args.forward.alignment = <RowAlignment>(<int>ROW_ALIGNMENTS[alignment])
     args.forward.sequences.spans = <const SequenceSpan*>cnp.PyArray_DATA(spans)
+    if block_table is not None:
+        _set_pages(&args.forward.key, block_table, block_rows, num_blocks)
+        _set_pages(&args.forward.value, block_table, block_rows, num_blocks)
     if plan_only:
         return (sdpa_backward_plan(args) if backward else sdpa_forward_plan(args.forward)).decode()
     cdef Status status

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import time
 
-import ml_dtypes
 import numpy as np
 
 from . import _cpu, arguments, call_prep, key_window, score_mods, sycl_runtime, verbose
@@ -16,7 +15,6 @@ from .interop import from_numpy, is_torch_tensor, to_numpy
 from .logical_tensor import dense_strides
 from .tensor import array_strides, element_strides
 
-_FLOATS = frozenset(np.dtype(x) for x in (np.float32, ml_dtypes.bfloat16, np.float16))
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
@@ -63,6 +61,24 @@ def _max_seqlen(given, lengths: np.ndarray, name: str) -> int:
     return value
 
 
+def per_head_operand(value, name: str, heads: int, sequences: int, per_sequence: bool):
+    """A per-head operand of a call of packed sequences as a contiguous f32 host array: (H_q,), or (B, H_q)
+    where per_sequence (ALiBi slopes by sequence); None stays None."""
+    if value is None:
+        return None
+    if name == "alibi_slopes":
+        score_mods.refuse_slopes_grad(value)
+    array, kind = to_numpy(value, name)
+    if array.dtype != np.float32:
+        raise TypeError(f"{name} dtype {arguments.dtype_text(array.dtype, kind)} is not supported; it must be "
+                        f"{arguments.dtype_text(np.float32, kind)}")
+    shapes = [(heads,)] + ([(sequences, heads)] if per_sequence else [])
+    if tuple(array.shape) not in shapes:
+        raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))} (one value per query head"
+                         f"{' or per sequence and query head' if per_sequence else ''}), got {tuple(array.shape)}")
+    return np.ascontiguousarray(array)
+
+
 class _Call:
     """One varlen call's checked operands as the kernel takes them (NumPy views of the caller's memory)."""
 
@@ -78,7 +94,7 @@ class _Call:
         for name, a in zip(names, (self.q, self.k, self.v)):
             if a.ndim != 3:
                 raise ValueError(f"{name} must be 3-D (total rows, heads, head size), got shape {tuple(a.shape)}")
-            if a.dtype not in _FLOATS:
+            if a.dtype not in call_prep.KERNEL_FLOATS:
                 raise arguments.unsupported_float(name, a.dtype, self.kind)
         (t_q, h_q, d), (t_k, h_kv, d_k), (t_v, h_v, d_v) = self.q.shape, self.k.shape, self.v.shape
         if d != d_k:
@@ -104,8 +120,8 @@ class _Call:
         self.alignment = key_window.checked_alignment(causal_alignment)
         self.left, self.right = key_window.effective_window(window, bool(is_causal))
         self.softcap = score_mods.softcap_value(softcap)
-        self.alibi = self._per_head(alibi_slopes, "alibi_slopes", True)
-        self.sinks = self._per_head(sinks, "sinks", False)
+        self.alibi = per_head_operand(alibi_slopes, "alibi_slopes", self.heads, self.sequences, True)
+        self.sinks = per_head_operand(sinks, "sinks", self.heads, self.sequences, False)
         self.dropout_p = arguments.dropout_probability(dropout_p)
         self.dropout_seed = 0 if dropout_seed is None else arguments.integer(dropout_seed, "dropout_seed")
         self.dropout_offset = arguments.integer(dropout_offset, "dropout_offset")
@@ -115,22 +131,6 @@ class _Call:
         scale = arguments.scale_value(scale)
         self.scale = 1.0 / math.sqrt(d) if scale is None else \
             score_mods.saturating_scale(scale, self.softcap, self.q, self.k)
-
-    def _per_head(self, value, name: str, per_sequence: bool):
-        """A per-head operand as a contiguous f32 host array: (H_q,), or (B, H_q) where per_sequence."""
-        if value is None:
-            return None
-        if name == "alibi_slopes":
-            score_mods.refuse_slopes_grad(value)
-        array, kind = to_numpy(value, name)
-        if array.dtype != np.float32:
-            raise TypeError(f"{name} dtype {arguments.dtype_text(array.dtype, kind)} is not supported; it must be "
-                            f"{arguments.dtype_text(np.float32, kind)}")
-        shapes = [(self.heads,)] + ([(self.sequences, self.heads)] if per_sequence else [])
-        if tuple(array.shape) not in shapes:
-            raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))} (one value per query head"
-                             f"{' or per sequence and query head' if per_sequence else ''}), got {tuple(array.shape)}")
-        return np.ascontiguousarray(array)
 
     # ---- the kernel's views: batch dims (sequence, K/V head, query head in its group), row, column ----
 
@@ -305,7 +305,7 @@ def backward(grad_out, q, k, v, out, stats, cu_seqlens_q, cu_seqlens_k, max_seql
         if dtype is not None and array.dtype != dtype:
             raise TypeError(f"{name} must be {arguments.dtype_text(dtype, kind)}, got "
                             f"{arguments.dtype_text(array.dtype, kind)}")
-        if dtype is None and array.dtype not in _FLOATS:
+        if dtype is None and array.dtype not in call_prep.KERNEL_FLOATS:
             raise arguments.unsupported_float(name, array.dtype, kind)
         checked[name] = array
     like = (call.q, call.k, call.v)

@@ -101,6 +101,23 @@ Status check_no_self_overlap(const TensorView& t, const char* name, const ViewSh
     return Status::success();
 }
 
+// A K or V view's reach: a paged cache's over all its blocks (num_blocks x
+// heads x block_rows rows; which blocks a sequence uses is checked with its
+// lengths, packed_sequences.cpp), with its heads' offsets where a paged base
+// holds them (graphattn/kv_rows.hpp).
+Status check_kv_reach(const TensorView& t, const char* name, const int64_t batch[kBatchDims], const ViewShape& shape) {
+    const KvPages& p = t.pages;
+    if (!p.paged()) return check_reach(t, name, shape);
+    if (p.block_rows < 1 || p.num_blocks < 0 || p.table_stride < 0)
+        return Status::error(std::string(name) + ": a paged cache needs block_rows >= 1, num_blocks >= 0 and a "
+                             "table stride >= 0");
+    const int64_t heads_reach = (batch[1] - 1) * t.strides[1] + (batch[2] - 1) * t.strides[2];
+    if (t.strides[1] < 0 || t.strides[2] < 0 || heads_reach >= KvRowLayout::kSequenceUnit)
+        return Status::error(std::string(name) + ": a paged cache's head strides must be >= 0 and reach less than "
+                             "2^40 elements");
+    return check_reach(t, name, {{p.num_blocks, batch[1], batch[2], p.block_rows, shape.dims[4]}});
+}
+
 // The checks of a forward call's arguments that the backward shares: there
 // the forward's output and stats are read, not written.
 Status check_call(const SdpaForwardArgs& a) {
@@ -130,8 +147,8 @@ Status check_call(const SdpaForwardArgs& a) {
     const CallShapes sh(a);
     if (a.alibi.slopes.data && !(s = check_reach(a.alibi.slopes, "alibi_slopes", sh.per_index)).ok) return s;
     if (a.sinks.data && !(s = check_reach(a.sinks, "sinks", sh.per_index)).ok) return s;
-    if (!(s = check_reach(a.query, "query", sh.q)).ok || !(s = check_reach(a.key, "key", sh.k)).ok ||
-        !(s = check_reach(a.value, "value", sh.v)).ok || !(s = check_reach(a.output, "output", sh.o)).ok)
+    if (!(s = check_reach(a.query, "query", sh.q)).ok || !(s = check_kv_reach(a.key, "key", a.batch, sh.k)).ok ||
+        !(s = check_kv_reach(a.value, "value", a.batch, sh.v)).ok || !(s = check_reach(a.output, "output", sh.o)).ok)
         return s;
     if (a.mask_kind != MaskKind::none && !(s = check_reach(a.mask, "mask", sh.m)).ok) return s;
     if (a.stats.data && !(s = check_reach(a.stats, "stats", sh.st)).ok) return s;

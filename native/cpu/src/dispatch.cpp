@@ -446,6 +446,8 @@ SdpaBackwardArgs with_alignment_resolved(const SdpaBackwardArgs& args) {
 
 Status sdpa_forward(const SdpaForwardArgs& args) {
     if (args.sequences.packed()) return run_packed_forward(args, kDenseForward);
+    if (args.key.pages.paged() || args.value.pages.paged())
+        return Status::error("block_table: a paged K/V cache needs the sequences' lengths (packed sequences)");
     const SdpaForwardArgs a = with_alignment_resolved(args);
     Status status = admit_forward(a);
     return status.ok ? run_forward(a) : status;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "block_io.hpp"
 #include "graphattn/kv_rows.hpp"
@@ -15,9 +16,10 @@
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
 
-// Room of one thread where a reader may put a block of K or V rows together
-// when its layout keeps them apart; a strided view never uses it, so it
-// stays empty (nothing allocated).
+// Room of one thread where a reader puts a block of K or V rows together
+// when its layout keeps them apart (rows of several blocks of a paged
+// cache); a strided view never uses it, so it stays empty (nothing
+// allocated).
 class KvStage {
 public:
     void* room(size_t bytes) {
@@ -50,11 +52,32 @@ public:
 
     // Rows j0 .. j0 + rows of the batch element at `base` (batch_offset) as
     // one block of the reader's dtype, rows row_stride apart, columns as
-    // stored: in place where the layout keeps them so (a view always does),
-    // else put together in `stage`, which then holds them until its next use.
+    // stored: in place where the layout keeps them so (a view always does; a
+    // paged cache where they lie in one block), else put together in
+    // `stage` (rows of `pages.cols` values, adjacent), which then holds them
+    // until its next use.
     RowBlock block(int64_t base, int64_t j0, int rows, KvStage& stage) const {
-        (void)rows, (void)stage;  // a view's rows lie row_stride apart: read where they are
-        return strided_block(base, j0);
+        if (layout_.run_from(j0, rows) >= rows) return strided_block(base, j0);  // one run: read where they are
+        // Rows of several blocks: each run copied after the one before, columns as stored.
+        const int64_t cols = layout_.pages.cols, size = dtype_size(dtype_);
+        char* dst = static_cast<char*>(stage.room(size_t(rows * cols * size)));
+        for (int64_t j = j0; j < j0 + rows;) {
+            const int64_t n = layout_.run_from(j, j0 + rows - j);
+            const RowBlock src = strided_block(base, j);
+            char* out = dst + (j - j0) * cols * size;
+            const char* in = static_cast<const char*>(src.data);
+            for (int64_t r = 0; r < n; ++r) {
+                if (layout_.unit_columns()) {
+                    std::memcpy(out + r * cols * size, in + r * src.row_stride * size, size_t(cols * size));
+                    continue;
+                }
+                for (int64_t c = 0; c < cols; ++c)
+                    std::memcpy(out + (r * cols + c) * size, in + (r * src.row_stride + c * src.col_stride) * size,
+                                size_t(size));
+            }
+            j += n;
+        }
+        return {dst, dtype_, cols, 1};
     }
 
     // dst(r, c) = value (r, c) of rows j0 .. j0 + rows as f32, c < cols; dst
@@ -62,8 +85,13 @@ public:
     // loads as well.  Padding of dst is left as it is.
     void load_f32(int64_t base, int64_t j0, int rows, int cols, float* dst, int64_t dst_row_stride,
                   int64_t dst_col_stride = 1) const {
-        const RowBlock b = strided_block(base, j0);
-        load_block(b.data, dtype_, b.row_stride, b.col_stride, rows, cols, dst, dst_row_stride, dst_col_stride);
+        for (int64_t j = j0; j < j0 + rows;) {  // one run per block the rows lie in (one for a view)
+            const int n = int(layout_.run_from(j, j0 + rows - j));
+            const RowBlock b = strided_block(base, j);
+            load_block(b.data, dtype_, b.row_stride, b.col_stride, n, cols, dst + (j - j0) * dst_row_stride,
+                       dst_row_stride, dst_col_stride);
+            j += n;
+        }
     }
 
     // Rows j0 .. j0 + rows as f32 with unit column stride: in place where
@@ -71,7 +99,7 @@ public:
     // scratch_ld apart).  row_stride receives the returned rows' stride.
     const float* rows_f32(int64_t base, int64_t j0, int rows, int cols, float* scratch, int64_t scratch_ld,
                           int64_t& row_stride) const {
-        if (f32_in_place()) {
+        if (f32_in_place() && layout_.run_from(j0, rows) >= rows) {
             const RowBlock b = strided_block(base, j0);
             row_stride = b.row_stride;
             return b.floats();

@@ -85,7 +85,17 @@ SdpaForwardArgs dense_forward(const SdpaForwardArgs& a, const Task& t, const std
     d.batch[0] = t.count;
     d.batch[1] = t.heads;
     for (TensorView* v : {&d.query, &d.output, &d.stats}) move_rows(*v, s.query_begin, s.query_rows);
-    for (TensorView* v : {&d.key, &d.value}) move_rows(*v, s.key_begin, s.key_rows);
+    for (TensorView* v : {&d.key, &d.value}) {
+        if (!v->pages.paged()) {
+            move_rows(*v, s.key_begin, s.key_rows);
+            continue;
+        }
+        // The run's table rows from its first sequence's, its keys from the logical row key_begin.
+        v->pages.table += t.first * v->pages.table_stride;
+        v->pages.first_row = s.key_begin;
+    }
+    d.key.pages.cols = a.head_dim_qk;
+    d.value.pages.cols = a.head_dim_v;
     for (TensorView* v : {&d.alibi.slopes, &d.sinks}) move_batch(*v, 0, t.first);
     for (TensorView* v : {&d.query, &d.key, &d.value, &d.output, &d.stats, &d.alibi.slopes, &d.sinks})
         move_batch(*v, 1, t.head_begin);
@@ -175,7 +185,7 @@ Plan plan_tasks(const SdpaForwardArgs& a, bool may_pool, bool with_empty) {
     int64_t total = 0;
     for (int64_t s = 0; s < a.batch[0];) {
         int64_t end = s + 1;
-        while (end < a.batch[0] && continues_run(spans[end - 1], spans[end])) ++end;
+        while (end < a.batch[0] && continues_run(spans[end - 1], spans[end], a.key.pages.paged())) ++end;
         if (with_empty ? spans[s].query_rows + spans[s].key_rows > 0 : spans[s].query_rows > 0 && spans[s].key_rows > 0) {
             Task run{s, end - s, 0, a.batch[1], (end - s) * heads_of(a) * sequence_work(a, spans[s])};
             total += run.work;
@@ -235,10 +245,28 @@ Status run_tasks(const Plan& plan, Body&& body) {
 
 std::string sequence_text(int64_t s) { return "sequence " + std::to_string(s) + ": "; }
 
+// The table entries of the blocks that hold sequence s's keys (none past them is read) lie in [0, num_blocks).
+Status check_table_row(const KvPages& p, int64_t s, const SequenceSpan& sp) {
+    if (!p.paged() || sp.key_rows == 0) return Status::success();
+    if (p.block_rows < 1) return Status::error("block_table: block size must be >= 1");
+    for (int64_t e = sp.key_begin / p.block_rows; e <= (sp.key_begin + sp.key_rows - 1) / p.block_rows; ++e) {
+        const int64_t block = p.table[s * p.table_stride + e];
+        if (block < 0 || block >= p.num_blocks)
+            return Status::error("block_table: " + sequence_text(s) + "entry " + std::to_string(e) + " is " +
+                                 std::to_string(block) + ", outside the cache's blocks [0, " +
+                                 std::to_string(p.num_blocks) + ")");
+    }
+    return Status::success();
+}
+
 // Lengths within the call's longest, and written rows of their own: each sequence's `written` rows after the
 // previous one's.
 Status check_spans(const SdpaForwardArgs& a, bool keys_written) {
     if (a.mask_kind != MaskKind::none) return Status::error("mask: not taken with packed sequences");
+    if (a.key.pages.paged() != a.value.pages.paged())
+        return Status::error("block_table: key and value must both be paged caches, or neither");
+    if (a.key.pages.paged() && keys_written)
+        return Status::error("block_table: a paged K/V cache has no backward (as flash-attn's kvcache call)");
     const SequenceSpan* spans = a.sequences.spans;
     for (int64_t s = 0; s < a.batch[0]; ++s) {
         const SequenceSpan& sp = spans[s];
@@ -247,6 +275,10 @@ Status check_spans(const SdpaForwardArgs& a, bool keys_written) {
         if (sp.query_rows > a.seq_q || sp.key_rows > a.seq_kv)
             return Status::error("sequences: " + sequence_text(s) + "longer than the call's longest (seq_q " +
                                  std::to_string(a.seq_q) + ", seq_kv " + std::to_string(a.seq_kv) + ")");
+        for (const TensorView* v : {&a.key, &a.value}) {
+            Status blocks = check_table_row(v->pages, s, sp);
+            if (!blocks.ok) return blocks;
+        }
         if (s == 0) continue;
         const SequenceSpan& prev = spans[s - 1];
         if (sp.query_begin < prev.query_begin + prev.query_rows)
@@ -272,7 +304,11 @@ SdpaForwardArgs envelope(const SdpaForwardArgs& a) {
         e.seq_q = std::max(e.seq_q, sp.query_begin + sp.query_rows);
         e.seq_kv = std::max(e.seq_kv, sp.key_begin + sp.key_rows);
     }
-    for (TensorView* v : {&e.query, &e.key, &e.value, &e.output, &e.stats}) v->strides[0] = 0;
+    for (TensorView* v : {&e.query, &e.output, &e.stats}) v->strides[0] = 0;
+    for (TensorView* v : {&e.key, &e.value})
+        if (!v->pages.paged()) v->strides[0] = 0;  // a paged view's steps from block to block
+    e.key.pages.cols = a.head_dim_qk;
+    e.value.pages.cols = a.head_dim_v;
     return e;
 }
 

@@ -123,6 +123,8 @@ ForwardChoice choose_forward(sycl::queue& q, const SdpaForwardArgs& a) {
 // The SYCL rules on top of the common checks: head sizes the lanes hold, one
 // input dtype for Q, K, V (and dO), which selects the compiled variant.
 Status check_sycl_args(const SdpaForwardArgs& a) {
+    if (a.key.pages.paged() || a.value.pages.paged())
+        return Status::error("block_table: paged K/V caches are not taken on SYCL devices yet");
     Status s = check_forward_args(a);
     if (!s.ok) return s;
     if (a.head_dim_qk > kMaxHeadDim || a.head_dim_v > kMaxHeadDim)

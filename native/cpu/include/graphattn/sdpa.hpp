@@ -49,6 +49,10 @@ struct TensorView {
     DType dtype = DType::f32;
     int64_t strides[kBatchDims + 2] = {0, 0, 0, 0, 0};
     BufferExtent buffer;
+    // K and V of calls with packed sequences only: rows found through a block
+    // table (graphattn/kv_rows.hpp); strides[0] then steps from one block to
+    // the next.  Not paged by default.
+    KvPages pages;
 };
 
 // How the rows of a K or V view are found (graphattn/kv_rows.hpp): its
@@ -58,6 +62,7 @@ inline KvRowLayout kv_row_layout(const TensorView& t) {
     for (int d = 0; d < kBatchDims; ++d) layout.batch_strides[d] = t.strides[d];
     layout.row_stride = t.strides[3];
     layout.col_stride = t.strides[4];
+    layout.pages = t.pages;
     return layout;
 }
 

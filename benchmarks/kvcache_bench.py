@@ -1,0 +1,128 @@
+"""Decode over a KV cache larger than the last-level cache: graphattn's paged and dense caches against the
+machine's streaming read bandwidth and against torch SDPA on the gathered cache, in one process, interleaved.
+
+    python benchmarks/kvcache_bench.py [--sequences 16] [--cached 8192] [--block-sizes 16,256] [--dtype bf16]
+
+Each contender runs one decode step (one query row per head per sequence) over the same cached rows:
+  paged_<bs>     ga.attention_with_kv_cache on a paged cache of block size bs, blocks in a random order
+  dense          ga.attention_with_kv_cache on a dense (B, S_cache, H_kv, D) cache
+  torch_gather   what users do without a paged call: gather each sequence's blocks (index_select) into a
+                 dense (B, H_kv, S, D) K and V, then torch's scaled_dot_product_attention (where torch is here)
+The bandwidth is that of a multithreaded sum over a buffer of the cache's size (torch's, else NumPy's on one
+thread, said in the output).  GB/s counts every byte of K and V a step reads.  Prints a JSON line per
+contender and a table; ratios are the contender's time over paged's (the smallest block size's).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+import graphattn as ga
+from bench_common import Progress, cpu_model, interleaved_times, median, print_table
+from graphattn.testing import random_array
+
+try:
+    import torch
+except ImportError:  # the peer and the threaded bandwidth probe are optional
+    torch = None
+
+
+def paged(k_dense: np.ndarray, v_dense: np.ndarray, block_size: int, rng) -> tuple:
+    """The dense (B, S, H, D) cache as (num_blocks, block_size, H, D) blocks in a random order, and its table."""
+    b, s = k_dense.shape[:2]
+    per = -(-s // block_size)
+    order = rng.permutation(b * per).astype(np.int32)
+    table = order.reshape(b, per)
+    k = np.empty((b * per, block_size) + k_dense.shape[2:], k_dense.dtype)
+    v = np.empty((b * per, block_size) + v_dense.shape[2:], v_dense.dtype)
+    for seq in range(b):
+        for blk in range(per):
+            rows = slice(blk * block_size, min(s, (blk + 1) * block_size))
+            k[table[seq, blk], :rows.stop - rows.start] = k_dense[seq, rows]
+            v[table[seq, blk], :rows.stop - rows.start] = v_dense[seq, rows]
+    return k, v, table
+
+
+def stream_read(nbytes: int):
+    """(callable reading a buffer of nbytes once, what reads it)."""
+    if torch is not None:
+        x = torch.ones(nbytes // 4, dtype=torch.float32)
+        return (lambda: x.sum()), f"torch.sum, {torch.get_num_threads()} threads"
+    x = np.ones(nbytes // 4, np.float32)
+    return (lambda: x.sum()), "numpy.sum, 1 thread"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sequences", type=int, default=16)
+    parser.add_argument("--cached", type=int, default=8192, help="cached rows per sequence")
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--block-sizes", default="16,256")
+    parser.add_argument("--dtype", default="bf16", choices=("f32", "bf16", "f16"))
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    b, s, h, hk, d = args.sequences, args.cached, args.heads, args.kv_heads, args.head_dim
+    progress = Progress(3)
+    progress.step("caches")
+    k_dense, v_dense = (random_array((b, s, hk, d), args.dtype, rng) for _ in range(2))
+    q = random_array((b, 1, h, d), args.dtype, rng)
+    lens = np.full(b, s, np.int32)
+    kv_bytes = 2 * k_dense.nbytes
+    runs = {}
+    block_sizes = [int(x) for x in args.block_sizes.split(",")]
+    caches = {}
+    for bs in block_sizes:
+        caches[bs] = paged(k_dense, v_dense, bs, rng)
+        kc, vc, table = caches[bs]
+        runs[f"paged_{bs}"] = (lambda kc=kc, vc=vc, table=table:
+                               ga.attention_with_kv_cache(q, kc, vc, cache_seqlens=lens, block_table=table))
+    runs["dense"] = lambda: ga.attention_with_kv_cache(q, k_dense, v_dense, cache_seqlens=lens)
+    if torch is not None and not args.no_peers:
+        kc, vc, table = caches[block_sizes[0]]
+        as_t = (lambda x: torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)) if args.dtype == "bf16" else \
+            torch.from_numpy
+        tk, tv, tt = as_t(kc), as_t(vc), torch.from_numpy(table.astype(np.int64))
+        tq = as_t(q).transpose(1, 2)
+
+        def torch_gather():
+            with torch.no_grad():
+                kk = tk[tt].reshape(b, -1, hk, d)[:, :s].transpose(1, 2)
+                vv = tv[tt].reshape(b, -1, hk, d)[:, :s].transpose(1, 2)
+                torch.nn.functional.scaled_dot_product_attention(tq, kk, vv, enable_gqa=True)
+        runs["torch_gather"] = torch_gather
+    read, reader = stream_read(kv_bytes)
+    runs["stream_read"] = read
+    progress.step("timing")
+    times = interleaved_times(runs, args.seconds, args.rounds)
+    progress.step("done")
+    stream_gbs = kv_bytes / median(times["stream_read"]) / 1e9
+    base = f"paged_{block_sizes[0]}"
+    rows = []
+    for name, t in times.items():
+        if name == "stream_read":
+            continue
+        ms = median(t) * 1e3
+        row = {"bench": "kvcache_decode", "contender": name, "dtype": args.dtype, "sequences": b, "cached": s,
+               "heads": [h, hk], "head_dim": d, "kv_mib": round(kv_bytes / 2**20, 1), "ms": round(ms, 3),
+               "kv_gbs": round(kv_bytes / (ms * 1e-3) / 1e9, 1), "stream_gbs": round(stream_gbs, 1),
+               "of_stream": round(kv_bytes / (ms * 1e-3) / 1e9 / stream_gbs, 3),
+               f"vs_{base}": float(f"{median(t) / median(times[base]):.4g}"), "stream_reader": reader,
+               "threads": ga.thread_count(), "cpu": cpu_model()}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print_table(rows, [("contender", "contender", "<14"), ("ms", "ms", ">9.3f"), ("kv_gbs", "K/V GB/s", ">9.1f"),
+                       ("of_stream", "of stream", ">9.3f"), (f"vs_{base}", f"vs {base}", ">10.3f")],
+                f"decode, {b} x {s} cached rows, H {h}/{hk}, D {d}, {args.dtype}, {kv_bytes / 2**20:.0f} MiB of K/V; "
+                f"stream read {stream_gbs:.1f} GB/s ({reader})")
+
+
+if __name__ == "__main__":
+    main()
