@@ -45,6 +45,11 @@ def paged(k_dense: np.ndarray, v_dense: np.ndarray, block_size: int, rng) -> tup
     return k, v, table
 
 
+def sig(x: float) -> float:
+    """x to 4 significant digits (a tiny case's rates round to 0 at a fixed number of decimals)."""
+    return float(f"{x:.4g}")
+
+
 def stream_read(nbytes: int):
     """(callable reading a buffer of nbytes once, what reads it)."""
     if torch is not None:
@@ -112,8 +117,8 @@ def main() -> None:
         ms = median(t) * 1e3
         row = {"bench": "kvcache_decode", "contender": name, "dtype": args.dtype, "sequences": b, "cached": s,
                "heads": [h, hk], "head_dim": d, "kv_mib": round(kv_bytes / 2**20, 1), "ms": round(ms, 3),
-               "kv_gbs": round(kv_bytes / (ms * 1e-3) / 1e9, 1), "stream_gbs": round(stream_gbs, 1),
-               "of_stream": round(kv_bytes / (ms * 1e-3) / 1e9 / stream_gbs, 3),
+               "kv_gbs": sig(kv_bytes / (ms * 1e-3) / 1e9), "stream_gbs": sig(stream_gbs),
+               "of_stream": sig(kv_bytes / (ms * 1e-3) / 1e9 / stream_gbs),
                f"vs_{base}": float(f"{median(t) / median(times[base]):.4g}"), "stream_reader": reader,
                "threads": ga.thread_count(), "cpu": cpu_model()}
         print(json.dumps(row), flush=True)

@@ -25,13 +25,25 @@ def configure_environment() -> None:
     the OpenCL loader finds no device; pointing OCL_ICD_FILENAMES at the
     wheel's libintelocl.so fixes that.  It must run before anything
     enumerates SYCL devices: a program that imports dpctl itself first calls
-    this.  A user's own settings win.
+    this.  On a CPU with AMX the OpenCL CPU compiler's target is capped at
+    AVX-512 (see below).  A user's own settings win.
     """
     global _configured
     if _configured:
         return
     _configured = True
     os.environ.setdefault("SYCL_CACHE_PERSISTENT", "1")
+    # The OpenCL CPU runtime's compiler aborts the whole process ("Cannot select: intrinsic
+    # llvm.x86.tilezero.internal") wherever it lowers a kernel onto AMX tiles: the joint_matrix forward, and
+    # the bf16 sub-group backward, whose loops its vectorizer maps there.  Its target capped at AVX-512 keeps
+    # every kernel off the tiles (the CPU device then drops the joint_matrix kernel).
+    # Binaries cached for one target are invalid for another (UR_RESULT_ERROR_INVALID_BINARY), and the cache's
+    # key leaves the target out: the capped target's kernels are cached apart.
+    if cpu_has_amx() and _CPU_TARGET_VARIABLE not in os.environ:
+        os.environ[_CPU_TARGET_VARIABLE] = "skx"
+        if "SYCL_CACHE_DIR" not in os.environ:
+            cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+            os.environ["SYCL_CACHE_DIR"] = os.path.join(cache, "libsycl_cache", "graphattn-opencl-cpu-skx")
     if "OCL_ICD_FILENAMES" in os.environ:
         return
     library = os.path.join(sys.prefix, "lib", "libintelocl.so")
@@ -43,6 +55,21 @@ def configure_environment() -> None:
         if named and os.path.exists(named):
             return  # the wheel's ICD file is usable as it is
     os.environ["OCL_ICD_FILENAMES"] = library
+
+
+_CPU_TARGET_VARIABLE = "CL_CONFIG_CPU_TARGET_ARCH"
+
+
+def cpu_has_amx() -> bool:
+    from . import _cpu
+
+    return "amx_bf16" in _cpu.cpu_features()
+
+
+def opencl_cpu_targets_amx() -> bool:
+    """Whether the OpenCL CPU device compiles for AMX tiles: the CPU has AMX-BF16 and nothing caps the
+    runtime's target (configure_environment does, unless the user chose a target)."""
+    return cpu_has_amx() and os.environ.get(_CPU_TARGET_VARIABLE, "") in ("", "sapphirerapids", "spr")
 
 
 def plugin():
