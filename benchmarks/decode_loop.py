@@ -6,7 +6,9 @@ graphattn against PyTorch's own SDPA on the same torch tensors, timed per step.
 Shapes as in a Llama-like model: query (N, Hq, 1, D) against key and value (N, Hkv, S, D), GQA, S from
 --start to --start + --steps - 1, one new length per step (the plan of each length is new to graphattn).  The
 cache grows as transformers' DynamicCache grows it (torch.cat of the new row, a new contiguous tensor each
-step) or, with static_, as views of one preallocated buffer (StaticCache's layout).  Each round runs the
+step), with static, as views of one preallocated buffer (StaticCache's layout), or, with paged, in blocks of
+--block-size rows of one paged cache: graphattn appends the row and attends in one call
+(ga.attention_with_kv_cache), torch gathers the blocks into dense K/V first.  Each round runs the
 whole loop for each implementation in turn, alternating which goes first, both over the same lengths (a new
 range each round): a step's time grows with S, so the two must see the same S to compare.  The times are the
 median over rounds of the mean time per step; the speedup is the median over rounds of torch_sdpa / graphattn
@@ -48,6 +50,36 @@ def _torch_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
 
+def _paged_implementations(query, buffer_k, buffer_v, block_size: int) -> dict:
+    """Steps over one paged cache (blocks in a random order): graphattn appends the step's row and attends in one
+    call; torch gathers the sequence's blocks into dense K/V, then runs its SDPA (what users do without a paged
+    call).  Each implementation takes (query, length, None): the step that makes the cache `length` rows."""
+    n, hkv, longest, d = buffer_k.shape
+    per = -(-longest // block_size)
+    table = torch.randperm(n * per, generator=torch.Generator().manual_seed(1)).to(torch.int32).reshape(n, per)
+    caches = []
+    for buffer in (buffer_k, buffer_v):
+        blocks = torch.zeros(n * per, block_size, hkv, d, dtype=buffer.dtype)
+        rows = torch.zeros(n, per * block_size, hkv, d, dtype=buffer.dtype)
+        rows[:, :longest] = buffer.transpose(1, 2)
+        blocks[table.reshape(-1).long()] = rows.reshape(n * per, block_size, hkv, d)
+        caches.append(blocks)
+    k_cache, v_cache = caches
+    q_rows = query.transpose(1, 2)  # (N, 1, Hq, D)
+    new_k, new_v = buffer_k.transpose(1, 2), buffer_v.transpose(1, 2)  # (N, S, Hkv, D) views
+
+    def graphattn_step(q, length, _):
+        ga.attention_with_kv_cache(q_rows, k_cache, v_cache, new_k[:, length - 1:length],
+                                   new_v[:, length - 1:length], cache_seqlens=length - 1, block_table=table)
+
+    def torch_step(q, length, _):
+        k = k_cache[table.long()].reshape(n, -1, hkv, d)[:, :length].transpose(1, 2)
+        v = v_cache[table.long()].reshape(n, -1, hkv, d)[:, :length].transpose(1, 2)
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    return {"graphattn": graphattn_step, "torch_sdpa": torch_step}
+
+
 def case(shape_name: str, dtype: str, layout: str, args) -> dict:
     n, hq, hkv, d = SHAPES[shape_name]
     gen = torch.Generator().manual_seed(0)
@@ -58,13 +90,17 @@ def case(shape_name: str, dtype: str, layout: str, args) -> dict:
     buffer_v = torch.randn(n, hkv, longest, d, generator=gen).to(tdtype)
     times: dict[str, list[float]] = {"graphattn": [], "torch_sdpa": []}
     implementations = {"graphattn": _graphattn, "torch_sdpa": _torch_sdpa}
+    if layout == "paged":
+        implementations = _paged_implementations(query, buffer_k, buffer_v, args.block_size)
     for r in range(args.rounds):
         order = list(implementations) if r % 2 == 0 else list(reversed(implementations))
         # lengths no graphattn call of this process has seen (each step plans a new length), the same for both
         first = args.start + r * args.steps
         lengths = range(first, first + args.steps)
         for name in order:
-            if layout == "static":
+            if layout == "paged":  # a step's "cache" is its length: the paged cache grows in place
+                caches = [(s, None) for s in lengths]
+            elif layout == "static":
                 caches = [(buffer_k[:, :, :s], buffer_v[:, :, :s]) for s in lengths]
                 # read the buffer first, so that neither turn finds it warmer in the caches than the other
                 caches[-1][0].sum(), caches[-1][1].sum()
@@ -92,7 +128,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="f32,bf16")
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--layouts", default="concat,static")
+    parser.add_argument("--layouts", default="concat,static,paged")
+    parser.add_argument("--block-size", type=int, default=16, help="rows per block of the paged layout")
     parser.add_argument("--steps", type=int, default=256)
     parser.add_argument("--start", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)

@@ -282,11 +282,11 @@ def _json_rows(stdout: str) -> list[dict]:
 def test_decode_loop_times_graphattn_and_torch_per_step():
     pytest.importorskip("torch")
     result = subprocess.run([sys.executable, str(BENCH.parent / "decode_loop.py"), "--shapes", "small_batch4",
-                             "--dtypes", "f32", "--layouts", "concat,static", "--steps", "8", "--rounds", "2",
-                             "--start", "16"], capture_output=True, text=True, timeout=300)
+                             "--dtypes", "f32", "--layouts", "concat,static,paged", "--steps", "8",
+                             "--rounds", "2", "--start", "16"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     rows = _json_rows(result.stdout)
-    assert [r["layout"] for r in rows] == ["concat", "static"]
+    assert [r["layout"] for r in rows] == ["concat", "static", "paged"]
     for r in rows:
         assert r["graphattn_us_per_step"] > 0 and r["torch_sdpa_us_per_step"] > 0
         # each round its own lengths, new to graphattn, run by both implementations
@@ -297,7 +297,7 @@ def test_decode_loop_times_graphattn_and_torch_per_step():
         # the speedup pairs each round's two times (printed with 3 decimals, from unrounded times)
         ratio = statistics.median(t / o for o, t in zip(ours, theirs))
         assert r["speedup_vs_torch_sdpa"] == pytest.approx(ratio, rel=0.01, abs=6e-4)
-    assert "speedup" in result.stdout.splitlines()[-3]
+    assert "speedup" in result.stdout.splitlines()[-len(rows) - 1]  # the table header above its rows
 
 
 def test_hf_llama_bench_times_each_phase_with_both_implementations():
