@@ -1,6 +1,7 @@
 """A small Llama-like model from a config with random weights (nothing is downloaded), run by transformers
 with graphattn's attention and with PyTorch's SDPA: a few training steps, then greedy generation with a KV
-cache; prints both implementations' times and whether their tokens agree.
+cache (graphattn's: a paged cache whose blocks grow in place, graphattn.hf_cache.PagedCache; SDPA's:
+transformers' own); prints both implementations' times and whether their tokens agree.
 
     python examples/hf_llama.py [--layers 2] [--hidden 128] [--steps 3] [--new-tokens 16]
 """
@@ -14,6 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import graphattn.torch
+from graphattn.hf_cache import PagedCache
 
 
 def build(args) -> LlamaForCausalLM:
@@ -40,9 +42,10 @@ def run(model: LlamaForCausalLM, implementation: str, args) -> tuple[dict, torch
     model.eval()
     prompt = batch[:, : args.seq // 2]
     start = time.perf_counter()
+    cache = {"cache": PagedCache(max_cache_len=prompt.shape[1] + args.new_tokens)} if implementation != "sdpa" else {}
     with torch.no_grad():
         tokens = model.generate(prompt, max_new_tokens=args.new_tokens, do_sample=False,
-                                pad_token_id=0)
+                                pad_token_id=0, **cache)
     generate_s = time.perf_counter() - start
     return {"train_s": train_s, "generate_s": generate_s, "loss": float(loss)}, tokens
 

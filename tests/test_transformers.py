@@ -72,6 +72,46 @@ def test_greedy_generate_with_a_kv_cache_matches_sdpa():
         assert torch.equal(ours.generate(ids, **settings), theirs.generate(ids, **settings))
 
 
+@pytest.mark.parametrize("padding", [False, True], ids=["unpadded", "left_padded"])
+@pytest.mark.parametrize("block_size", [1, 3, 16])
+def test_generate_with_a_paged_cache_matches_sdpa(padding, block_size, monkeypatch):
+    """graphattn.hf_cache.PagedCache as generate's cache: the same greedy tokens as sdpa with transformers' own
+    cache, every step through the paged kernel call, the blocks written in place (never reallocated)."""
+    from graphattn import kv_cache
+    from graphattn.hf_cache import PagedCache
+
+    calls = []
+    real = kv_cache.attention_with_kv_cache
+    monkeypatch.setattr(kv_cache, "attention_with_kv_cache", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ours, theirs = _models()
+    ids, mask = _inputs(padding)
+    settings = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    cache = PagedCache(max_cache_len=ids.shape[1] + 6, block_size=block_size)
+    with torch.no_grad():
+        got = ours.generate(ids, cache=cache, **settings)
+        want = theirs.generate(ids, **settings)
+    assert torch.equal(got, want)
+    layers = ours.config.num_hidden_layers
+    assert len(calls) == 6 * layers  # the prompt and 5 decode steps, each layer once
+    first = cache.layers[0]
+    assert cache.get_seq_length() == ids.shape[1] + 5 and first.keys.shape[1] == block_size
+    pointer = first.keys.data_ptr()
+    with torch.no_grad():  # one more step on the same cache: its blocks stay where they are
+        ours(input_ids=got[:, -1:], attention_mask=torch.cat([mask, torch.ones(2, 6, dtype=mask.dtype)], 1),
+             cache=cache, use_cache=True)
+    assert first.keys.data_ptr() == pointer and cache.get_seq_length() == ids.shape[1] + 6
+
+
+def test_a_paged_cache_beyond_its_length_is_refused():
+    from graphattn.hf_cache import PagedCache
+
+    ours, _ = _models()
+    ids, mask = _inputs(False)
+    with torch.no_grad(), pytest.raises(ValueError, match="capacity"):
+        ours.generate(ids, attention_mask=mask, cache=PagedCache(max_cache_len=ids.shape[1] + 2),
+                      max_new_tokens=6, do_sample=False, pad_token_id=0)
+
+
 def test_training_step_gradients_match_sdpa():
     """Every parameter gets a gradient, and it matches sdpa's (autograd through graphattn's fused backward)."""
     ours, theirs = _models()

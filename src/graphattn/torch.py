@@ -28,11 +28,22 @@ def _window(sliding_window):
     return (sliding_window - 1, -1)
 
 
+# The attribute that marks the key a graphattn.hf_cache.PagedLayer's update returns: the layer attends itself.
+PAGED_LAYER_MARK = "graphattn_paged_layer"
+
+
 def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                       is_causal=None, **kwargs):
     """transformers' attention interface: (attn_output of shape (B, L, Hq, Dv), None for the weights)."""
     if kwargs.get("position_bias") is not None:
         raise ValueError("graphattn attention does not take position_bias; pass it as a float attention_mask")
+    paged = getattr(key, PAGED_LAYER_MARK, None)
+    if paged is not None:  # the rows are in the layer's blocks (graphattn.hf_cache)
+        if dropout:
+            raise NotImplementedError("graphattn.hf_cache.PagedCache: dropout is not taken (decode has none)")
+        sinks = kwargs.get("s_aux")
+        return paged.attend(query, attention_mask, scaling, _window(kwargs.get("sliding_window")),
+                            kwargs.get("softcap"), None if sinks is None else sinks.float()), None
     q_length = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # As transformers' sdpa: a mask, when given, already holds the causal rule; decode rows see every key.
