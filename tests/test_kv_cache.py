@@ -348,3 +348,31 @@ def test_flash_attn_with_kvcache(interleaved, causal, paged, rng):
     assert_close(out.numpy().reshape(-1, 4, d), want, "f32")
     assert_close(lse.numpy().transpose(1, 0, 2).reshape(4, -1), want_stats, np.float32, "lse",
                  testing.STATS_TOLERANCE)
+
+
+def test_the_native_call_checks_the_table_itself(rng):
+    """The C++ entry refuses keys beyond a table row and entries outside the cache (no Python check first)."""
+    from graphattn import _cpu
+
+    k_cache, v_cache, table = paged_cache(rng, "f32", [6], 4, poison=False)
+    q = random_array((1, 4, 16), "f32", rng)
+    out = np.empty((1, 4, 8), np.float32)
+    views = {"query": (0, (0, 2 * 16, 16, 4 * 16, 1), q), "output": (0, (0, 2 * 8, 8, 4 * 8, 1), out),
+             "key": (0, tuple(s // 4 for s in (k_cache.strides[0], k_cache.strides[2], 0, k_cache.strides[1],
+                                               k_cache.strides[3])), k_cache),
+             "value": (0, tuple(s // 4 for s in (v_cache.strides[0], v_cache.strides[2], 0, v_cache.strides[1],
+                                                 v_cache.strides[3])), v_cache)}
+
+    def call(key_rows, entries):
+        spans = np.array([[0, 1, 0, key_rows]], np.int64)
+        _cpu.run_packed(views, spans, (1, 2, 2), 1, key_rows, 16, 8, scale=0.25, window_left=_cpu.NO_KEY_LIMIT,
+                        window_right=_cpu.NO_KEY_LIMIT, alignment="bottom_right", block_table=entries,
+                        block_rows=4, num_blocks=k_cache.shape[0])
+
+    call(6, table)
+    with pytest.raises(ValueError, match="beyond its row"):
+        call(4 * table.shape[1] + 1, table)
+    bad = table.copy()
+    bad[0, 1] = -3
+    with pytest.raises(ValueError, match="block_table: sequence 0: entry 1 is -3"):
+        call(6, bad)

@@ -249,6 +249,10 @@ std::string sequence_text(int64_t s) { return "sequence " + std::to_string(s) + 
 Status check_table_row(const KvPages& p, int64_t s, const SequenceSpan& sp) {
     if (!p.paged() || sp.key_rows == 0) return Status::success();
     if (p.block_rows < 1) return Status::error("block_table: block size must be >= 1");
+    const int64_t needed = (sp.key_begin + sp.key_rows + p.block_rows - 1) / p.block_rows;
+    if (needed > p.table_stride)
+        return Status::error("block_table: " + sequence_text(s) + "its keys reach block " + std::to_string(needed - 1) +
+                             ", beyond its row of " + std::to_string(p.table_stride) + " entries");
     for (int64_t e = sp.key_begin / p.block_rows; e <= (sp.key_begin + sp.key_rows - 1) / p.block_rows; ++e) {
         const int64_t block = p.table[s * p.table_stride + e];
         if (block < 0 || block >= p.num_blocks)

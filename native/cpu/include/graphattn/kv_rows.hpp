@@ -26,7 +26,8 @@ namespace graphattn {
 
 // The block table of a paged K/V cache (flash-attn's and vLLM's block_table):
 // sequence s's blocks are table[s * table_stride + 0, 1, ...], each of
-// block_rows rows; num_blocks bounds every entry.  cols: the values of a row
+// block_rows rows, table_stride entries a sequence (the table's rows lie
+// one after another); num_blocks bounds every entry.  cols: the values of a row
 // (the head size), for putting rows of several blocks together.
 struct KvPages {
     const int32_t* table = nullptr;
