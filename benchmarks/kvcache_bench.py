@@ -8,7 +8,9 @@ Each contender runs one decode step (one query row per head per sequence) over t
   dense          ga.attention_with_kv_cache on a dense (B, S_cache, H_kv, D) cache
   torch_gather   what users do without a paged call: gather each sequence's blocks (index_select) into a
                  dense (B, H_kv, S, D) K and V, then torch's scaled_dot_product_attention (where torch is here)
-The bandwidth is that of a multithreaded sum over a buffer of the cache's size (torch's, else NumPy's on one
+and chunked prefill: --chunk query rows per sequence onto --chunk-onto cached ones, paged (the smallest block
+size) against the dense forward of the same shape (ga.scaled_dot_product_attention, bottom-right causal), as
+GFLOP/s.  The bandwidth is that of a multithreaded sum over a buffer of the cache's size (torch's, else NumPy's on one
 thread, said in the output).  GB/s counts every byte of K and V a step reads.  Prints a JSON line per
 contender and a table; ratios are the contender's time over paged's (the smallest block size's).
 """
@@ -20,7 +22,7 @@ import json
 import numpy as np
 
 import graphattn as ga
-from bench_common import Progress, cpu_model, interleaved_times, median, print_table
+from bench_common import Progress, attention_flops, cpu_model, interleaved_times, median, print_table
 from graphattn.testing import random_array
 
 try:
@@ -72,10 +74,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chunk", type=int, default=512, help="chunked prefill: query rows (0: none)")
+    parser.add_argument("--chunk-onto", type=int, default=4096, help="chunked prefill: rows cached before it")
+    parser.add_argument("--chunk-sequences", type=int, default=2)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     b, s, h, hk, d = args.sequences, args.cached, args.heads, args.kv_heads, args.head_dim
-    progress = Progress(3)
+    progress = Progress(4)
     progress.step("caches")
     k_dense, v_dense = (random_array((b, s, hk, d), args.dtype, rng) for _ in range(2))
     q = random_array((b, 1, h, d), args.dtype, rng)
@@ -123,10 +128,46 @@ def main() -> None:
                "threads": ga.thread_count(), "cpu": cpu_model()}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print_table(rows, [("contender", "contender", "<14"), ("ms", "ms", ">9.3f"), ("kv_gbs", "K/V GB/s", ">9.1f"),
-                       ("of_stream", "of stream", ">9.3f"), (f"vs_{base}", f"vs {base}", ">10.3f")],
+    if args.chunk > 0:
+        progress.step("chunked prefill")
+        rows.append(chunked_prefill(args, rng))
+        print(json.dumps(rows[-1]), flush=True)
+    decode = [r for r in rows if r["bench"] == "kvcache_decode"]
+    print_table(decode, [("contender", "contender", "<14"), ("ms", "ms", ">9.3f"), ("kv_gbs", "K/V GB/s", ">9.1f"),
+                         ("of_stream", "of stream", ">9.3f"), (f"vs_{base}", f"vs {base}", ">10.3f")],
                 f"decode, {b} x {s} cached rows, H {h}/{hk}, D {d}, {args.dtype}, {kv_bytes / 2**20:.0f} MiB of K/V; "
                 f"stream read {stream_gbs:.1f} GB/s ({reader})")
+
+    prefill = [r for r in rows if r["bench"] == "kvcache_prefill"]
+    if prefill:
+        print_table(prefill, [("paged_gflops", "paged GFLOP/s", ">14.1f"), ("dense_gflops", "dense GFLOP/s", ">14.1f"),
+                              ("paged_over_dense", "paged/dense", ">12.3f")],
+                    f"chunked prefill, {args.chunk_sequences} x {args.chunk} rows onto {args.chunk_onto}, "
+                    f"{args.dtype}, causal bottom-right")
+
+
+def chunked_prefill(args, rng) -> dict:
+    """GFLOP/s of a chunk of query rows onto a paged cache against the dense forward over the same keys."""
+    b, h, hk, d, chunk, total = args.chunk_sequences, args.heads, args.kv_heads, args.head_dim, args.chunk, \
+        args.chunk_onto + args.chunk
+    bs = int(args.block_sizes.split(",")[0])
+    k_dense, v_dense = (random_array((b, total, hk, d), args.dtype, rng) for _ in range(2))
+    q = random_array((b, chunk, h, d), args.dtype, rng)
+    kc, vc, table = paged(k_dense, v_dense, bs, rng)
+    kh, vh = (np.ascontiguousarray(x.swapaxes(1, 2)) for x in (k_dense, v_dense))
+    qh = np.ascontiguousarray(q.swapaxes(1, 2))
+    lens = np.full(b, total, np.int32)
+    times = interleaved_times({
+        "paged": lambda: ga.attention_with_kv_cache(q, kc, vc, cache_seqlens=lens, block_table=table, is_causal=True),
+        "dense": lambda: ga.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True,
+                                                         causal_alignment="bottom_right")}, args.seconds, args.rounds)
+    flops = attention_flops(b, h, chunk, total, d, causal=True, alignment="bottom_right")
+    paged_gflops, dense_gflops = (flops / median(times[n]) / 1e9 for n in ("paged", "dense"))
+    return {"bench": "kvcache_prefill", "dtype": args.dtype, "sequences": b, "chunk": chunk, "onto": args.chunk_onto,
+            "block_size": bs, "heads": [h, hk], "head_dim": d, "paged_ms": sig(median(times["paged"]) * 1e3),
+            "dense_ms": sig(median(times["dense"]) * 1e3), "paged_gflops": sig(paged_gflops),
+            "dense_gflops": sig(dense_gflops), "paged_over_dense": sig(paged_gflops / dense_gflops),
+            "threads": ga.thread_count(), "cpu": cpu_model()}
 
 
 if __name__ == "__main__":

@@ -414,10 +414,14 @@ def test_kvcache_benchmark_prints_rows_and_table():
     script = BENCH.parent / "kvcache_bench.py"
     result = subprocess.run([sys.executable, str(script), "--sequences", "2", "--cached", "40", "--heads", "4",
                              "--kv-heads", "2", "--head-dim", "16", "--block-sizes", "3,16", "--seconds", "0.01",
-                             "--rounds", "1"], capture_output=True, text=True, timeout=300)
+                             "--rounds", "1", "--chunk", "8", "--chunk-onto", "30"], capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert {r["contender"] for r in rows} >= {"paged_3", "paged_16", "dense"}
-    for r in rows:
+    decode = [r for r in rows if r["bench"] == "kvcache_decode"]
+    assert {r["contender"] for r in decode} >= {"paged_3", "paged_16", "dense"}
+    for r in decode:
         assert r["ms"] > 0 and r["kv_gbs"] > 0 and r["stream_gbs"] > 0 and r["cpu"]
-    assert "of stream" in result.stdout
+    (prefill,) = [r for r in rows if r["bench"] == "kvcache_prefill"]
+    assert prefill["paged_gflops"] > 0 and prefill["dense_gflops"] > 0 and prefill["block_size"] == 3
+    assert "of stream" in result.stdout and "paged/dense" in result.stdout
