@@ -172,7 +172,7 @@ def _plan(q, k, v, o, do, st, mask, dropout_p, is_causal, enable_gqa, causal_ali
     for name, a in (("out", o), ("grad_out", do), ("stats", st)):
         if isinstance(a, np.ndarray):
             arguments.check_host_array(a, name)
-    hq, hkv = q.shape[-3], k.shape[-3]
+    hq = q.shape[-3]
     lead = [q.shape[:-3], k.shape[:-3], v.shape[:-3]] if gqa else [q.shape[:-2], k.shape[:-2], v.shape[:-2]]
     out_shape = broadcast_shapes(lead, "batch") + ((hq,) if gqa else ()) + (q.shape[-2], v.shape[-1])
     for name, a in (("out", o), ("grad_out", do)):

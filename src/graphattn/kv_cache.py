@@ -27,12 +27,13 @@ import math
 
 import numpy as np
 
-from . import _cpu, arguments, key_window, score_mods, sycl_runtime
+from . import _cpu, arguments, key_window, score_mods
 from .call_prep import KERNEL_FLOATS
 from .dtypes import kernel_code
 from .interop import from_numpy, to_numpy
 from .tensor import array_strides
-from .varlen_call import checked_cu_seqlens, per_head_operand
+from .varlen_call import (checked_cu_seqlens, host_operand, packed_per_head_view, packed_rows_view,
+                          packed_stats_view, per_head_operand)
 
 __all__ = ["attention_with_kv_cache", "kv_cache_append"]
 
@@ -40,10 +41,9 @@ _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
 def _host(x, name: str) -> tuple[np.ndarray, str]:
-    if sycl_runtime.is_usm_array(x):
+    array, kind = host_operand(x, name)
+    if kind == "usm":
         raise NotImplementedError(f"{name}: KV caches on SYCL devices are not supported yet; pass host arrays")
-    array, kind = to_numpy(x, name)
-    arguments.check_host_array(array, name)
     return array, kind
 
 
@@ -264,16 +264,13 @@ def attention_with_kv_cache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
         raise ValueError("out must be reshapeable to packed (T, H_q, Dv) rows without a copy")
     stats = np.empty((heads, q_rows.shape[0]), np.float32) if return_stats else None
     group = heads // cache.kv_heads
-    views = {"query": _rows_view(q_rows, group), "output": _rows_view(result, group),
+    views = {"query": packed_rows_view(q_rows, group, True), "output": packed_rows_view(result, group, True),
              "key": cache.kernel_view(cache.k), "value": cache.kernel_view(cache.v)}
     if stats is not None:
-        h, t = array_strides(stats)
-        views["stats"] = (kernel_code(stats.dtype), (0, group * h, h, t, 0), stats)
+        views["stats"] = packed_stats_view(stats, group)
     for name, values in (("alibi_slopes", alibi), ("sinks", sink_values)):
         if values is not None:
-            steps = array_strides(values)
-            views[name] = (kernel_code(values.dtype), (steps[0] if values.ndim == 2 else 0, group * steps[-1],
-                                                       steps[-1], 0, 0), values)
+            views[name] = packed_per_head_view(values, group)
     spans = np.empty((sequences, 4), np.int64)
     spans[:, 0], spans[:, 1], spans[:, 2], spans[:, 3] = cu[:-1], lengths, leftpad, key_rows - leftpad
     no_limit = _cpu.NO_KEY_LIMIT
@@ -293,11 +290,6 @@ def attention_with_kv_cache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
     if not packed:
         stats = np.ascontiguousarray(stats.reshape(heads, sequences, -1).transpose(1, 0, 2))
     return result_out, from_numpy(stats, kind)
-
-
-def _rows_view(a: np.ndarray, group: int) -> tuple:
-    t, h, e = array_strides(a) if a.size else (a.shape[1] * a.shape[2], a.shape[2], 1)
-    return kernel_code(a.dtype), (0, group * h, h, t, e), a
 
 
 def kv_cache_append(k_cache, v_cache, k, v, *, cache_seqlens=None, block_table=None, slot_mapping=None,
@@ -330,7 +322,7 @@ def kv_cache_append(k_cache, v_cache, k, v, *, cache_seqlens=None, block_table=N
     k_array, _ = _host(k, "k")
     if cu_seqlens is not None:
         cu, lengths = checked_cu_seqlens(cu_seqlens, "cu_seqlens", k_array.shape[0] if k_array.ndim == 3 else -1)
-        sequences = cu.shape[0] - 1
+        sequences, rows = cu.shape[0] - 1, None
     else:
         if k_array.ndim != 4:
             raise ValueError(f"k must be (B, L, H_kv, D), or packed (T, H_kv, D) with cu_seqlens, got shape "
@@ -339,8 +331,7 @@ def kv_cache_append(k_cache, v_cache, k, v, *, cache_seqlens=None, block_table=N
         cu, lengths = None, np.full(sequences, rows, np.int64)
     cache = _Cache(k_cache, v_cache, block_table, None, sequences)
     k_new = _new_rows(k, "k", sequences, cache.kv_heads, cache.head_dim, cu, None)
-    v_new = _new_rows(v, "v", sequences, cache.kv_heads, cache.head_dim_v, cu, None if cu is not None else
-                      int(lengths[0]) if sequences else None)
+    v_new = _new_rows(v, "v", sequences, cache.kv_heads, cache.head_dim_v, cu, rows)
     seqlens = index_operand(cache_seqlens, "cache_seqlens", sequences)
     if (seqlens < 0).any():
         raise ValueError(f"cache_seqlens must be >= 0, got {int(seqlens.min())}")

@@ -1,7 +1,6 @@
 """Partitions (fused or single-op subgraphs) and their compiled, executable form."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np

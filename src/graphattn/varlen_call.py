@@ -18,7 +18,31 @@ from .tensor import array_strides, element_strides
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
-def _host(x, name: str) -> tuple[np.ndarray, str]:
+# ---- a packed call's kernel views: batch dims (sequence, K/V head, query head in its group), row, column ----
+# (varlen and the KV-cache calls)
+
+def packed_rows_view(a: np.ndarray, group: int, grouped: bool) -> tuple:
+    """(code, strides, array) of a (T, H, E) operand: H_q heads split into (H_kv, group), or H_kv heads."""
+    t, h, e = _strides(a)
+    heads = (group * h, h) if grouped else (h, 0)
+    return kernel_code(a.dtype), (0,) + heads + (t, e), a
+
+
+def packed_stats_view(stats: np.ndarray, group: int) -> tuple:
+    """The same for (H_q, T) f32 stats."""
+    h, t = _strides(stats)
+    return kernel_code(stats.dtype), (0, group * h, h, t, 0), stats
+
+
+def packed_per_head_view(a: np.ndarray, group: int) -> tuple:
+    """The same for a per-head operand, (H_q,) or (B, H_q) (per_head_operand's)."""
+    steps = element_strides(a)
+    per_sequence = steps[0] if a.ndim == 2 else 0
+    h = steps[-1]
+    return kernel_code(a.dtype), (per_sequence, group * h, h, 0, 0), a
+
+
+def host_operand(x, name: str) -> tuple[np.ndarray, str]:
     """x as the kernels read it: a NumPy view of a host array or torch tensor, or a USM array (dpnp,
     usm_ndarray) as it is (kind "usm")."""
     if sycl_runtime.is_usm_array(x):
@@ -31,7 +55,7 @@ def _host(x, name: str) -> tuple[np.ndarray, str]:
 def checked_cu_seqlens(cu_seqlens, name: str, total: int) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, lengths) as int64 of cu_seqlens: a 1-D int32 or int64 array of B + 1 offsets, 0 first,
     non-decreasing, `total` last (a USM array is read on the host: the planner needs the lengths)."""
-    array, kind = (sycl_runtime.to_host(cu_seqlens), "usm") if sycl_runtime.is_usm_array(cu_seqlens) else \
+    array, kind = (sycl_runtime.tohost_operand(cu_seqlens), "usm") if sycl_runtime.is_usm_array(cu_seqlens) else \
         to_numpy(cu_seqlens, name)
     if array.dtype not in _INDEX_DTYPES:
         raise TypeError(f"{name} must be int32 or int64, got {arguments.dtype_text(array.dtype, kind)}")
@@ -85,7 +109,7 @@ class _Call:
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, is_causal,
                  causal_alignment, window, softcap, alibi_slopes, sinks, dropout_p, dropout_seed, dropout_offset):
         names = ("q", "k", "v")
-        arrays = [_host(x, n) for x, n in zip((q, k, v), names)]
+        arrays = [host_operand(x, n) for x, n in zip((q, k, v), names)]
         kinds = {kind for _, kind in arrays}
         if len(kinds) != 1:
             raise TypeError("q, k and v must all be NumPy arrays, all torch tensors or all USM arrays (dpnp)")
@@ -135,20 +159,13 @@ class _Call:
     # ---- the kernel's views: batch dims (sequence, K/V head, query head in its group), row, column ----
 
     def rows_view(self, a: np.ndarray, grouped: bool) -> tuple:
-        """(code, strides, array) of a (T, H, E) operand: H_q heads split into (H_kv, group), or H_kv heads."""
-        t, h, e = _strides(a)
-        heads = (self.group * h, h) if grouped else (h, 0)
-        return kernel_code(a.dtype), (0,) + heads + (t, e), a
+        return packed_rows_view(a, self.group, grouped)
 
     def stats_view(self, stats: np.ndarray) -> tuple:
-        h, t = _strides(stats)
-        return kernel_code(stats.dtype), (0, self.group * h, h, t, 0), stats
+        return packed_stats_view(stats, self.group)
 
     def per_head_view(self, a: np.ndarray) -> tuple:
-        steps = element_strides(a)
-        per_sequence = steps[0] if a.ndim == 2 else 0
-        h = steps[-1]
-        return kernel_code(a.dtype), (per_sequence, self.group * h, h, 0, 0), a
+        return packed_per_head_view(a, self.group)
 
     def forward_views(self, out: np.ndarray, stats: np.ndarray) -> dict:
         views = {"query": self.rows_view(self.q, True), "key": self.rows_view(self.k, False),
@@ -201,7 +218,7 @@ def _strides(a) -> tuple:
 
 def _checked_result(given, shape: tuple, dtype, kind: str, name: str) -> np.ndarray:
     """An output array the caller passed, as a NumPy view: its shape and dtype as the call's, writable."""
-    array, given_kind = _host(given, name)
+    array, given_kind = host_operand(given, name)
     if given_kind != kind:
         raise TypeError(f"{name} must be a {'torch tensor' if kind == 'torch' else 'NumPy array'} like q")
     if tuple(array.shape) != shape:
@@ -299,7 +316,7 @@ def backward(grad_out, q, k, v, out, stats, cu_seqlens_q, cu_seqlens_k, max_seql
     checked = {}
     for name, given, shape, dtype in (("grad_out", grad_out, o_shape, None), ("out", out, o_shape, None),
                                       ("stats", stats, (call.heads, call.total_q), np.dtype(np.float32))):
-        array, kind = _host(given, name)
+        array, kind = host_operand(given, name)
         if tuple(array.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(array.shape)}")
         if dtype is not None and array.dtype != dtype:
