@@ -10,7 +10,8 @@ F.scaled_dot_product_attention on them (torch_sdpa).
 Also decode calls whose K/V length S is new on each call (new_length: the plan of an earlier length is
 re-made for it) against a call of that length again right after it, on other data, its plan then cached
 (repeat_length), on NumPy and, where importable, torch inputs, with K/V contiguous and as views of one
-preallocated buffer (static_), and with sinks and a softcap (sinks_, NumPy, contiguous); their backward
+preallocated buffer (static_), and with sinks and a softcap (sinks_, NumPy, contiguous); over a paged cache
+(paged_: ga.attention_with_kv_cache, blocks of 16 rows, NumPy); their backward
 (backward_, NumPy, contiguous), also with a bool padding mask (backward_mask_); and graph API partitions, the
 forward's (graph_) and the training backward's (graph_backward_), compiled once with the K/V length unknown
 (-1) and executed on new lengths.
@@ -126,6 +127,18 @@ def length_cases(rng, rounds_count: int = ROUNDS, new_lengths: int = NEW_LENGTHS
             calls.append((data, *(functools.partial(ga.scaled_dot_product_attention, q, kv, kv, enable_gqa=True,
                                                     sinks=sinks, softcap=30.0) for kv in data)))
         record("sinks_", calls)
+    # decode over a paged cache (ga.attention_with_kv_cache, blocks of 16 rows in a table), as a generate loop
+    # with a paged cache calls it: the call keeps no plan, so a new length should cost what a repeated one does
+    block = 16
+    pools = [rng.standard_normal((-(-longest // block), block, 2, 32)).astype(np.float32) for _ in range(2)]
+    table = np.arange(pools[0].shape[0], dtype=np.int32)[None]
+    q_rows = np.ascontiguousarray(q.transpose(0, 2, 1, 3))  # (1, 1, 4, 32)
+    for lengths in rounds():
+        calls = []
+        for n in lengths:
+            calls.append((pools, *(functools.partial(ga.attention_with_kv_cache, q_rows, p, p, cache_seqlens=n,
+                                                     block_table=table) for p in pools)))
+        record("paged_", calls)
     # the backward of such decode calls (training with dynamic padding plans each new length the same way), and
     # with a padding mask (bool, (1, 1, 1, S)), as a padded batch's training step passes it
     masks = {"backward_": lambda n: None, "backward_mask_": lambda n: rng.random((1, 1, 1, n)) < 0.9}

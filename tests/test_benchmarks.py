@@ -340,7 +340,7 @@ def test_call_overhead_prints_each_new_length_premium():
     rows = _json_rows(result.stdout)
     times = {r["case"]: r["us_per_call"] for r in rows if r["bench"] == "call_overhead"}
     premiums = {r["case"]: r["us_over_cached"] for r in rows if r["bench"] == "call_overhead_premium"}
-    expected = {"new_length", "static_new_length", "sinks_new_length", "backward_new_length",
+    expected = {"new_length", "static_new_length", "sinks_new_length", "paged_new_length", "backward_new_length",
                 "backward_mask_new_length", "graph_new_length", "graph_backward_new_length"}
     assert expected <= set(premiums), sorted(premiums)
     for case, premium in premiums.items():
