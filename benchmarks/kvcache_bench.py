@@ -6,6 +6,7 @@ machine's streaming read bandwidth and against torch SDPA on the gathered cache,
 Each contender runs one decode step (one query row per head per sequence) over the same cached rows:
   paged_<bs>     ga.attention_with_kv_cache on a paged cache of block size bs, blocks in a random order
   dense          ga.attention_with_kv_cache on a dense (B, S_cache, H_kv, D) cache
+  dense_head_major  ga.scaled_dot_product_attention on the same rows laid out (B, H_kv, S, D)
   torch_gather   what users do without a paged call: gather each sequence's blocks (index_select) into a
                  dense (B, H_kv, S, D) K and V, then torch's scaled_dot_product_attention (where torch is here)
 and chunked prefill: --chunk query rows per sequence onto --chunk-onto cached ones, paged (the smallest block
@@ -95,6 +96,10 @@ def main() -> None:
         runs[f"paged_{bs}"] = (lambda kc=kc, vc=vc, table=table:
                                ga.attention_with_kv_cache(q, kc, vc, cache_seqlens=lens, block_table=table))
     runs["dense"] = lambda: ga.attention_with_kv_cache(q, k_dense, v_dense, cache_seqlens=lens)
+    # The same rows head-major, (B, H_kv, S, D): each head's rows adjacent, as the dense call reads them best.
+    k_heads, v_heads = (np.ascontiguousarray(x.swapaxes(1, 2)) for x in (k_dense, v_dense))
+    q_heads = np.ascontiguousarray(q.swapaxes(1, 2))
+    runs["dense_head_major"] = lambda: ga.scaled_dot_product_attention(q_heads, k_heads, v_heads, enable_gqa=True)
     if torch is not None and not args.no_peers:
         kc, vc, table = caches[block_sizes[0]]
         as_t = (lambda x: torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)) if args.dtype == "bf16" else \
