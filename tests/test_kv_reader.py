@@ -5,6 +5,8 @@ paths on data: K and V in every dtype, with strided columns, broadcast over a GQ
 import pathlib
 import re
 
+import numpy as np
+
 import pytest
 
 import graphattn as ga
@@ -81,3 +83,41 @@ def test_each_candidate_reads_kv_views(pass_name, layout, name, dtype, rng):
         for B, H, H_kv, L, S, D, Dv, options in KV_CASES:
             k, v = _kv_views(layout, dtype, rng, B, H_kv, S, D, Dv)
             _check_call(random_array((B, H, L, D), dtype, rng), k, v, None, dtype, rng, **options)
+
+
+# Token-major K/V (each token's heads side by side, rows a stride apart): (B, H_q, H_kv, L, S, D, Dv, options),
+# query rows few enough for the row layout, whose blocks the reader copies adjacent: GQA decode; MHA with odd head
+# sizes (rows copied to f32, not read in place) and a softcap; speculative rows under bottom-right causal whose keys
+# split; a window with ALiBi and sinks; an explicit float mask.
+TOKEN_MAJOR_CASES = [
+    (4, 8, 4, 1, 777, 64, 64, {}),
+    (2, 12, 12, 1, 333, 40, 24, dict(softcap=5.0)),
+    (1, 8, 2, 3, 1030, 64, 64, dict(is_causal=True, causal_alignment="bottom_right")),
+    (3, 6, 3, 1, 500, 32, 32, dict(window=(200, 0), causal_alignment="bottom_right")),
+    (2, 4, 2, 2, 260, 64, 64, dict(mask="float")),
+]
+
+
+def _token_major(dtype, rng, B, H_kv, S, D):
+    """Rows 2 .. 2 + S of a longer (B, S', H_kv, D) cache, seen head-major."""
+    return random_array((B, S + 5, H_kv, D), dtype, rng)[:, 2:2 + S].transpose(0, 2, 1, 3)
+
+
+def _vector_forward_params():
+    return [p for p in _candidate_params("forward") if not p.values[0].startswith("amx")]
+
+
+@pytest.mark.parametrize("name,dtype", [pytest.param(*p.values, marks=p.marks, id=p.id)
+                                        for p in _vector_forward_params()])
+def test_row_layout_reads_token_major_rows(name, dtype, rng):
+    """Each vector build forced (the row layout: decode and short query blocks), K and V token-major: the
+    float64 reference, forward and backward, with ALiBi and sinks on the windowed case."""
+    with ga.force_kernel(forward=name):
+        for B, H, H_kv, L, S, D, Dv, options in TOKEN_MAJOR_CASES:
+            options = dict(options)
+            k, v = _token_major(dtype, rng, B, H_kv, S, D), _token_major(dtype, rng, B, H_kv, S, Dv)
+            mask = random_array((B, 1, L, S), "f32", rng) if options.pop("mask", None) else None
+            if "window" in options:
+                options.update(alibi_slopes=np.linspace(0.05, 0.4, H).astype(np.float32),
+                               sinks=np.linspace(-1.0, 2.0, H).astype(np.float32))
+            _check_call(random_array((B, H, L, D), dtype, rng), k, v, mask, dtype, rng, **options)

@@ -58,26 +58,17 @@ public:
     // until its next use.
     RowBlock block(int64_t base, int64_t j0, int rows, KvStage& stage) const {
         if (layout_.run_from(j0, rows) >= rows) return strided_block(base, j0);  // one run: read where they are
-        // Rows of several blocks: each run copied after the one before, columns as stored.
-        const int64_t cols = layout_.pages.cols, size = dtype_size(dtype_);
-        char* dst = static_cast<char*>(stage.room(size_t(rows * cols * size)));
-        for (int64_t j = j0; j < j0 + rows;) {
-            const int64_t n = layout_.run_from(j, j0 + rows - j);
-            const RowBlock src = strided_block(base, j);
-            char* out = dst + (j - j0) * cols * size;
-            const char* in = static_cast<const char*>(src.data);
-            for (int64_t r = 0; r < n; ++r) {
-                if (layout_.unit_columns()) {
-                    std::memcpy(out + r * cols * size, in + r * src.row_stride * size, size_t(cols * size));
-                    continue;
-                }
-                for (int64_t c = 0; c < cols; ++c)
-                    std::memcpy(out + (r * cols + c) * size, in + (r * src.row_stride + c * src.col_stride) * size,
-                                size_t(size));
-            }
-            j += n;
-        }
-        return {dst, dtype_, cols, 1};
+        return gathered_block(base, j0, rows, layout_.pages.cols, stage);
+    }
+
+    // The same rows (cols values each) always adjacent: in place only where they already lie one after
+    // another with no gap (row stride cols, unit columns, one block), else put together in `stage`.
+    // For kernels that pass over a block's rows more than once: rows a token-major stride apart (2^n
+    // bytes) share a few L1 sets and were read at half the rate in place (docs/performance.md).
+    RowBlock adjacent_block(int64_t base, int64_t j0, int rows, int cols, KvStage& stage) const {
+        if (layout_.unit_columns() && layout_.row_stride == cols && layout_.run_from(j0, rows) >= rows)
+            return strided_block(base, j0);
+        return gathered_block(base, j0, rows, cols, stage);
     }
 
     // dst(r, c) = value (r, c) of rows j0 .. j0 + rows as f32, c < cols; dst
@@ -110,6 +101,30 @@ public:
     }
 
 private:
+    // Rows j0 .. j0 + rows copied into `stage` one run after another, `cols` values each, adjacent,
+    // columns as stored.
+    RowBlock gathered_block(int64_t base, int64_t j0, int rows, int64_t cols, KvStage& stage) const {
+        const int64_t size = dtype_size(dtype_);
+        char* dst = static_cast<char*>(stage.room(size_t(rows * cols * size)));
+        for (int64_t j = j0; j < j0 + rows;) {
+            const int64_t n = layout_.run_from(j, j0 + rows - j);
+            const RowBlock src = strided_block(base, j);
+            char* out = dst + (j - j0) * cols * size;
+            const char* in = static_cast<const char*>(src.data);
+            for (int64_t r = 0; r < n; ++r) {
+                if (layout_.unit_columns()) {
+                    std::memcpy(out + r * cols * size, in + r * src.row_stride * size, size_t(cols * size));
+                    continue;
+                }
+                for (int64_t c = 0; c < cols; ++c)
+                    std::memcpy(out + (r * cols + c) * size, in + (r * src.row_stride + c * src.col_stride) * size,
+                                size_t(size));
+            }
+            j += n;
+        }
+        return {dst, dtype_, cols, 1};
+    }
+
     RowBlock strided_block(int64_t base, int64_t j0) const {
         return {element_ptr(data_, dtype_, layout_.row_offset(base, j0)), dtype_, layout_.row_stride,
                 layout_.col_stride};

@@ -618,6 +618,9 @@ struct LaneForward {
     // the item has rows enough to share the packing, else from row-key dot
     // products reduced by one transposing sum per row and block; or, for bf16
     // where pairs pay off, both products on bf16 pairs (row_pair_products).
+    // Each block's K and V rows are read adjacent (KvReader::adjacent_block:
+    // copied where a token-major cache keeps them a stride apart), as the
+    // products pass over them more than once.
     // Results land in sc.o_pad (rows) / row_max / row_sum.
     static void attend_rows(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
                             int64_t key_begin, int64_t key_end, bool skip_hidden_blocks) {
@@ -670,8 +673,8 @@ struct LaneForward {
             const int kv = int(std::min<int64_t>(kRowLayoutKeys, key_end - j0));
             const int key_vectors = (kv + kLanes - 1) / kLanes;
             if (row_pairs) {  // K and V in place (row_pairs_pay_off)
-                row_pair_products(a, dropout, sc, rows, j0, kv, k.block(k_base, j0, kv, sc.k_stage),
-                                  v.block(v_base, j0, kv, sc.v_stage), p_rows,
+                row_pair_products(a, dropout, sc, rows, j0, kv, k.adjacent_block(k_base, j0, kv, D, sc.k_stage),
+                                  v.adjacent_block(v_base, j0, kv, Dv, sc.v_stage), p_rows,
                                   o_rows, scale);
                 continue;
             }
@@ -683,7 +686,7 @@ struct LaneForward {
                 k_rows = sc.k_pad.get();
                 k_stride = Dp;
             } else {
-                const RowBlock block = k.block(k_base, j0, kv, sc.k_stage);
+                const RowBlock block = k.adjacent_block(k_base, j0, kv, D, sc.k_stage);
                 k_rows = block.data;
                 k_stride = block.row_stride;
             }
@@ -692,7 +695,7 @@ struct LaneForward {
                 v_rows = sc.v_pad.get();
                 v_stride = Dvp;
             } else {
-                const RowBlock block = v.block(v_base, j0, kv, sc.v_stage);
+                const RowBlock block = v.adjacent_block(v_base, j0, kv, Dv, sc.v_stage);
                 v_rows = block.data;
                 v_stride = block.row_stride;
             }
