@@ -98,11 +98,6 @@ TOKEN_MAJOR_CASES = [
 ]
 
 
-def _token_major(dtype, rng, B, H_kv, S, D):
-    """Rows 2 .. 2 + S of a longer (B, S', H_kv, D) cache, seen head-major."""
-    return random_array((B, S + 5, H_kv, D), dtype, rng)[:, 2:2 + S].transpose(0, 2, 1, 3)
-
-
 def _vector_forward_params():
     return [p for p in _candidate_params("forward") if not p.values[0].startswith("amx")]
 
@@ -115,7 +110,7 @@ def test_row_layout_reads_token_major_rows(name, dtype, rng):
     with ga.force_kernel(forward=name):
         for B, H, H_kv, L, S, D, Dv, options in TOKEN_MAJOR_CASES:
             options = dict(options)
-            k, v = _token_major(dtype, rng, B, H_kv, S, D), _token_major(dtype, rng, B, H_kv, S, Dv)
+            k, v = _kv_views("cache_window", dtype, rng, B, H_kv, S, D, Dv)  # a token-major cache
             mask = random_array((B, 1, L, S), "f32", rng) if options.pop("mask", None) else None
             if "window" in options:
                 options.update(alibi_slopes=np.linspace(0.05, 0.4, H).astype(np.float32),

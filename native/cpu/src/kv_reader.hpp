@@ -64,7 +64,7 @@ public:
     // The same rows (cols values each) always adjacent: in place only where they already lie one after
     // another with no gap (row stride cols, unit columns, one block), else put together in `stage`.
     // For kernels that pass over a block's rows more than once: rows a token-major stride apart (2^n
-    // bytes) share a few L1 sets and were read at half the rate in place (docs/performance.md).
+    // bytes) share a few L1 sets, so each pass would miss again (figures: docs/performance.md).
     RowBlock adjacent_block(int64_t base, int64_t j0, int rows, int cols, KvStage& stage) const {
         if (layout_.unit_columns() && layout_.row_stride == cols && layout_.run_from(j0, rows) >= rows)
             return strided_block(base, j0);

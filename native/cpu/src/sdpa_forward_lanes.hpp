@@ -672,7 +672,7 @@ struct LaneForward {
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kRowLayoutKeys) {
             const int kv = int(std::min<int64_t>(kRowLayoutKeys, key_end - j0));
             const int key_vectors = (kv + kLanes - 1) / kLanes;
-            if (row_pairs) {  // K and V in place (row_pairs_pay_off)
+            if (row_pairs) {  // K's and V's pairs from their adjacent rows (row_pairs_pay_off)
                 row_pair_products(a, dropout, sc, rows, j0, kv, k.adjacent_block(k_base, j0, kv, D, sc.k_stage),
                                   v.adjacent_block(v_base, j0, kv, Dv, sc.v_stage), p_rows,
                                   o_rows, scale);
