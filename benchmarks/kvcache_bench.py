@@ -9,8 +9,9 @@ Each contender runs one decode step (one query row per head per sequence) over t
   dense_head_major  ga.scaled_dot_product_attention on the same rows laid out (B, H_kv, S, D)
   torch_gather   what users do without a paged call: gather each sequence's blocks (index_select) into a
                  dense (B, H_kv, S, D) K and V, then torch's scaled_dot_product_attention (where torch is here)
-and chunked prefill: --chunk query rows per sequence onto --chunk-onto cached ones, paged (the smallest block
-size) against the dense forward of the same shape (ga.scaled_dot_product_attention, bottom-right causal), as
+With --kernels, each graphattn contender runs once per forward kernel named (forced; contender@kernel), so that
+two kernels compare in the same run.  Then chunked prefill: --chunk query rows per sequence onto --chunk-onto
+cached ones, paged (the smallest block size) against the dense forward of the same shape (ga.scaled_dot_product_attention, bottom-right causal), as
 GFLOP/s.  The bandwidth is that of a multithreaded sum over a buffer of the cache's size (torch's, else NumPy's on one
 thread, said in the output).  GB/s counts every byte of K and V a step reads.  Prints a JSON line per
 contender and a table; ratios are the contender's time over paged's (the smallest block size's).
@@ -75,10 +76,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kernels", default="auto",
+                        help="forward kernels to force on the graphattn contenders, comma-separated (auto: the choice)")
     parser.add_argument("--chunk", type=int, default=512, help="chunked prefill: query rows (0: none)")
     parser.add_argument("--chunk-onto", type=int, default=4096, help="chunked prefill: rows cached before it")
     parser.add_argument("--chunk-sequences", type=int, default=2)
     args = parser.parse_args()
+    kernels = args.kernels.split(",")
+    for kernel in kernels:  # an unknown or unusable name fails here, before the caches are built
+        with ga.force_kernel(forward=kernel):
+            pass
     rng = np.random.default_rng(args.seed)
     b, s, h, hk, d = args.sequences, args.cached, args.heads, args.kv_heads, args.head_dim
     progress = Progress(4)
@@ -100,6 +107,13 @@ def main() -> None:
     k_heads, v_heads = (np.ascontiguousarray(x.swapaxes(1, 2)) for x in (k_dense, v_dense))
     q_heads = np.ascontiguousarray(q.swapaxes(1, 2))
     runs["dense_head_major"] = lambda: ga.scaled_dot_product_attention(q_heads, k_heads, v_heads, enable_gqa=True)
+    if kernels != ["auto"]:
+        def forced(run, kernel):
+            def call():
+                with ga.force_kernel(forward=kernel):
+                    return run()
+            return call
+        runs = {f"{name}@{kernel}": forced(run, kernel) for name, run in runs.items() for kernel in kernels}
     if torch is not None and not args.no_peers:
         kc, vc, table = caches[block_sizes[0]]
         as_t = (lambda x: torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)) if args.dtype == "bf16" else \
@@ -119,7 +133,7 @@ def main() -> None:
     times = interleaved_times(runs, args.seconds, args.rounds)
     progress.step("done")
     stream_gbs = kv_bytes / median(times["stream_read"]) / 1e9
-    base = f"paged_{block_sizes[0]}"
+    base = f"paged_{block_sizes[0]}" + ("" if kernels == ["auto"] else f"@{kernels[0]}")
     rows = []
     for name, t in times.items():
         if name == "stream_read":
@@ -138,7 +152,7 @@ def main() -> None:
         rows.append(chunked_prefill(args, rng))
         print(json.dumps(rows[-1]), flush=True)
     decode = [r for r in rows if r["bench"] == "kvcache_decode"]
-    print_table(decode, [("contender", "contender", "<14"), ("ms", "ms", ">9.3f"), ("kv_gbs", "K/V GB/s", ">9.1f"),
+    print_table(decode, [("contender", "contender", "<28"), ("ms", "ms", ">9.3f"), ("kv_gbs", "K/V GB/s", ">9.1f"),
                          ("of_stream", "of stream", ">9.3f"), (f"vs_{base}", f"vs {base}", ">10.3f")],
                 f"decode, {b} x {s} cached rows, H {h}/{hk}, D {d}, {args.dtype}, {kv_bytes / 2**20:.0f} MiB of K/V; "
                 f"stream read {stream_gbs:.1f} GB/s ({reader})")

@@ -5,6 +5,10 @@ import graphattn as ga
 from graphattn.testing import cpuinfo_field
 
 
+# The dtype class each AMX candidate takes (the vector builds take all three).
+AMX_DTYPES = {"amx_bf16": ("bf16",), "amx_bf16x3": ("f16",), "amx_bf16x6": ("f32",)}
+
+
 def bf16_pairs_expected() -> bool:
     """Whether the vector build takes bf16 products on pairs (VDPBF16PS) here: AMD CPUs with AVX512-BF16
     (lane_gemm_bf16.hpp's bf16_pairs_pay_off); Intel ones keep the f32 FMAs."""

@@ -425,3 +425,17 @@ def test_kvcache_benchmark_prints_rows_and_table():
     (prefill,) = [r for r in rows if r["bench"] == "kvcache_prefill"]
     assert prefill["paged_gflops"] > 0 and prefill["dense_gflops"] > 0 and prefill["block_size"] == 3
     assert "of stream" in result.stdout and "paged/dense" in result.stdout
+
+
+def test_kvcache_benchmark_compares_forced_kernels():
+    """--kernels times each graphattn contender under each forward kernel named, in the same run."""
+    script = BENCH.parent / "kvcache_bench.py"
+    result = subprocess.run([sys.executable, str(script), "--sequences", "2", "--cached", "40", "--heads", "4",
+                             "--kv-heads", "2", "--head-dim", "16", "--block-sizes", "3", "--seconds", "0.01",
+                             "--rounds", "1", "--chunk", "0", "--no-peers", "--kernels", "portable,auto"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert {r["contender"] for r in rows} == {f"{name}@{kernel}" for name in ("paged_3", "dense", "dense_head_major")
+                                              for kernel in ("portable", "auto")}
+    assert all("vs_paged_3@portable" in r for r in rows)

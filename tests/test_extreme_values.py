@@ -13,7 +13,7 @@ import pytest
 import graphattn as ga
 from graphattn.testing import assert_close, assert_grad_close, random_array, sdpa_reference, sdpa_reference_backward
 from subprocess_helpers import run_python
-from test_score_mods import AMX_DTYPES
+from cpu_helpers import AMX_DTYPES
 
 LEAST_CAP, LARGEST_CAP = ga._cpu.softcap_range()
 # (query shape, key shape): square, decode under GQA (key splits), long enough for the AMX builds' tiles.

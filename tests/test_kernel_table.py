@@ -6,11 +6,10 @@ import pytest
 import graphattn as ga
 from graphattn.__main__ import info
 from graphattn.kernel_choice import forced_kernels
+from cpu_helpers import AMX_DTYPES
 from graphattn.testing import random_array
 from test_window import SHAPES, _check_call, _operands
 
-# The dtypes each AMX candidate is built for; the vector builds take every dtype.
-AMX_DTYPES = {"amx_bf16": ("bf16",), "amx_bf16x3": ("f16",), "amx_bf16x6": ("f32",)}
 ALL_DTYPES = ("f32", "bf16", "f16")
 # (shape, mask, options): odd lengths, GQA, decode, both alignments, windows and masks, one long call
 CASES = [

@@ -95,6 +95,28 @@ def test_block_sizes(block_size, dtype, rng):
     check(q, k_cache, v_cache, table, cached, [1] * 4, dtype, block_size, is_causal=True)
 
 
+# Cached lengths around the row layout's 16-key vectors and 64-key blocks, a sequence with none, a long one.
+EDGE_CACHED = [0, 1, 15, 16, 17, 31, 63, 64, 65, 130, 299, 1000]
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 16, 64, 256, 2048])
+@pytest.mark.parametrize("d,dv,heads,kv_heads", [(64, 32, 8, 2), (128, 128, 32, 2), (256, 48, 4, 4), (32, 16, 16, 1)],
+                         ids=["d64_dv32_gqa4", "d128_gqa16", "d256_dv48_mha", "d32_dv16_mqa16"])
+def test_decode_at_block_edges(block_size, d, dv, heads, kv_heads, rng):
+    """bf16 decode steps (the row layout) against the reference of the gathered blocks, at lengths around its
+    key vectors and blocks, pages of 1 to 2048 rows (a key block inside one page or across many, the last
+    page's rows past the sequence NaN), GQA groups of 1-16 query rows per K/V head, beside one speculative step
+    of up to 16 rows per K/V head."""
+    new = [1] * len(EDGE_CACHED)
+    if heads // kv_heads <= 8:
+        new[5] = 16 // (heads // kv_heads)
+    lengths = [c + n for c, n in zip(EDGE_CACHED, new)]
+    k_cache, v_cache, table = paged_cache(rng, "bf16", lengths, block_size, kv_heads=kv_heads, d=d, dv=dv, spare=2)
+    q = random_array((sum(new), heads, d), "bf16", rng)
+    k, v = random_array((sum(new), kv_heads, d), "bf16", rng), random_array((sum(new), kv_heads, dv), "bf16", rng)
+    check(q, k_cache, v_cache, table, EDGE_CACHED, new, "bf16", block_size, k, v, is_causal=True)
+
+
 def test_chunked_prefill_512_onto_4096(rng):
     cached, new, bs = [4096], [512], 64
     k_cache, v_cache, table = paged_cache(rng, "bf16", [4608], bs, kv_heads=1, d=32, dv=32, spare=2)
@@ -131,16 +153,17 @@ def test_shared_blocks_between_sequences(rng):
     check(q, k_cache, v_cache, table, [8, 8], [1, 1], "f32", 4, is_causal=True)
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
-def test_head_major_and_token_major_buffers_agree(dtype, rng):
+@pytest.mark.parametrize("dtype,d", [("f32", 16), ("bf16", 16), ("f16", 16), ("bf16", 64)])
+def test_head_major_and_token_major_buffers_agree(dtype, d, rng):
+    """bf16 with D 64 also: rows of whole vectors, read in place at either row stride."""
     cached, new, bs = [21, 6], [3, 1], 8
     lengths = [c + n for c, n in zip(cached, new)]
-    token = paged_cache(np.random.default_rng(5), dtype, lengths, bs)
-    head = paged_cache(np.random.default_rng(5), dtype, lengths, bs, head_major=True)
+    token = paged_cache(np.random.default_rng(5), dtype, lengths, bs, d=d, dv=d // 2)
+    head = paged_cache(np.random.default_rng(5), dtype, lengths, bs, d=d, dv=d // 2, head_major=True)
     k_h, v_h = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for x in token[:2])
     assert not k_h.flags.c_contiguous
-    q = random_array((sum(new), 4, 16), dtype, rng)
-    k, v = random_array((sum(new), 2, 16), dtype, rng), random_array((sum(new), 2, 8), dtype, rng)
+    q = random_array((sum(new), 4, d), dtype, rng)
+    k, v = random_array((sum(new), 2, d), dtype, rng), random_array((sum(new), 2, d // 2), dtype, rng)
     a = check(q, token[0], token[1], token[2], cached, new, dtype, bs, k, v, is_causal=True)
     b = check(q, k_h, v_h, token[2], cached, new, dtype, bs, k, v, is_causal=True)
     assert head[0].shape == token[0].shape

@@ -10,6 +10,7 @@ import pytest
 import graphattn as ga
 from graphattn.testing import (SdpaGraphSpec, assert_close, assert_grad_close, random_array, sdpa_reference,
                                sdpa_reference_backward)
+from cpu_helpers import AMX_DTYPES
 from subprocess_helpers import run_python
 from test_sdpa_fusion import check_fused
 
@@ -154,8 +155,6 @@ def test_sinks_grad_needs_sinks(rng):
         ga.scaled_dot_product_attention_backward(out, q, q, q, out, stats, return_sinks_grad=True)
 
 
-# The dtype class each AMX candidate takes (the vector builds take all three).
-AMX_DTYPES = {"amx_bf16": ("bf16",), "amx_bf16x3": ("f16",), "amx_bf16x6": ("f32",)}
 KERNEL_SCRIPT = """
 import itertools, numpy as np
 import test_score_mods as t
