@@ -11,10 +11,11 @@ Each contender runs one decode step (one query row per head per sequence) over t
                  dense (B, H_kv, S, D) K and V, then torch's scaled_dot_product_attention (where torch is here)
 With --kernels, each graphattn contender runs once per forward kernel named (forced; contender@kernel), so that
 two kernels compare in the same run.  Then chunked prefill: --chunk query rows per sequence onto --chunk-onto
-cached ones, paged (the smallest block size) against the dense forward of the same shape (ga.scaled_dot_product_attention, bottom-right causal), as
-GFLOP/s.  The bandwidth is that of a multithreaded sum over a buffer of the cache's size (torch's, else NumPy's on one
-thread, said in the output).  GB/s counts every byte of K and V a step reads.  Prints a JSON line per
-contender and a table; ratios are the contender's time over paged's (the smallest block size's).
+cached ones, paged (the smallest block size) against the dense forward of the same shape
+(ga.scaled_dot_product_attention, bottom-right causal), as GFLOP/s.  The bandwidth is that of a multithreaded
+sum over a buffer of the cache's size (torch's, else NumPy's on one thread, said in the output).  GB/s counts
+every byte of K and V a step reads.  Prints a JSON line per contender and a table; ratios are the contender's
+time over paged's (the smallest block size's).
 """
 from __future__ import annotations
 

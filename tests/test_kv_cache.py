@@ -95,7 +95,7 @@ def test_block_sizes(block_size, dtype, rng):
     check(q, k_cache, v_cache, table, cached, [1] * 4, dtype, block_size, is_causal=True)
 
 
-# Cached lengths around the row layout's 16-key vectors and 64-key blocks, a sequence with none, a long one.
+# Cached lengths around the row layout's key vectors and blocks (16 and 64 keys on AVX-512), none, a long one.
 EDGE_CACHED = [0, 1, 15, 16, 17, 31, 63, 64, 65, 130, 299, 1000]
 
 
