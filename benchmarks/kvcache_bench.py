@@ -9,12 +9,14 @@ Each contender runs one decode step (one query row per head per sequence) over t
   dense_head_major  ga.scaled_dot_product_attention on the same rows laid out (B, H_kv, S, D)
   torch_gather   what users do without a paged call: gather each sequence's blocks (index_select) into a
                  dense (B, H_kv, S, D) K and V, then torch's scaled_dot_product_attention (where torch is here)
+  paged_<bs>_<format>  the paged cache (first block size) stored quantized, one per --formats entry
+                 ("u8:64" is u8 in groups of 64; fp8 formats take one scale): random bytes, the same table
 With --kernels, each graphattn contender runs once per forward kernel named (forced; contender@kernel), so that
 two kernels compare in the same run.  Then chunked prefill: --chunk query rows per sequence onto --chunk-onto
 cached ones, paged (the smallest block size) against the dense forward of the same shape
 (ga.scaled_dot_product_attention, bottom-right causal), as GFLOP/s.  The bandwidth is that of a multithreaded
 sum over a buffer of the cache's size (torch's, else NumPy's on one thread, said in the output).  GB/s counts
-every byte of K and V a step reads.  Prints a JSON line per contender and a table; ratios are the contender's
+every byte of K and V a step reads (a quantized cache's bytes, scales and zero points).  Prints a JSON line per contender and a table; ratios are the contender's
 time over paged's (the smallest block size's).
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 import graphattn as ga
 from bench_common import Progress, attention_flops, cpu_model, interleaved_times, median, print_table
+from graphattn import kv_quant
 from graphattn.testing import random_array
 
 try:
@@ -48,6 +51,30 @@ def paged(k_dense: np.ndarray, v_dense: np.ndarray, block_size: int, rng) -> tup
             k[table[seq, blk], :rows.stop - rows.start] = k_dense[seq, rows]
             v[table[seq, blk], :rows.stop - rows.start] = v_dense[seq, rows]
     return k, v, table
+
+
+def quantized_cache(spec: str, shape: tuple, rng) -> tuple[dict, int]:
+    """(attention_with_kv_cache's quantized-cache keywords, bytes of K and V with their scales) of random stored
+    rows of shape (num_blocks, block_size, H_kv, D) in the format `spec` names ("u8:64": u8, groups of 64, or of
+    D where D is smaller)."""
+    name, _, group = spec.partition(":")
+    fmt = kv_quant.format_named(name, "--formats")
+    d = shape[-1]
+    stored = shape[:-1] + (fmt.stored_cols(d),)
+    out, nbytes = {"kv_format": name}, 0
+    for side in ("k", "v"):
+        data = rng.integers(0, 256, stored, dtype=np.uint8)
+        if fmt.fp8 is not None:
+            data &= 0x77  # no NaN or infinity codes
+            out[f"{side}_scales"] = np.array(0.25, np.float32)
+        else:
+            groups = shape[:-1] + (d // min(int(group or d), d),)  # a group of at most the row
+            out[f"{side}_scales"] = np.full(groups, 1 / 64, np.float16)
+            if not fmt.symmetric:
+                out[f"{side}_zero_points"] = rng.integers(0, 2 ** fmt.bits, groups, dtype=np.uint8)
+        out[f"{side}_cache"] = data
+        nbytes += sum(a.nbytes for key, a in out.items() if key.startswith(side + "_"))
+    return out, nbytes
 
 
 def sig(x: float) -> float:
@@ -79,6 +106,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kernels", default="auto",
                         help="forward kernels to force on the graphattn contenders, comma-separated (auto: the choice)")
+    parser.add_argument("--formats", default="u8:64,s8:64,u4:32,s4:32,fp8_e4m3",
+                        help="quantized paged caches to time, comma-separated (empty: none)")
     parser.add_argument("--chunk", type=int, default=512, help="chunked prefill: query rows (0: none)")
     parser.add_argument("--chunk-onto", type=int, default=4096, help="chunked prefill: rows cached before it")
     parser.add_argument("--chunk-sequences", type=int, default=2)
@@ -96,6 +125,7 @@ def main() -> None:
     lens = np.full(b, s, np.int32)
     kv_bytes = 2 * k_dense.nbytes
     runs = {}
+    bytes_of, format_of = {}, {}  # contenders of quantized caches: their K/V bytes and format
     block_sizes = [int(x) for x in args.block_sizes.split(",")]
     caches = {}
     for bs in block_sizes:
@@ -103,6 +133,17 @@ def main() -> None:
         kc, vc, table = caches[bs]
         runs[f"paged_{bs}"] = (lambda kc=kc, vc=vc, table=table:
                                ga.attention_with_kv_cache(q, kc, vc, cache_seqlens=lens, block_table=table))
+    for spec in filter(None, args.formats.split(",")):
+        shape = (caches[block_sizes[0]][0].shape[0], block_sizes[0], hk, d)
+        cache, nbytes = quantized_cache(spec, shape, rng)
+        name = f"paged_{block_sizes[0]}_{spec.replace(':', '_g')}"
+        table = caches[block_sizes[0]][2]
+        runs[name] = (lambda cache=cache, table=table:
+                      ga.attention_with_kv_cache(q, cache["k_cache"], cache["v_cache"], cache_seqlens=lens,
+                                                 block_table=table, **{key: a for key, a in cache.items()
+                                                                       if key not in ("k_cache", "v_cache")}))
+        bytes_of[name] = nbytes
+        format_of[name] = spec
     runs["dense"] = lambda: ga.attention_with_kv_cache(q, k_dense, v_dense, cache_seqlens=lens)
     # The same rows head-major, (B, H_kv, S, D): each head's rows adjacent, as the dense call reads them best.
     k_heads, v_heads = (np.ascontiguousarray(x.swapaxes(1, 2)) for x in (k_dense, v_dense))
@@ -115,6 +156,8 @@ def main() -> None:
                     return run()
             return call
         runs = {f"{name}@{kernel}": forced(run, kernel) for name, run in runs.items() for kernel in kernels}
+        bytes_of = {f"{name}@{kernel}": n for name, n in bytes_of.items() for kernel in kernels}
+        format_of = {f"{name}@{kernel}": n for name, n in format_of.items() for kernel in kernels}
     if torch is not None and not args.no_peers:
         kc, vc, table = caches[block_sizes[0]]
         as_t = (lambda x: torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)) if args.dtype == "bf16" else \
@@ -140,10 +183,13 @@ def main() -> None:
         if name == "stream_read":
             continue
         ms = median(t) * 1e3
-        row = {"bench": "kvcache_decode", "contender": name, "dtype": args.dtype, "sequences": b, "cached": s,
-               "heads": [h, hk], "head_dim": d, "kv_mib": round(kv_bytes / 2**20, 1), "ms": round(ms, 3),
-               "kv_gbs": sig(kv_bytes / (ms * 1e-3) / 1e9), "stream_gbs": sig(stream_gbs),
-               "of_stream": sig(kv_bytes / (ms * 1e-3) / 1e9 / stream_gbs),
+        nbytes = bytes_of.get(name, kv_bytes)
+        row = {"bench": "kvcache_decode", "contender": name, "dtype": args.dtype,
+               "kv_format": format_of.get(name, args.dtype), "sequences": b, "cached": s,
+               "heads": [h, hk], "head_dim": d, "kv_bytes": nbytes, "kv_mib": round(nbytes / 2**20, 1),
+               "ms": round(ms, 3),
+               "kv_gbs": sig(nbytes / (ms * 1e-3) / 1e9), "stream_gbs": sig(stream_gbs),
+               "of_stream": sig(nbytes / (ms * 1e-3) / 1e9 / stream_gbs),
                f"vs_{base}": float(f"{median(t) / median(times[base]):.4g}"), "stream_reader": reader,
                "threads": ga.thread_count(), "cpu": cpu_model()}
         print(json.dumps(row), flush=True)
@@ -153,7 +199,8 @@ def main() -> None:
         rows.append(chunked_prefill(args, rng))
         print(json.dumps(rows[-1]), flush=True)
     decode = [r for r in rows if r["bench"] == "kvcache_decode"]
-    print_table(decode, [("contender", "contender", "<28"), ("ms", "ms", ">9.3f"), ("kv_gbs", "K/V GB/s", ">9.1f"),
+    print_table(decode, [("contender", "contender", "<28"), ("ms", "ms", ">9.3f"), ("kv_mib", "K/V MiB", ">8.0f"),
+                         ("kv_gbs", "K/V GB/s", ">9.1f"),
                          ("of_stream", "of stream", ">9.3f"), (f"vs_{base}", f"vs {base}", ">10.3f")],
                 f"decode, {b} x {s} cached rows, H {h}/{hk}, D {d}, {args.dtype}, {kv_bytes / 2**20:.0f} MiB of K/V; "
                 f"stream read {stream_gbs:.1f} GB/s ({reader})")

@@ -414,17 +414,35 @@ def test_kvcache_benchmark_prints_rows_and_table():
     script = BENCH.parent / "kvcache_bench.py"
     result = subprocess.run([sys.executable, str(script), "--sequences", "2", "--cached", "40", "--heads", "4",
                              "--kv-heads", "2", "--head-dim", "16", "--block-sizes", "3,16", "--seconds", "0.01",
-                             "--rounds", "1", "--chunk", "8", "--chunk-onto", "30"], capture_output=True, text=True,
-                            timeout=300)
+                             "--rounds", "1", "--chunk", "8", "--chunk-onto", "30", "--formats", "u8:64,s4:16,fp8_e5m2"],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    decode = [r for r in rows if r["bench"] == "kvcache_decode"]
-    assert {r["contender"] for r in decode} >= {"paged_3", "paged_16", "dense", "dense_head_major"}
-    for r in decode:
+    decode = {r["contender"]: r for r in rows if r["bench"] == "kvcache_decode"}
+    assert set(decode) >= {"paged_3", "paged_16", "dense", "dense_head_major", "paged_3_u8_g64", "paged_3_s4_g16",
+                           "paged_3_fp8_e5m2"}
+    for r in decode.values():
         assert r["ms"] > 0 and r["kv_gbs"] > 0 and r["stream_gbs"] > 0 and r["cpu"]
+    # a quantized cache's bytes: its data and scales (and zero points), fewer than bf16's
+    assert decode["paged_3_s4_g16"]["kv_bytes"] < decode["paged_3_u8_g64"]["kv_bytes"] < decode["paged_3"]["kv_bytes"]
+    assert decode["paged_3_u8_g64"]["kv_format"] == "u8:64" and decode["paged_3"]["kv_format"] == "bf16"
     (prefill,) = [r for r in rows if r["bench"] == "kvcache_prefill"]
     assert prefill["paged_gflops"] > 0 and prefill["dense_gflops"] > 0 and prefill["block_size"] == 3
     assert "of stream" in result.stdout and "paged/dense" in result.stdout
+
+
+def test_kv_quant_accuracy_benchmark_prints_every_format():
+    script = BENCH.parent / "kv_quant_accuracy.py"
+    result = subprocess.run([sys.executable, str(script), "--sequences", "2", "--cached", "50", "--heads", "4",
+                             "--kv-heads", "2", "--head-dim", "32", "--groups", "16,32"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert {(r["data"], r["kv_format"]) for r in rows} == {(data, f) for data in ("normal", "outlier_keys") for f in
+                                                           ("u8", "s8", "u4", "s4", "fp8_e4m3", "fp8_e5m2")}
+    normal = {(r["kv_format"], r["group"]): r["rel_rms_err"] for r in rows if r["data"] == "normal"}
+    assert 0 < normal[("u8", "16")] < normal[("u4", "16")] < 1  # 8 bits closer than 4
+    assert "RMS err / RMS" in result.stdout
 
 
 def test_kvcache_benchmark_compares_forced_kernels():
@@ -432,7 +450,7 @@ def test_kvcache_benchmark_compares_forced_kernels():
     script = BENCH.parent / "kvcache_bench.py"
     result = subprocess.run([sys.executable, str(script), "--sequences", "2", "--cached", "40", "--heads", "4",
                              "--kv-heads", "2", "--head-dim", "16", "--block-sizes", "3", "--seconds", "0.01",
-                             "--rounds", "1", "--chunk", "0", "--no-peers", "--kernels", "portable,auto"],
+                             "--rounds", "1", "--chunk", "0", "--no-peers", "--kernels", "portable,auto", "--formats", ""],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]

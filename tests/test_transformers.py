@@ -102,6 +102,30 @@ def test_generate_with_a_paged_cache_matches_sdpa(padding, block_size, monkeypat
     assert first.keys.data_ptr() == pointer and cache.get_seq_length() == ids.shape[1] + 6
 
 
+@pytest.mark.parametrize("kv_format", ["u8", "s8", "u4", "fp8_e4m3"])
+def test_generate_with_a_quantized_paged_cache(kv_format):
+    """PagedCache(kv_format=...): the blocks hold the format's bytes (quantized on write), generate runs through
+    them, and the logits of its steps stay near sdpa's with transformers' own cache (8 bits: the same tokens)."""
+    from graphattn.hf_cache import PagedCache
+
+    ours, theirs = _models()
+    ids, mask = _inputs(True)
+    settings = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True,
+                    return_dict_in_generate=True)
+    cache = PagedCache(max_cache_len=ids.shape[1] + 4, block_size=3, kv_format=kv_format)  # G = D = 8
+    with torch.no_grad():
+        got = ours.generate(ids, cache=cache, **settings)
+        want = theirs.generate(ids, **settings)
+    first = cache.layers[0]
+    assert first.keys.dtype in (torch.uint8, torch.int8) and first.keys.dtype == first.values.dtype
+    head_dim = ours.config.hidden_size // ours.config.num_attention_heads
+    assert first.keys.shape[-1] == (head_dim // 2 if kv_format == "u4" else head_dim)
+    rel = float((got.logits[0] - want.logits[0]).abs().max() / want.logits[0].abs().max())  # the prompt step
+    assert rel < (0.01 if kv_format in ("u8", "s8") else 0.15), rel
+    if kv_format in ("u8", "s8"):
+        assert torch.equal(got.sequences, want.sequences)
+
+
 def test_a_paged_cache_beyond_its_length_is_refused():
     from graphattn.hf_cache import PagedCache
 

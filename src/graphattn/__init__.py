@@ -26,13 +26,15 @@ from .functional import scaled_dot_product_attention
 from .functional_backward import scaled_dot_product_attention_backward
 from .varlen import varlen_attention, varlen_attention_backward
 from .kv_cache import attention_with_kv_cache, kv_cache_append
+from .kv_quant import dequantize_kv, quantize_kv
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CompiledPartition", "DataType", "Engine", "Graph", "Layout", "LogicalTensor", "Op", "OpKind",
-    "Partition", "Property", "Stream", "Tensor", "attention_with_kv_cache", "backward_isa", "cpu_features", "force_kernel",
-    "forward_isa", "kernel_candidates", "kv_cache_append", "run_graph", "scaled_dot_product_attention",
+    "Partition", "Property", "Stream", "Tensor", "attention_with_kv_cache", "backward_isa", "cpu_features",
+    "dequantize_kv", "force_kernel",
+    "forward_isa", "kernel_candidates", "kv_cache_append", "quantize_kv", "run_graph", "scaled_dot_product_attention",
     "scaled_dot_product_attention_backward", "set_verbose", "thread_count", "varlen_attention",
     "varlen_attention_backward",
 ]

@@ -30,12 +30,24 @@ cdef extern from "graphattn/sequences.hpp" namespace "graphattn":
         const SequenceSpan* spans
 
 
+cdef extern from "graphattn/kv_format.hpp" namespace "graphattn":
+    cpdef enum class KvFormat(int32_t):
+        plain
+        u8
+        s8
+        u4
+        s4
+        fp8_e4m3
+        fp8_e5m2
+
+
 cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
     cpdef enum class DType(int32_t):
         f32
         bf16
         f16
         boolean
+        u8
 
     cpdef enum class MaskKind(int32_t):
         none
@@ -54,12 +66,26 @@ cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":
         int64_t first_row
         int64_t cols
 
+    cdef struct KvQuantParams:
+        const void* data
+        DType dtype
+        int64_t strides[5]
+        BufferExtent buffer
+
+    cdef struct KvQuant:
+        KvFormat format
+        int64_t group
+        DType decoded
+        KvQuantParams scales
+        KvQuantParams zero_points
+
     cdef struct TensorView:
         const void* data
         DType dtype
         int64_t strides[5]
         BufferExtent buffer
         KvPages pages
+        KvQuant quant
 
     cdef struct Alibi:
         TensorView slopes

@@ -552,6 +552,28 @@ cdef int _run_forward(const SdpaForwardArgs* args, uintptr_t query, uintptr_t ke
     return 0
 
 
+cdef void _set_quant_params(KvQuantParams* params, object spec) except *:
+    # spec = (dtype code, five strides in elements, NumPy array or torch CPU tensor), or None (no such values)
+    if spec is None:
+        return
+    code, strides, array = spec
+    params.dtype = <DType>(<int>code)
+    for i in range(5):
+        params.strides[i] = strides[i]
+    params.data = <const void*>_host_address(array)
+    _extent_of(array, &params.buffer)
+
+
+cdef void _set_quant(TensorView* view, object spec) except *:
+    # spec = (KvFormat code, group size, decoded dtype code, scales spec, zero points spec or None)
+    code, group, decoded, scales, zero_points = spec
+    view.quant.format = <KvFormat>(<int>code)
+    view.quant.group = group
+    view.quant.decoded = <DType>(<int>decoded)
+    _set_quant_params(&view.quant.scales, scales)
+    _set_quant_params(&view.quant.zero_points, zero_points)
+
+
 cdef void _set_pages(TensorView* view, cnp.ndarray table, int64_t block_rows, int64_t num_blocks) noexcept:
     view.pages.table = <const int32_t*>cnp.PyArray_DATA(table)
     view.pages.table_stride = table.shape[1]
@@ -563,13 +585,15 @@ def run_packed(dict views, cnp.ndarray spans, tuple batch, int64_t seq_q, int64_
                int64_t head_dim_v, *, float scale, int64_t window_left, int64_t window_right, str alignment,
                float softcap=0.0, float dropout_p=0.0, uint64_t dropout_seed=0, uint64_t dropout_offset=0,
                bint backward=False, bint plan_only=False, cnp.ndarray block_table=None, int64_t block_rows=0,
-               int64_t num_blocks=0):
+               int64_t num_blocks=0, dict kv_quant=None):
     """One call of packed sequences (graphattn/sequences.hpp), forward or backward.  views: operand name of
     BACKWARD_VIEWS -> (dtype code, 5 strides, NumPy array or torch CPU tensor); spans: C-contiguous int64
     (batch[0], 4), each row (query_begin, query_rows, key_begin, key_rows); the window about the row before
     alignment.  block_table: a C-contiguous int32 (batch[0], max_blocks) table of a paged K/V cache (key and
     value strides[0] then step from block to block; graphattn/kv_rows.hpp), of num_blocks blocks of block_rows
-    rows.  plan_only: return the dispatch text instead of running.  Raises ValueError on bad arguments."""
+    rows.  kv_quant: "key" and/or "value" -> (KvFormat code, group size, decoded dtype code, scales, zero points
+    or None), scales and zero points as (dtype code, 5 strides, array) (graphattn/sdpa.hpp's KvQuant).
+    plan_only: return the dispatch text instead of running.  Raises ValueError on bad arguments."""
     if spans.dtype != np.int64 or spans.ndim != 2 or spans.shape[1] != 4 or not spans.flags.c_contiguous:
         raise ValueError("spans: a C-contiguous int64 array of shape (sequences, 4)")
     if block_table is not None and (block_table.dtype != np.int32 or block_table.ndim != 2 or
@@ -595,6 +619,9 @@ def run_packed(dict views, cnp.ndarray spans, tuple batch, int64_t seq_q, int64_
     if block_table is not None:
         _set_pages(&args.forward.key, block_table, block_rows, num_blocks)
         _set_pages(&args.forward.value, block_table, block_rows, num_blocks)
+    if kv_quant is not None:
+        for name, spec in kv_quant.items():
+            _set_quant(_backward_view(&args, name), spec)
     if plan_only:
         return (sdpa_backward_plan(args) if backward else sdpa_forward_plan(args.forward)).decode()
     cdef Status status

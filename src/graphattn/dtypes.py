@@ -40,6 +40,9 @@ DTYPES: dict[DataType, DTypeInfo] = {
     DataType.s64: DTypeInfo(np.dtype(np.int64), False, True, None),
 }
 
+# graphattn::DType::u8: the bytes of a quantized K/V cache (graphattn.kv_quant's formats), any 1-byte dtype.
+KERNEL_BYTES = 4
+
 FLOAT_TYPES = frozenset(dt for dt, info in DTYPES.items() if info.is_float)
 INTEGER_TYPES = frozenset(dt for dt, info in DTYPES.items() if info.is_integer)
 

@@ -1,7 +1,7 @@
 """Array interchange: NumPy in, NumPy out; torch (CPU) in, torch out; other DLPack producers via NumPy.
 
-Inputs are wrapped without copies.  torch bfloat16 has no NumPy dtype, so it
-is reinterpreted as ml_dtypes.bfloat16 through an int16 view.
+Inputs are wrapped without copies.  torch bfloat16 and float8 have no NumPy
+dtype, so they are reinterpreted as ml_dtypes' through an integer view.
 """
 from __future__ import annotations
 
@@ -46,12 +46,19 @@ def to_numpy(x, name: str) -> tuple[np.ndarray, str]:
             t = t.resolve_neg().resolve_conj()
         if t.dtype is _torch.bfloat16:
             return t.view(_torch.int16).numpy().view(ml_dtypes.bfloat16), "torch"
+        if t.dtype in _torch_float8():
+            return t.view(_torch.uint8).numpy().view(_torch_float8()[t.dtype]), "torch"
         return t.numpy(), "torch"
     if hasattr(x, "__dlpack__"):
         return np.from_dlpack(x), "numpy"
     if np.isscalar(x) or isinstance(x, (list, tuple)):
         return np.asarray(x), "numpy"
     raise TypeError(f"{name} must be a NumPy array, a torch CPU tensor or a DLPack producer, got {type(x).__name__}")
+
+
+def _torch_float8() -> dict:
+    """torch's float8 dtypes and their ml_dtypes equivalents (no NumPy dtype of torch's own)."""
+    return {_torch.float8_e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn), _torch.float8_e5m2: np.dtype(ml_dtypes.float8_e5m2)}
 
 
 def plain_torch_tensors(*xs) -> bool:

@@ -27,9 +27,9 @@ import math
 
 import numpy as np
 
-from . import _cpu, arguments, key_window, score_mods
+from . import _cpu, arguments, key_window, kv_quant, score_mods
 from .call_prep import KERNEL_FLOATS
-from .dtypes import kernel_code
+from .dtypes import KERNEL_BYTES, kernel_code
 from .interop import from_numpy, to_numpy
 from .tensor import array_strides
 from .varlen_call import (checked_cu_seqlens, host_operand, packed_per_head_view, packed_rows_view,
@@ -62,28 +62,150 @@ def index_operand(value, name: str, length: int | None) -> np.ndarray:
     return array.astype(np.int64)
 
 
+class _Rows:
+    """One cache tensor, K or V: its array and, stored quantized (kv_quant), its format, group size, scales and
+    zero points, checked.  head_dim counts values, not stored bytes."""
+
+    def __init__(self, name: str, x, fmt: kv_quant.KvFormat | None, scales, zero_points, kind: str, sequences: int):
+        self.name = name
+        self.array, kind_x = _host(x, f"{name}_cache")
+        if kind_x != kind:
+            raise TypeError("k_cache and v_cache must both be NumPy arrays or both torch tensors")
+        a = self.array
+        if a.ndim != 4:
+            raise ValueError(f"{name}_cache must be 4-D ((num_blocks, block_size, H_kv, D) paged, or (B_cache, "
+                             f"S_cache, H_kv, D)), got shape {tuple(a.shape)}")
+        self.fmt, self.group, self.scales, self.zero_points = fmt, 0, None, None
+        if fmt is None:
+            for extra in ("scales", "zero_points"):
+                if (scales if extra == "scales" else zero_points) is not None:
+                    raise ValueError(f"{name}_{extra} is for a quantized cache: pass kv_format too")
+            if np.dtype(a.dtype) not in KERNEL_FLOATS:
+                raise arguments.unsupported_float(f"{name}_cache", a.dtype, kind)
+            self.head_dim = a.shape[3]
+            return
+        if not fmt.accepts_storage(a.dtype):
+            raise TypeError(f"{name}_cache holds {fmt.name} values as {fmt.storage} (or uint8 bytes), got "
+                            f"{arguments.dtype_text(a.dtype, kind)}")
+        self.head_dim = fmt.head_dim(a.shape[3])
+        if scales is None:
+            raise ValueError(f"{name}_scales: a {fmt.name} cache needs its scales")
+        self.scales, _ = _host(scales, f"{name}_scales")
+        if fmt.fp8 is not None:
+            if zero_points is not None:
+                raise ValueError(f"{name}_zero_points: {fmt.name} caches take none")
+            s = self.scales
+            if s.dtype != np.float32 or not (s.size == 1 and s.ndim <= 1 or s.shape == (sequences, a.shape[2])):
+                raise ValueError(f"{name}_scales of a {fmt.name} cache must be f32 of shape () or (1,) (one scale) "
+                                 f"or ({sequences}, {a.shape[2]}) (one per sequence and K/V head), got "
+                                 f"{arguments.dtype_text(s.dtype, kind)} {tuple(s.shape)}")
+            return
+        s = self.scales
+        if s.ndim != 4 or s.shape[:3] != a.shape[:3]:
+            raise ValueError(f"{name}_scales must have {name}_cache's blocks, rows and heads {tuple(a.shape[:3])} and "
+                             f"D / G groups last, got shape {tuple(s.shape)}")
+        if s.dtype not in kv_quant.SCALE_DTYPES.values():
+            raise TypeError(f"{name}_scales must be f16, bf16 or f32, got {arguments.dtype_text(s.dtype, kind)}")
+        self.group = kv_quant.checked_group(self.head_dim, s.shape[3], f"{name}_scales", fmt)
+        if zero_points is not None:
+            self.zero_points, _ = _host(zero_points, f"{name}_zero_points")
+            z = self.zero_points
+            if z.shape != s.shape or z.dtype != fmt.zero_point_dtype:
+                raise ValueError(f"{name}_zero_points of a {fmt.name} cache must be {fmt.zero_point_dtype} shaped as "
+                                 f"{name}_scales {tuple(s.shape)}, got {arguments.dtype_text(z.dtype, kind)} "
+                                 f"{tuple(z.shape)}")
+
+    def quant_spec(self, decoded: int) -> tuple | None:
+        """The kernel's KvQuant of this tensor (_cpu.run_packed's kv_quant entry), None where plain."""
+        if self.fmt is None:
+            return None
+        if self.fmt.fp8 is not None:
+            s = self.scales
+            strides = (0, 0, 0, 0, 0) if s.size == 1 else (*array_strides(s), 0, 0, 0)
+            return self.fmt.code, 0, decoded, (kernel_code(s.dtype), strides, s), None
+        params = [None if p is None else _group_view(p) for p in (self.scales, self.zero_points)]
+        return self.fmt.code, self.group, decoded, params[0], params[1]
+
+    def write(self, new: np.ndarray, blocks: np.ndarray, rows: np.ndarray, sequence: np.ndarray | None):
+        """cache[blocks[t], rows[t]] = new[t] (T, H_kv, D), quantized on the way where the cache is (the scales
+        and zero points of those rows with it; fp8's per-sequence scale picked by `sequence`), nothing else."""
+        if self.fmt is None:
+            self.array[blocks, rows] = new
+            return
+        if self.fmt.fp8 is not None:
+            s = self.scales.reshape(()) if self.scales.size == 1 else self.scales[sequence]
+            data, _, _ = kv_quant.quantize_kv(new, self.fmt, scale=s)
+            self.array[blocks, rows] = data.view(self.array.dtype)
+            return
+        data, scales, zero_points = kv_quant.quantize_kv(new, self.fmt, group_size=self.group,
+                                                         scale_dtype=self.scales.dtype)
+        self.array[blocks, rows] = data.view(self.array.dtype)
+        self.scales[blocks, rows] = scales
+        if self.zero_points is not None:
+            self.zero_points[blocks, rows] = 0 if zero_points is None else zero_points
+
+    def check_writable(self, new: np.ndarray, dtype: np.dtype):
+        """The checks of write(), before any tensor is written."""
+        if self.fmt is None and new.dtype != self.array.dtype:
+            raise TypeError(f"{self.name} must have the cache's dtype {self.array.dtype}, got {new.dtype}")
+        if self.fmt is not None and np.dtype(new.dtype) not in KERNEL_FLOATS:
+            raise arguments.unsupported_float(self.name, new.dtype, "numpy")
+        if self.fmt is not None and new.dtype != dtype:
+            raise TypeError(f"{self.name} must have q's dtype {dtype} (the cache quantizes it), got {new.dtype}")
+        for what, a in (("cache", self.array), ("scales", None if self.fmt is None or self.fmt.fp8 is not None
+                                                 else self.scales), ("zero_points", self.zero_points)):
+            if a is not None and not a.flags.writeable:
+                raise ValueError(f"{self.name}_{what} is read-only")
+        if self.fmt is not None and not self.fmt.symmetric and self.zero_points is None:
+            raise ValueError(f"{self.name}_zero_points: appending to an asymmetric {self.fmt.name} cache writes a "
+                             "zero point per group: pass the cache's zero points")
+
+    def kernel_view(self) -> tuple:
+        """(code, strides, array): batch dims (block, K/V head, query head of its group), row, column."""
+        a = self.array
+        blocks, rows, heads, cols = array_strides(a)
+        code = kernel_code(a.dtype) if self.fmt is None else KERNEL_BYTES
+        return code, (blocks, heads, 0, rows, cols), a
+
+
+def _group_view(p: np.ndarray) -> tuple:
+    """Per-group scales or zero points (blocks, rows, heads, groups) as the kernel's KvQuantParams."""
+    blocks, rows, heads, groups = array_strides(p)
+    code = kernel_code(p.dtype) if p.dtype in kv_quant.SCALE_DTYPES.values() else KERNEL_BYTES
+    return code, (blocks, heads, 0, rows, groups), p
+
+
+def _formats(kv_format) -> tuple:
+    """(K's, V's) KvFormat or None (plain) of a kv_format argument: None, a name, or a pair of them."""
+    if kv_format is None:
+        return None, None
+    pair = tuple(kv_format) if isinstance(kv_format, (tuple, list)) else (kv_format, kv_format)
+    if len(pair) != 2:
+        raise ValueError(f"kv_format must be a format name or a pair (K's, V's), got {kv_format!r}")
+    return tuple(None if f is None else kv_quant.format_named(f, "kv_format") for f in pair)
+
+
 class _Cache:
     """A checked K/V cache pair and how sequence b's logical rows are found: block `table[b, r // rows]`, row
     r % rows.  A dense cache is the case of one block of S_cache rows per sequence (its cache_batch_idx row)."""
 
-    def __init__(self, k_cache, v_cache, block_table, cache_batch_idx, sequences: int):
-        (self.k, kind_k), (self.v, kind_v) = _host(k_cache, "k_cache"), _host(v_cache, "v_cache")
-        if kind_k != kind_v:
-            raise TypeError("k_cache and v_cache must both be NumPy arrays or both torch tensors")
-        self.kind = kind_k
-        for name, a in (("k_cache", self.k), ("v_cache", self.v)):
-            if a.ndim != 4:
-                raise ValueError(f"{name} must be 4-D ((num_blocks, block_size, H_kv, D) paged, or (B_cache, "
-                                 f"S_cache, H_kv, D)), got shape {tuple(a.shape)}")
-            if np.dtype(a.dtype) not in KERNEL_FLOATS:
-                raise arguments.unsupported_float(name, a.dtype, self.kind)
+    def __init__(self, k_cache, v_cache, block_table, cache_batch_idx, sequences: int, quant: dict | None = None):
+        quant = quant or {}
+        k_fmt, v_fmt = _formats(quant.get("kv_format"))
+        _, self.kind = _host(k_cache, "k_cache")
+        self.k_rows = _Rows("k", k_cache, k_fmt, quant.get("k_scales"), quant.get("k_zero_points"), self.kind,
+                            sequences)
+        self.v_rows = _Rows("v", v_cache, v_fmt, quant.get("v_scales"), quant.get("v_zero_points"), self.kind,
+                            sequences)
+        self.k, self.v = self.k_rows.array, self.v_rows.array
+        self.quantized = k_fmt is not None or v_fmt is not None
         if self.k.shape[:3] != self.v.shape[:3]:
             raise ValueError(f"v_cache must have k_cache's blocks, rows and heads {tuple(self.k.shape[:3])}, got "
                              f"{tuple(self.v.shape[:3])}")
-        if self.k.dtype != self.v.dtype:
+        if not self.quantized and self.k.dtype != self.v.dtype:
             raise TypeError(f"k_cache and v_cache must have one dtype, got {self.k.dtype} and {self.v.dtype}")
-        self.num_blocks, self.block_rows, self.kv_heads, self.head_dim = self.k.shape
-        self.head_dim_v = self.v.shape[3]
+        self.num_blocks, self.block_rows, self.kv_heads = self.k.shape[:3]
+        self.head_dim, self.head_dim_v = self.k_rows.head_dim, self.v_rows.head_dim
         if min(self.head_dim, self.head_dim_v, self.kv_heads) < 1:
             raise ValueError(f"k_cache and v_cache need heads and head sizes >= 1, got shapes {tuple(self.k.shape)} "
                              f"and {tuple(self.v.shape)}")
@@ -139,20 +261,28 @@ class _Cache:
         """(block, row) of logical row `position` of each `sequence` entry."""
         return self.table[sequence, position // self.block_rows].astype(np.int64), position % self.block_rows
 
-    def write(self, k_rows: np.ndarray, v_rows: np.ndarray, blocks: np.ndarray, rows: np.ndarray):
-        """k_cache[blocks[t], rows[t]] = k_rows[t] (and v), nothing else."""
-        for name, new, cache in (("k", k_rows, self.k), ("v", v_rows, self.v)):
-            if new.dtype != cache.dtype:
-                raise TypeError(f"{name} must have the cache's dtype {cache.dtype}, got {new.dtype}")
-            if not cache.flags.writeable:
-                raise ValueError(f"{name}_cache is read-only")
-        self.k[blocks, rows] = k_rows
-        self.v[blocks, rows] = v_rows
+    def write(self, k_rows: np.ndarray, v_rows: np.ndarray, blocks: np.ndarray, rows: np.ndarray, dtype: np.dtype,
+              sequence: np.ndarray | None = None):
+        """k_cache[blocks[t], rows[t]] = k_rows[t] (and v), quantized where the cache is, nothing else; every
+        check before the first write.  dtype: what new rows of a quantized cache must be (q's)."""
+        self.k_rows.check_writable(k_rows, dtype)
+        self.v_rows.check_writable(v_rows, dtype)
+        self.k_rows.write(k_rows, blocks, rows, sequence)
+        self.v_rows.write(v_rows, blocks, rows, sequence)
 
-    def kernel_view(self, a: np.ndarray) -> tuple:
-        """(code, strides, array): batch dims (block, K/V head, query head of its group), row, column."""
-        blocks, rows, heads, cols = array_strides(a)
-        return kernel_code(a.dtype), (blocks, heads, 0, rows, cols), a
+    def kernel_views(self, decoded: int) -> tuple[dict, dict | None]:
+        """The key and value views of the kernel call, and its kv_quant (None where neither is quantized)."""
+        views = {"key": self.k_rows.kernel_view(), "value": self.v_rows.kernel_view()}
+        if not self.quantized:
+            return views, None
+        quant = {name: rows.quant_spec(decoded) for name, rows in (("key", self.k_rows), ("value", self.v_rows))}
+        return views, {name: spec for name, spec in quant.items() if spec is not None}
+
+
+def _decoded_dtype(q_dtype: np.dtype) -> np.dtype:
+    """What the kernels decode a quantized cache's rows to beside a query of this dtype: its own, so that the
+    call's kernel is the one of q's dtype (bf16 products on bf16 pairs, f16 on AMX's f16 candidate)."""
+    return np.dtype(q_dtype)
 
 
 def _new_rows(x, name: str, sequences: int, kv_heads: int, head_dim: int, cu: np.ndarray | None,
@@ -173,20 +303,24 @@ def _new_rows(x, name: str, sequences: int, kv_heads: int, head_dim: int, cu: np
 
 
 def _append_slots(cache: _Cache, seqlens: np.ndarray, new_lengths: np.ndarray):
-    """(block, row) of every new row, sequence by sequence, at rows [seqlens, seqlens + new_lengths)."""
+    """(block, row, sequence) of every new row, sequence by sequence, at rows [seqlens, seqlens + new_lengths)."""
     sequence = np.repeat(np.arange(seqlens.shape[0]), new_lengths)
     starts = np.concatenate([[0], np.cumsum(new_lengths)[:-1]]) if new_lengths.size else np.zeros(0, np.int64)
     position = seqlens[sequence] + (np.arange(int(new_lengths.sum())) - np.repeat(starts, new_lengths))
-    return cache.slots(sequence, position)
+    return (*cache.slots(sequence, position), sequence)
 
 
 def attention_with_kv_cache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, block_table=None,
                             cache_batch_idx=None, cu_seqlens_q=None, max_seqlen_q=None, scale=None, is_causal=False,
                             window=None, softcap=None, alibi_slopes=None, sinks=None, return_stats=False, out=None,
-                            cache_leftpad=None):
+                            cache_leftpad=None, kv_format=None, k_scales=None, v_scales=None, k_zero_points=None,
+                            v_zero_points=None):
     """Attention of q over each sequence's cached rows, after appending k and v (this module's docstring).
     out (B, L, H_q, Dv) or packed (T_q, H_q, Dv) in q's dtype, and with return_stats the f32 log-sum-exp.
-    cache_leftpad (B,): sequence b's keys start at cache row cache_leftpad[b] (flash-attn's left padding)."""
+    cache_leftpad (B,): sequence b's keys start at cache row cache_leftpad[b] (flash-attn's left padding).
+    kv_format (a name of graphattn.kv_quant's, or a pair for K and V) with k_scales, v_scales and, where the
+    format has them, k_zero_points and v_zero_points: the caches hold quantized rows, read in place and decoded
+    as the kernels go; appended rows are quantized on write by kv_quant's rules."""
     q_array, kind = _host(q, "q")
     if q_array.dtype not in KERNEL_FLOATS:
         raise arguments.unsupported_float("q", q_array.dtype, kind)
@@ -206,14 +340,16 @@ def attention_with_kv_cache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
         raise ValueError(f"q must be (B, L, H_q, D) or packed (T_q, H_q, D), got shape {tuple(q_array.shape)}")
     sequences = cu.shape[0] - 1
     heads, head_dim = q_rows.shape[1:]
-    cache = _Cache(k_cache, v_cache, block_table, cache_batch_idx, sequences)
+    quant = dict(kv_format=kv_format, k_scales=k_scales, v_scales=v_scales, k_zero_points=k_zero_points,
+                 v_zero_points=v_zero_points)
+    cache = _Cache(k_cache, v_cache, block_table, cache_batch_idx, sequences, quant)
     if cache.kind != kind:
         raise TypeError("q and the caches must both be NumPy arrays or both torch tensors")
     if cache.head_dim != head_dim:
         raise ValueError(f"q and k_cache must have one head size, got {head_dim} and {cache.head_dim}")
     if heads % cache.kv_heads:
         raise ValueError(f"q's heads ({heads}) must be a multiple of the cache's ({cache.kv_heads})")
-    if q_rows.dtype != cache.k.dtype:
+    if not cache.quantized and q_rows.dtype != cache.k.dtype:
         raise TypeError(f"q and the caches must have one dtype, got {q_rows.dtype} and {cache.k.dtype}")
     seqlens = index_operand(cache_seqlens, "cache_seqlens", sequences)
     if (seqlens < 0).any():
@@ -242,6 +378,8 @@ def attention_with_kv_cache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
     alibi = per_head_operand(alibi_slopes, "alibi_slopes", heads, sequences, True)
     sink_values = per_head_operand(sinks, "sinks", heads, sequences, False)
     scale = arguments.scale_value(scale)
+    if cache.quantized and cap and scale in (math.inf, -math.inf):
+        raise ValueError("scale: an infinite scale with a softcap is not taken over a quantized cache")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else \
         score_mods.saturating_scale(scale, cap, q_rows, cache.k)
     result_shape = (q_rows.shape[0], heads, cache.head_dim_v)
@@ -255,8 +393,8 @@ def attention_with_kv_cache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
         if not given.flags.writeable:
             raise ValueError("out is read-only")
     if k is not None:
-        blocks, rows = _append_slots(cache, seqlens, new_lengths)
-        cache.write(k_new, v_new, blocks, rows)
+        blocks, rows, sequence = _append_slots(cache, seqlens, new_lengths)
+        cache.write(k_new, v_new, blocks, rows, q_rows.dtype, sequence)
     result = np.empty(result_shape, q_rows.dtype) if given is None or packed else given.reshape(result_shape)
     if given is not None and packed:
         result = given
@@ -264,8 +402,9 @@ def attention_with_kv_cache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
         raise ValueError("out must be reshapeable to packed (T, H_q, Dv) rows without a copy")
     stats = np.empty((heads, q_rows.shape[0]), np.float32) if return_stats else None
     group = heads // cache.kv_heads
+    kv_views, kv_quant_specs = cache.kernel_views(kernel_code(_decoded_dtype(q_rows.dtype)))
     views = {"query": packed_rows_view(q_rows, group, True), "output": packed_rows_view(result, group, True),
-             "key": cache.kernel_view(cache.k), "value": cache.kernel_view(cache.v)}
+             **kv_views}
     if stats is not None:
         views["stats"] = packed_stats_view(stats, group)
     for name, values in (("alibi_slopes", alibi), ("sinks", sink_values)):
@@ -280,7 +419,7 @@ def attention_with_kv_cache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
                         window_left=no_limit if left == key_window.NO_LIMIT else left,
                         window_right=no_limit if right == key_window.NO_LIMIT else right,
                         alignment="bottom_right", softcap=cap, block_table=cache.table,
-                        block_rows=cache.block_rows, num_blocks=cache.num_blocks)
+                        block_rows=cache.block_rows, num_blocks=cache.num_blocks, kv_quant=kv_quant_specs)
     if given is not None:
         result_out = out
     else:
@@ -293,17 +432,22 @@ def attention_with_kv_cache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
 
 
 def kv_cache_append(k_cache, v_cache, k, v, *, cache_seqlens=None, block_table=None, slot_mapping=None,
-                    cu_seqlens=None):
+                    cu_seqlens=None, kv_format=None, k_scales=None, v_scales=None, k_zero_points=None,
+                    v_zero_points=None):
     """Writes k and v into the cache without attending.  By position: sequence b's new rows go to its rows
     [cache_seqlens[b], cache_seqlens[b] + L_b) (k (B, L, H_kv, D), or packed (T, H_kv, D) with cu_seqlens; a
     dense cache's row b, or block_table's blocks).  By slot (vLLM): k (T, H_kv, D) and slot_mapping (T,), row t
     to block slot // block_size, row slot % block_size of the cache viewed as blocks; -1 skips the row, a
-    repeated slot is refused.  Nothing but those rows is written; every check runs before the first write."""
+    repeated slot is refused.  Nothing but those rows is written; every check runs before the first write.
+    kv_format and the scales and zero points as attention_with_kv_cache's: the rows are quantized on write (by
+    slot, an fp8 cache takes one scale, not one per sequence)."""
+    quant = dict(kv_format=kv_format, k_scales=k_scales, v_scales=v_scales, k_zero_points=k_zero_points,
+                 v_zero_points=v_zero_points)
     if slot_mapping is not None:
         if cache_seqlens is not None or block_table is not None or cu_seqlens is not None:
             raise ValueError("slot_mapping addresses rows by itself: leave cache_seqlens, block_table and "
                              "cu_seqlens out")
-        cache = _Cache(k_cache, v_cache, None, None, 0)
+        cache = _Cache(k_cache, v_cache, None, None, 0, quant)
         k_new = _new_rows(k, "k", 0, cache.kv_heads, cache.head_dim, np.array([0, _rows_of(k, "k")]), None)
         v_new = _new_rows(v, "v", 0, cache.kv_heads, cache.head_dim_v, np.array([0, k_new.shape[0]]), None)
         slots = index_operand(slot_mapping, "slot_mapping", k_new.shape[0])
@@ -315,7 +459,7 @@ def kv_cache_append(k_cache, v_cache, k, v, *, cache_seqlens=None, block_table=N
             raise IndexError(f"slot_mapping holds {int(slots[at])}, beyond the cache's {total} slots")
         if np.unique(slots).size != slots.size:
             raise ValueError("slot_mapping repeats a slot: two rows would be written to one place")
-        cache.write(k_new[keep], v_new[keep], slots // cache.block_rows, slots % cache.block_rows)
+        cache.write(k_new[keep], v_new[keep], slots // cache.block_rows, slots % cache.block_rows, k_new.dtype)
         return
     if cache_seqlens is None:
         raise ValueError("kv_cache_append needs cache_seqlens (or slot_mapping)")
@@ -329,15 +473,15 @@ def kv_cache_append(k_cache, v_cache, k, v, *, cache_seqlens=None, block_table=N
                              f"{tuple(k_array.shape)}")
         sequences, rows = k_array.shape[:2]
         cu, lengths = None, np.full(sequences, rows, np.int64)
-    cache = _Cache(k_cache, v_cache, block_table, None, sequences)
+    cache = _Cache(k_cache, v_cache, block_table, None, sequences, quant)
     k_new = _new_rows(k, "k", sequences, cache.kv_heads, cache.head_dim, cu, None)
     v_new = _new_rows(v, "v", sequences, cache.kv_heads, cache.head_dim_v, cu, rows)
     seqlens = index_operand(cache_seqlens, "cache_seqlens", sequences)
     if (seqlens < 0).any():
         raise ValueError(f"cache_seqlens must be >= 0, got {int(seqlens.min())}")
     cache.check_rows(seqlens + lengths, seqlens)
-    blocks, rows = _append_slots(cache, seqlens, lengths)
-    cache.write(k_new, v_new, blocks, rows)
+    blocks, rows, sequence = _append_slots(cache, seqlens, lengths)
+    cache.write(k_new, v_new, blocks, rows, k_new.dtype, sequence)
 
 
 def _rows_of(x, name: str) -> int:

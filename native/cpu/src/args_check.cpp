@@ -118,6 +118,64 @@ Status check_kv_reach(const TensorView& t, const char* name, const int64_t batch
     return check_reach(t, name, {{p.num_blocks, batch[1], batch[2], p.block_rows, shape.dims[4]}});
 }
 
+// A quantized K or V view (KvQuant): its bytes, group size, scales and zero
+// points.  `cols` is the row's values (D or Dv).
+Status check_kv_quant(const TensorView& t, const char* name, const int64_t batch[kBatchDims], const ViewShape& shape) {
+    const KvQuant& q = t.quant;
+    const std::string n(name);
+    const int64_t cols = shape.dims[4];
+    if (t.data == nullptr) return Status::error(n + ": data pointer is null");
+    if (t.dtype != DType::u8) return Status::error(n + ": a quantized view holds bytes (dtype u8)");
+    if (q.format < KvFormat::u8 || q.format > KvFormat::fp8_e5m2) return Status::error(n + ": unknown K/V format");
+    if (!is_float(q.decoded)) return Status::error(n + ": quantized rows decode to f32, bf16 or f16");
+    for (int d = 1; d < kBatchDims; ++d)
+        if (batch[d] >= (int64_t(1) << 20)) return Status::error(n + ": a quantized view takes below 2^20 heads");
+    if (batch[0] >= (int64_t(1) << 23)) return Status::error(n + ": a quantized view takes below 2^23 sequences");
+    if (kv_four_bit(q.format) && (cols % 2 || t.strides[4] != 1))
+        return Status::error(n + ": 4-bit rows need an even head size (" + std::to_string(cols) +
+                             ") and adjacent bytes (column stride 1)");
+    if (!q.scales.data) return Status::error(n + "_scales: data pointer is null");
+    if (!is_float(q.scales.dtype)) return Status::error(n + "_scales: dtype must be f32, bf16 or f16");
+    ViewShape bytes = shape;
+    bytes.dims[4] = kv_row_bytes(q.format, cols);
+    Status s;
+    if (!(s = check_kv_reach(t, name, batch, bytes)).ok) return s;
+    auto params_view = [&](const KvQuantParams& p) {
+        TensorView v;
+        v.data = p.data;
+        v.dtype = p.dtype;
+        for (int i = 0; i < kBatchDims + 2; ++i) v.strides[i] = p.strides[i];
+        v.buffer = p.buffer;
+        return v;
+    };
+    if (kv_fp8(q.format)) {
+        if (q.zero_points.data) return Status::error(n + "_zero_points: fp8 rows take none");
+        // One scale per batch element: the sequences of a paged cache, not its blocks.
+        return check_reach(params_view(q.scales), (n + "_scales").c_str(), {{batch[0], batch[1], batch[2], 1, 1}});
+    }
+    if (q.group < 1 || cols % q.group)
+        return Status::error(n + ": the group size " + std::to_string(q.group) + " must divide the head size " +
+                             std::to_string(cols));
+    ViewShape groups = shape;
+    groups.dims[4] = cols / q.group;
+    for (const KvQuantParams* p : {&q.scales, &q.zero_points}) {
+        if (!p->data) continue;
+        const std::string what = n + (p == &q.scales ? "_scales" : "_zero_points");
+        if (p == &q.zero_points && p->dtype != DType::u8) return Status::error(what + ": dtype must be u8 or s8 bytes");
+        TensorView v = params_view(*p);
+        v.pages = t.pages;
+        if (!(s = check_kv_reach(v, what.c_str(), batch, groups)).ok) return s;
+    }
+    return Status::success();
+}
+
+// K's or V's view: plain, or quantized.
+Status check_kv_view(const TensorView& t, const char* name, const int64_t batch[kBatchDims], const ViewShape& shape) {
+    if (t.quant.quantized()) return check_kv_quant(t, name, batch, shape);
+    Status s = check_view(t, name, true);
+    return s.ok ? check_kv_reach(t, name, batch, shape) : s;
+}
+
 // The checks of a forward call's arguments that the backward shares: there
 // the forward's output and stats are read, not written.
 Status check_call(const SdpaForwardArgs& a) {
@@ -128,8 +186,6 @@ Status check_call(const SdpaForwardArgs& a) {
     if (a.head_dim_qk > 4096 || a.head_dim_v > 4096) return Status::error("head sizes above 4096 are not supported");
     Status s;
     if (!(s = check_view(a.query, "query", true)).ok) return s;
-    if (!(s = check_view(a.key, "key", true)).ok) return s;
-    if (!(s = check_view(a.value, "value", true)).ok) return s;
     if (!(s = check_view(a.output, "output", true)).ok) return s;
     if (a.mask_kind == MaskKind::additive && !(s = check_view(a.mask, "mask", true)).ok) return s;
     if (a.mask_kind == MaskKind::select && !(s = check_view(a.mask, "mask", false)).ok) return s;
@@ -147,8 +203,9 @@ Status check_call(const SdpaForwardArgs& a) {
     const CallShapes sh(a);
     if (a.alibi.slopes.data && !(s = check_reach(a.alibi.slopes, "alibi_slopes", sh.per_index)).ok) return s;
     if (a.sinks.data && !(s = check_reach(a.sinks, "sinks", sh.per_index)).ok) return s;
-    if (!(s = check_reach(a.query, "query", sh.q)).ok || !(s = check_kv_reach(a.key, "key", a.batch, sh.k)).ok ||
-        !(s = check_kv_reach(a.value, "value", a.batch, sh.v)).ok || !(s = check_reach(a.output, "output", sh.o)).ok)
+    if (!(s = check_kv_view(a.key, "key", a.batch, sh.k)).ok || !(s = check_kv_view(a.value, "value", a.batch, sh.v)).ok)
+        return s;
+    if (!(s = check_reach(a.query, "query", sh.q)).ok || !(s = check_reach(a.output, "output", sh.o)).ok)
         return s;
     if (a.mask_kind != MaskKind::none && !(s = check_reach(a.mask, "mask", sh.m)).ok) return s;
     if (a.stats.data && !(s = check_reach(a.stats, "stats", sh.st)).ok) return s;
@@ -175,6 +232,8 @@ Status check_backward_args(const SdpaBackwardArgs& b) {
     Status s;
     if (!(s = check_call(a)).ok) return s;
     if (!a.stats.data) return Status::error("stats: the forward's log-sum-exp is required");
+    if (a.key.quant.quantized() || a.value.quant.quantized())
+        return Status::error("key, value: a quantized K/V cache has no backward (as flash-attn's kvcache call)");
     if (!(s = check_view(b.grad_output, "grad_output", true)).ok) return s;
     if (!(s = check_view(b.grad_query, "grad_query", true)).ok) return s;
     if (!(s = check_view(b.grad_key, "grad_key", true)).ok) return s;

@@ -43,14 +43,14 @@ std::string str(int64_t value) { return std::to_string(value); }
 // The dtype class a call's kernel choice goes by: Q, K and V's (dtype_class
 // is computed once per choice and handed to every candidate).
 DType dtype_class(const SdpaForwardArgs& args) {
-    const DType dtypes[] = {args.query.dtype, args.key.dtype, args.value.dtype};
+    const DType dtypes[] = {args.query.dtype, read_dtype(args.key), read_dtype(args.value)};
     return sdpa_dtype_class(dtypes, 3);
 }
 
 // Q, K, V and dO's.
 DType dtype_class(const SdpaBackwardArgs& args) {
     const SdpaForwardArgs& a = args.forward;
-    const DType dtypes[] = {a.query.dtype, a.key.dtype, a.value.dtype, args.grad_output.dtype};
+    const DType dtypes[] = {a.query.dtype, read_dtype(a.key), read_dtype(a.value), args.grad_output.dtype};
     return sdpa_dtype_class(dtypes, 4);
 }
 

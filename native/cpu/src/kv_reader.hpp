@@ -1,8 +1,11 @@
 // Reading key and value rows: the CPU kernels' and packers' one way to K and
 // V.  It owns how a row is found (graphattn/kv_rows.hpp) and decoded (its
-// dtype), so kernels ask it for blocks of rows, never for strides.
+// dtype, or its quantized format: graphattn/kv_format.hpp), so kernels ask
+// it for blocks of rows, never for strides.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -11,6 +14,7 @@
 #include "graphattn/kv_rows.hpp"
 #include "graphattn/sdpa.hpp"
 #include "isa_namespace.hpp"
+#include "kv_decode.hpp"
 #include "scratch.hpp"
 
 namespace graphattn {
@@ -35,18 +39,70 @@ private:
     size_t bytes_ = 0;
 };
 
+// Where the scales or zero points of a quantized view lie (KvQuantParams):
+// per group, through the rows' own block table; per batch element, by the
+// batch strides alone.
+inline KvRowLayout quant_params_layout(const KvQuantParams& p, const KvPages& pages, bool per_group) {
+    KvRowLayout layout;
+    for (int d = 0; d < kBatchDims; ++d) layout.batch_strides[d] = p.strides[d];
+    layout.row_stride = per_group ? p.strides[3] : 0;
+    layout.col_stride = per_group ? p.strides[4] : 0;
+    if (per_group) layout.pages = pages;
+    return layout;
+}
+
+inline float scale_value(const void* data, DType dt, int64_t offset) {
+    switch (dt) {
+        case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(data)[offset]);
+        case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(data)[offset]);
+        default: return static_cast<const float*>(data)[offset];
+    }
+}
+
+// The 256 values of an fp8 format's bytes, computed once.
+inline const float* fp8_values(KvFormat f) {
+    static const std::array<float, 256> e4m3 = [] {
+        std::array<float, 256> t{};
+        for (int i = 0; i < 256; ++i) t[size_t(i)] = kv_fp8_value(KvFormat::fp8_e4m3, uint8_t(i));
+        return t;
+    }();
+    static const std::array<float, 256> e5m2 = [] {
+        std::array<float, 256> t{};
+        for (int i = 0; i < 256; ++i) t[size_t(i)] = kv_fp8_value(KvFormat::fp8_e5m2, uint8_t(i));
+        return t;
+    }();
+    return f == KvFormat::fp8_e4m3 ? e4m3.data() : e5m2.data();
+}
+
 class KvReader {
 public:
-    explicit KvReader(const TensorView& t) : data_(t.data), dtype_(t.dtype), layout_(kv_row_layout(t)) {}
+    explicit KvReader(const TensorView& t)
+        : data_(t.data), dtype_(read_dtype(t)), layout_(kv_row_layout(t)), quant_(t.quant),
+          scale_layout_(quant_params_layout(t.quant.scales, t.pages, !kv_fp8(t.quant.format))),
+          zero_layout_(quant_params_layout(t.quant.zero_points, t.pages, true)) {}
 
+    // The dtype of the rows that block(), adjacent_block() and the kernels read.
     DType dtype() const { return dtype_; }
-    int64_t batch_offset(const int64_t b[kBatchDims]) const { return layout_.batch_offset(b[0], b[1], b[2]); }
+    // An opaque number for batch element b's rows: equal bases, equal rows.  A quantized reader's holds the
+    // indices themselves (the shared ones 0), since its scales are found from them by strides of their own.
+    int64_t batch_offset(const int64_t b[kBatchDims]) const {
+        if (!quant_.quantized()) return layout_.batch_offset(b[0], b[1], b[2]);
+        int64_t base = 0;
+        for (int d = 0; d < kBatchDims; ++d) base = base << kIndexBits | (shared_over(d) ? 0 : b[d]);
+        return base;
+    }
     bool shared_over(int d) const { return layout_.shared_over(d); }
+    // Batch indices a quantized reader's base holds: below 2^20 each (checked with the arguments).
+    static constexpr int kIndexBits = 20;
 
     // Whether the rows of a block() hold their columns as runs of adjacent
-    // values, so kernels read them in the tensor's own dtype (else they
-    // decode them into scratch of their own).
-    bool rows_in_place() const { return layout_.unit_columns(); }
+    // values in dtype(), so kernels read them so (else they decode them into
+    // scratch of their own).  A quantized reader's blocks always do: they are
+    // decoded rows.
+    bool rows_in_place() const { return quant_.quantized() || layout_.unit_columns(); }
+    // Whether block() and adjacent_block() decode rows into the stage (a quantized view): a copy either way,
+    // so a kernel that computes in f32 asks load_f32 for them instead, which decodes straight to f32.
+    bool rows_decoded() const { return quant_.quantized(); }
     // The same for f32 reads: in place only where the rows already are f32.
     bool f32_in_place() const { return dtype_ == DType::f32 && rows_in_place(); }
 
@@ -57,6 +113,7 @@ public:
     // `stage` (rows of `pages.cols` values, adjacent), which then holds them
     // until its next use.
     RowBlock block(int64_t base, int64_t j0, int rows, KvStage& stage) const {
+        if (quant_.quantized()) return decoded_block(base, j0, rows, int(layout_.pages.cols), stage);
         if (layout_.run_from(j0, rows) >= rows) return strided_block(base, j0);  // one run: read where they are
         return gathered_block(base, j0, rows, layout_.pages.cols, stage);
     }
@@ -66,6 +123,7 @@ public:
     // For kernels that pass over a block's rows more than once: rows a token-major stride apart (2^n
     // bytes) share a few L1 sets, so each pass would miss again (figures: docs/performance.md).
     RowBlock adjacent_block(int64_t base, int64_t j0, int rows, int cols, KvStage& stage) const {
+        if (quant_.quantized()) return decoded_block(base, j0, rows, cols, stage);
         if (layout_.unit_columns() && layout_.row_stride == cols && layout_.run_from(j0, rows) >= rows)
             return strided_block(base, j0);
         return gathered_block(base, j0, rows, cols, stage);
@@ -76,6 +134,18 @@ public:
     // loads as well.  Padding of dst is left as it is.
     void load_f32(int64_t base, int64_t j0, int rows, int cols, float* dst, int64_t dst_row_stride,
                   int64_t dst_col_stride = 1) const {
+        if (quant_.quantized()) {
+            float wide[kMaxDecodedCols];
+            if (dst_col_stride == 1) {  // straight into dst
+                decode_rows(base, j0, rows, cols, [&](int r) { return dst + r * dst_row_stride; }, [](int, const float*) {});
+                return;
+            }
+            decode_rows(base, j0, rows, cols, [&](int) { return wide; }, [&](int r, const float* values) {
+                float* out = dst + r * dst_row_stride;
+                for (int c = 0; c < cols; ++c) out[c * dst_col_stride] = values[c];
+            });
+            return;
+        }
         for (int64_t j = j0; j < j0 + rows;) {  // one run per block the rows lie in (one for a view)
             const int n = int(layout_.run_from(j, j0 + rows - j));
             const RowBlock b = strided_block(base, j);
@@ -90,7 +160,7 @@ public:
     // scratch_ld apart).  row_stride receives the returned rows' stride.
     const float* rows_f32(int64_t base, int64_t j0, int rows, int cols, float* scratch, int64_t scratch_ld,
                           int64_t& row_stride) const {
-        if (f32_in_place() && layout_.run_from(j0, rows) >= rows) {
+        if (f32_in_place() && !quant_.quantized() && layout_.run_from(j0, rows) >= rows) {
             const RowBlock b = strided_block(base, j0);
             row_stride = b.row_stride;
             return b.floats();
@@ -101,6 +171,122 @@ public:
     }
 
 private:
+    // Batch element `base` (a quantized reader's batch_offset) as its indices.
+    static void batch_indices(int64_t base, int64_t b[kBatchDims]) {
+        for (int d = kBatchDims - 1; d >= 0; --d, base >>= kIndexBits) b[d] = base & ((int64_t(1) << kIndexBits) - 1);
+    }
+
+    // Rows j0 .. j0 + rows of a quantized view decoded to f32 (graphattn/kv_format.hpp): row r's cols values
+    // into target(r) (adjacent), then handed to done(r, values).  Offsets are found once per run of rows in
+    // one block and stepped from there: a table lookup and a division a row cost as much as decoding it.  The
+    // next as many rows are prefetched first.
+    template <class Target, class Done>
+    void decode_rows(int64_t base, int64_t j0, int rows, int cols, Target&& target, Done&& done) const {
+        prefetch_rows(base, j0 + rows, rows, cols);
+        int64_t b[kBatchDims];
+        batch_indices(base, b);
+        const int64_t data_base = layout_.batch_offset(b[0], b[1], b[2]);
+        const int64_t scales_base = scale_layout_.batch_offset(b[0], b[1], b[2]);
+        const int64_t zeros_base = zero_layout_.batch_offset(b[0], b[1], b[2]);
+        for (int64_t j = j0; j < j0 + rows;) {
+            const int64_t n = layout_.run_from(j, j0 + rows - j);
+            const uint8_t* row = static_cast<const uint8_t*>(data_) + layout_.row_offset(data_base, j);
+            int64_t scales_at = scale_layout_.row_offset(scales_base, j);
+            int64_t zeros_at = quant_.zero_points.data ? zero_layout_.row_offset(zeros_base, j) : 0;
+            for (int64_t r = 0; r < n; ++r) {
+                const int at = int(j - j0 + r);
+                float* out = target(at);
+                decode_row(row, scales_at, zeros_at, cols, out);
+                done(at, static_cast<const float*>(out));
+                row += layout_.row_stride;
+                scales_at += scale_layout_.row_stride;
+                zeros_at += zero_layout_.row_stride;
+            }
+            j += n;
+        }
+    }
+
+    // One row's values from its bytes and the offsets of its scales and zero points.
+    void decode_row(const uint8_t* row, int64_t scales_at, int64_t zeros_at, int cols, float* out) const {
+        const KvFormat f = quant_.format;
+        if (kv_fp8(f)) {
+            const float* values = fp8_values(f);
+            const float s = scale_value(quant_.scales.data, quant_.scales.dtype, scales_at);
+            const int64_t cs = layout_.col_stride;
+            if (cs == 1) {
+                decode_fp8(f, values, row, cols, s, out);
+            } else {
+                for (int c = 0; c < cols; ++c) out[c] = values[row[c * cs]] * s;
+            }
+            return;
+        }
+        const int G = int(quant_.group), groups = cols / G;
+        const uint8_t* zeros = static_cast<const uint8_t*>(quant_.zero_points.data);
+        float s[kMaxDecodedCols / 16], z[kMaxDecodedCols / 16];  // groups of 16 values at least
+        for (int g = 0; g < groups; ++g) {
+            s[g] = scale_value(quant_.scales.data, quant_.scales.dtype, scales_at + g * scale_layout_.col_stride);
+            const uint8_t zb = zeros ? zeros[zeros_at + g * zero_layout_.col_stride] : 0;
+            z[g] = kv_signed(f) ? float(int8_t(zb)) : float(zb);
+        }
+        if (layout_.col_stride == 1) return decode_groups(f, row, groups, G, s, z, out);
+        const int64_t cs = layout_.col_stride;  // 8-bit only (4-bit rows are adjacent bytes)
+        for (int c = 0; c < cols; ++c) out[c] = (float(kv_stored_int(f, row + c * cs, 0)) - z[c / G]) * s[c / G];
+    }
+
+    // The bytes of rows j0 .. j0 + rows asked for ahead of their decoding: a block's rows lie a token apart
+    // (or in blocks anywhere), which the hardware prefetchers do not follow, so each row's load would wait.
+    // A paged view's reach no further than the keys its sequence holds (no table entry past them is read);
+    // a strided view's may pass its last row (a prefetch never faults).
+    void prefetch_rows(int64_t base, int64_t j0, int rows, int cols) const {
+        int64_t b[kBatchDims];
+        batch_indices(base, b);
+        const int64_t last = layout_.pages.paged() ? std::max<int64_t>(0, std::min<int64_t>(rows, layout_.pages.rows - j0))
+                                                   : rows;
+        const int64_t groups = kv_fp8(quant_.format) ? 0 : cols / quant_.group;
+        prefetch_run_rows(data_, 1, layout_, layout_.batch_offset(b[0], b[1], b[2]), j0, last,
+                          kv_row_bytes(quant_.format, cols) * layout_.col_stride);
+        if (groups == 0) return;  // one scale for all rows
+        prefetch_run_rows(quant_.scales.data, dtype_size(quant_.scales.dtype), scale_layout_,
+                          scale_layout_.batch_offset(b[0], b[1], b[2]), j0, last, groups * scale_layout_.col_stride);
+        if (quant_.zero_points.data)
+            prefetch_run_rows(quant_.zero_points.data, 1, zero_layout_, zero_layout_.batch_offset(b[0], b[1], b[2]), j0,
+                              last, groups * zero_layout_.col_stride);
+    }
+
+    // Rows j0 .. j0 + rows (`elements` of `size` bytes each) of `data` laid out as `layout`, one prefetch a line.
+    static void prefetch_run_rows(const void* data, int64_t size, const KvRowLayout& layout, int64_t base, int64_t j0,
+                                  int64_t rows, int64_t elements) {
+        const int64_t bytes = elements * size;
+        for (int64_t j = j0; j < j0 + rows;) {
+            const int64_t n = layout.run_from(j, j0 + rows - j);
+            const char* row = static_cast<const char*>(data) + layout.row_offset(base, j) * size;
+            for (int64_t r = 0; r < n; ++r, row += layout.row_stride * size)
+                for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(row + x, 0, 3);
+            j += n;
+        }
+    }
+
+    // Rows j0 .. j0 + rows of a quantized view decoded into `stage` as dtype() rows of `cols` values, adjacent.
+    RowBlock decoded_block(int64_t base, int64_t j0, int rows, int cols, KvStage& stage) const {
+        if (dtype_ == DType::f32) {
+            float* dst = static_cast<float*>(stage.room(size_t(rows) * size_t(cols) * 4));
+            decode_rows(base, j0, rows, cols, [&](int r) { return dst + r * cols; }, [](int, const float*) {});
+            return {dst, dtype_, cols, 1};
+        }
+        uint16_t* dst = static_cast<uint16_t*>(stage.room(size_t(rows) * size_t(cols) * 2));
+        float wide[kMaxDecodedCols];
+        decode_rows(base, j0, rows, cols, [&](int) { return wide; }, [&](int r, const float* values) {
+            if (dtype_ == DType::bf16)
+                store_bf16_row(values, cols, dst + r * cols);
+            else
+                store_row(values, cols, dst + r * cols, dtype_, 1);
+        });
+        return {dst, dtype_, cols, 1};
+    }
+
+    // The widest row decoded at once: the largest head size a call takes (args_check.cpp).
+    static constexpr int kMaxDecodedCols = 4096;
+
     // Rows j0 .. j0 + rows copied into `stage` one run after another, `cols` values each, adjacent,
     // columns as stored.
     RowBlock gathered_block(int64_t base, int64_t j0, int rows, int64_t cols, KvStage& stage) const {
@@ -133,6 +319,8 @@ private:
     const void* data_;
     DType dtype_;
     KvRowLayout layout_;
+    KvQuant quant_;
+    KvRowLayout scale_layout_, zero_layout_;
 };
 
 }  // namespace GRAPHATTN_ISA_NS

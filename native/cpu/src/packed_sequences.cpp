@@ -47,19 +47,33 @@ int64_t sequence_work(const SdpaForwardArgs& a, const SequenceSpan& s) {
 
 // The view moved to `first_row` (its row stride times it), with a batch-0
 // stride of `run_rows` rows, and to batch index `first` of dim `dim`.
-void move_rows(TensorView& v, int64_t first_row, int64_t run_rows) {
-    if (!v.data) return;
-    const int64_t bytes = first_row * v.strides[3] * dtype_size(v.dtype);
+// A data pointer and its buffer moved by `elements` of `dtype`.
+template <class View>
+void move_data(View& v, int64_t elements) {
+    if (!v.data || elements == 0) return;
+    const int64_t bytes = elements * dtype_size(v.dtype);
     v.data = static_cast<const char*>(v.data) + bytes;
     if (v.buffer.known()) v.buffer.begin -= bytes, v.buffer.end -= bytes;
+}
+
+// A quantized view's scales and zero points move with its rows where they are per group (fp8's per batch
+// element do not).
+void move_rows(TensorView& v, int64_t first_row, int64_t run_rows) {
+    if (!v.data) return;
+    move_data(v, first_row * v.strides[3]);
     v.strides[0] = run_rows * v.strides[3];
+    if (!v.quant.quantized() || kv_fp8(v.quant.format)) return;
+    for (KvQuantParams* p : {&v.quant.scales, &v.quant.zero_points}) {
+        move_data(*p, first_row * p->strides[3]);
+        p->strides[0] = run_rows * p->strides[3];
+    }
 }
 
 void move_batch(TensorView& v, int dim, int64_t first) {
     if (!v.data || first == 0) return;
-    const int64_t bytes = first * v.strides[dim] * dtype_size(v.dtype);
-    v.data = static_cast<const char*>(v.data) + bytes;
-    if (v.buffer.known()) v.buffer.begin -= bytes, v.buffer.end -= bytes;
+    move_data(v, first * v.strides[dim]);
+    if (v.quant.quantized())
+        for (KvQuantParams* p : {&v.quant.scales, &v.quant.zero_points}) move_data(*p, first * p->strides[dim]);
 }
 
 // Philox elements before sequence s (SdpaForwardArgs' dropout rule), for s in [0, count].
@@ -86,6 +100,8 @@ SdpaForwardArgs dense_forward(const SdpaForwardArgs& a, const Task& t, const std
     d.batch[1] = t.heads;
     for (TensorView* v : {&d.query, &d.output, &d.stats}) move_rows(*v, s.query_begin, s.query_rows);
     for (TensorView* v : {&d.key, &d.value}) {
+        // Scales per batch element step from sequence to sequence, not from block to block or row to row.
+        if (kv_fp8(v->quant.format)) move_data(v->quant.scales, t.first * v->quant.scales.strides[0]);
         if (!v->pages.paged()) {
             move_rows(*v, s.key_begin, s.key_rows);
             continue;
@@ -93,6 +109,7 @@ SdpaForwardArgs dense_forward(const SdpaForwardArgs& a, const Task& t, const std
         // The run's table rows from its first sequence's, its keys from the logical row key_begin.
         v->pages.table += t.first * v->pages.table_stride;
         v->pages.first_row = s.key_begin;
+        v->pages.rows = s.key_rows;
     }
     d.key.pages.cols = a.head_dim_qk;
     d.value.pages.cols = a.head_dim_v;
@@ -309,8 +326,12 @@ SdpaForwardArgs envelope(const SdpaForwardArgs& a) {
         e.seq_kv = std::max(e.seq_kv, sp.key_begin + sp.key_rows);
     }
     for (TensorView* v : {&e.query, &e.output, &e.stats}) v->strides[0] = 0;
-    for (TensorView* v : {&e.key, &e.value})
-        if (!v->pages.paged()) v->strides[0] = 0;  // a paged view's steps from block to block
+    for (TensorView* v : {&e.key, &e.value}) {
+        if (kv_fp8(v->quant.format)) v->quant.scales.strides[0] = 0;  // per sequence: each task checks its own
+        if (v->pages.paged()) continue;  // a paged view's steps from block to block
+        v->strides[0] = 0;
+        for (KvQuantParams* p : {&v->quant.scales, &v->quant.zero_points}) p->strides[0] = 0;
+    }
     e.key.pages.cols = a.head_dim_qk;
     e.value.pages.cols = a.head_dim_v;
     return e;

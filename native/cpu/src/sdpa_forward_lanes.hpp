@@ -196,8 +196,8 @@ struct LaneForward {
     // giving their pairs in place (unit column stride, even head dims), on a CPU where pairs pay off.
     static bool row_pairs_pay_off(const SdpaForwardArgs& a) {
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
-        return RowLayout && bf16_pairs_pay_off() && a.query.dtype == DType::bf16 && a.key.dtype == DType::bf16 &&
-               a.value.dtype == DType::bf16 && pairs_in_place(KvReader(a.key), a.head_dim_qk) &&
+        return RowLayout && bf16_pairs_pay_off() && a.query.dtype == DType::bf16 && read_dtype(a.key) == DType::bf16 &&
+               read_dtype(a.value) == DType::bf16 && pairs_in_place(KvReader(a.key), a.head_dim_qk) &&
                pairs_in_place(KvReader(a.value), a.head_dim_v);
 #else
         (void)a;
@@ -208,7 +208,7 @@ struct LaneForward {
     static bool uses_pair_dots(const SdpaForwardArgs& a) {
 #if defined(__AVX512F__) && GRAPHATTN_LANES == 16
         return !RowLayout && bf16_pairs_pay_off() && a.query.dtype == DType::bf16 &&
-               a.key.dtype == DType::bf16 && a.value.dtype == DType::bf16;
+               read_dtype(a.key) == DType::bf16 && read_dtype(a.value) == DType::bf16;
 #else
         (void)a;
         return false;
@@ -216,10 +216,10 @@ struct LaneForward {
     }
 
     // Whether the row layout reads rows of K or V (cols wide) in place, in
-    // their dtype: unit column stride and whole vectors; else it copies them
-    // into padded f32 rows.
+    // their dtype: unit column stride and whole vectors, not decoded; else it
+    // copies them into padded f32 rows.
     static bool row_layout_reads_in_place(const KvReader& kv, int cols) {
-        return kv.rows_in_place() && Scratch::padded(cols) == cols;
+        return kv.rows_in_place() && !kv.rows_decoded() && Scratch::padded(cols) == cols;
     }
 
     // How the row layout reads K for items of this call's rows.  The row-key

@@ -35,6 +35,7 @@ struct KvPages {
     int64_t block_rows = 0;
     int64_t num_blocks = 0;
     int64_t first_row = 0;  // the logical row of key 0
+    int64_t rows = 0;       // keys each sequence holds from first_row on: what a read ahead may reach
     int64_t cols = 0;
     bool paged() const { return table != nullptr; }
 };

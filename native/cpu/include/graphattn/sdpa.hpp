@@ -11,13 +11,15 @@
 #include <string>
 
 #include "graphattn/key_window.hpp"
+#include "graphattn/kv_format.hpp"
 #include "graphattn/kv_rows.hpp"
 #include "graphattn/score_mods.hpp"
 #include "graphattn/sequences.hpp"
 
 namespace graphattn {
 
-enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2, boolean = 3 };
+// u8: the bytes of a quantized K/V cache (KvQuant says how they decode).
+enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2, boolean = 3, u8 = 4 };
 
 // Bytes of one element of this dtype.
 inline int64_t dtype_size(DType dt) {
@@ -25,7 +27,8 @@ inline int64_t dtype_size(DType dt) {
         case DType::f32: return 4;
         case DType::bf16:
         case DType::f16: return 2;
-        case DType::boolean: return 1;
+        case DType::boolean:
+        case DType::u8: return 1;
     }
     return 0;
 }
@@ -41,6 +44,32 @@ struct BufferExtent {
     bool known() const { return end >= begin; }
 };
 
+// The scales or zero points of a quantized K or V view, strides in elements:
+// batch dims, row, group.  Per group (u8, s8, u4, s4) they are found like the
+// rows they belong to (a paged view's walk the same block table, strides[0]
+// from block to block); per batch element (fp8) the row and group strides
+// are 0 and strides[0] steps from sequence to sequence, paged or not.
+struct KvQuantParams {
+    const void* data = nullptr;
+    DType dtype = DType::f32;  // scales: f32, bf16 or f16; zero points: u8 (signed for s8 and s4)
+    int64_t strides[kBatchDims + 2] = {0, 0, 0, 0, 0};
+    BufferExtent buffer;
+};
+
+// A K or V view whose rows are stored quantized (graphattn/kv_format.hpp):
+// the view's dtype is then u8 and its strides count bytes (a 4-bit row's D
+// values lie in D / 2 adjacent bytes).  Kernels read its rows decoded to
+// `decoded` (f32, bf16 or f16: the query's, so the kernel choice is the
+// query dtype's), never the bytes.
+struct KvQuant {
+    KvFormat format = KvFormat::plain;
+    int64_t group = 0;  // columns per scale (per group formats)
+    DType decoded = DType::f32;
+    KvQuantParams scales;
+    KvQuantParams zero_points;  // data null: zero points 0
+    bool quantized() const { return format != KvFormat::plain; }
+};
+
 // Strides are in elements, not bytes.  strides[0..2] are the batch dims,
 // strides[3] the row (sequence) dim, strides[4] the column dim.  `buffer`,
 // when given, is checked to hold every element the view reaches.
@@ -53,7 +82,13 @@ struct TensorView {
     // table (graphattn/kv_rows.hpp); strides[0] then steps from one block to
     // the next.  Not paged by default.
     KvPages pages;
+    // K and V only: rows stored quantized; plain by default.
+    KvQuant quant;
 };
+
+// The dtype kernels read a view's values in: a quantized K/V view's decoded
+// one, else its own.
+inline DType read_dtype(const TensorView& t) { return t.quant.quantized() ? t.quant.decoded : t.dtype; }
 
 // How the rows of a K or V view are found (graphattn/kv_rows.hpp): its
 // strides, batch, row and column.
