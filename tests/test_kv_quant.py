@@ -200,18 +200,25 @@ def test_nibble_order_byte_by_byte(rng):
         np.testing.assert_array_equal(out.ravel(), np.array(want, np.float32))
 
 
-def test_dense_cache_with_batch_idx_and_chunked_prefill(rng):
+@pytest.mark.parametrize("k_fmt,v_fmt", [("u8", "u4"), ("s8", "s4"), ("s4", "fp8_e4m3"), ("fp8_e5m2", "u8")])
+def test_dense_cache_with_batch_idx_and_chunked_prefill(k_fmt, v_fmt, rng):
     b_cache, s_cache, kv_heads, d = 4, 300, 2, 64
-    k_data, k_s, k_z = stored_tensor(rng, "u8", (b_cache, s_cache, kv_heads), d, 32)
-    v_data, v_s, v_z = stored_tensor(rng, "u4", (b_cache, s_cache, kv_heads), d, 16)
+    k_data, k_s, k_z = stored_tensor(rng, k_fmt, (b_cache, s_cache, kv_heads), d, 32)
+    v_data, v_s, v_z = stored_tensor(rng, v_fmt, (b_cache, s_cache, kv_heads), d, 16)
     idx = np.array([2, 0], np.int32)
     lengths = [300, 17]
     q = random_array((2, 64, 8, d), "bf16", rng)
     out = ga.attention_with_kv_cache(q, k_data, v_data, cache_seqlens=np.array(lengths, np.int32),
-                                     cache_batch_idx=idx, kv_format=("u8", "u4"), k_scales=k_s, v_scales=v_s,
+                                     cache_batch_idx=idx, kv_format=(k_fmt, v_fmt), k_scales=k_s, v_scales=v_s,
                                      k_zero_points=k_z, v_zero_points=v_z, is_causal=True)
-    kk = np.concatenate([hand_decode("u8", k_data[i, :n], k_s[i, :n], k_z[i, :n], d) for i, n in zip(idx, lengths)])
-    vv = np.concatenate([hand_decode("u4", v_data[i, :n], v_s[i, :n], v_z[i, :n], d) for i, n in zip(idx, lengths)])
+
+    def rows(fmt, data, s, z, i, n):
+        if fmt in FP8_FORMATS:
+            return hand_decode(fmt, data[i, :n], s, None, d)
+        return hand_decode(fmt, data[i, :n], s[i, :n], None if z is None else z[i, :n], d)
+
+    kk = np.concatenate([rows(k_fmt, k_data, k_s, k_z, i, n) for i, n in zip(idx, lengths)])
+    vv = np.concatenate([rows(v_fmt, v_data, v_s, v_z, i, n) for i, n in zip(idx, lengths)])
     # q's 64 rows of sequence 1 sees more rows than it has keys: the first ones see none (output 0).
     want, _ = varlen_reference(q.reshape(-1, 8, d), kk, vv, cu([64, 64]), cu(lengths), is_causal=True)
     assert_close(out.reshape(-1, 8, d), want, "bf16")
@@ -451,3 +458,123 @@ def test_threads_append_to_disjoint_blocks_of_a_quantized_cache(rng):
     for s in range(sequences):  # each against a call over the cache as the threads left it (no new rows)
         again = ga.attention_with_kv_cache(q[s:s + 1], k, v, cache_seqlens=21, block_table=table[s:s + 1], **quant)
         np.testing.assert_array_equal(outs[s], again)
+
+
+GRAPH_SRC = {"u8": (np.uint8, 0, 256), "s8": (np.int8, -128, 128), "u4": (ml_dtypes.uint4, 0, 16),
+             "s4": (ml_dtypes.int4, -8, 8)}
+GRAPH_ZPS = {"u8": "u8", "s8": "s8", "u4": "u4", "s4": "s8"}
+
+
+def compressed_kv_graph(rng, fmt="u8", *, dequant=("k", "v"), k_transposed=False, gqa_5d=False, qtype="per_group",
+                        group=16, zero_points=True, dtype="f32"):
+    """oneDNN's compressed-KV SDPA graph: DynamicDequantize (per group along D) on K and/or V, then
+    MatMul(Q, K^T) * scale -> SoftMax -> MatMul(P, V).  K is (N, H, S, D) with transpose_b, or the (N, H, D, S)
+    view (k_transposed); gqa_5d: Q (N, H_kv, 2, L, D) over K/V (N, H_kv, 1, S, D).  (graph, inputs, want)."""
+    n, hk, s, d, L = 1, 2, 40, 32, 6
+    lt = ga.LogicalTensor
+    np_src, lo, hi = GRAPH_SRC[fmt]
+    head = (n, hk, 1) if gqa_5d else (n, hk)
+    q_shape = (n, hk, 2, L, d) if gqa_5d else (n, hk, L, d)
+    q = random_array(q_shape, dtype, rng)
+    graph, inputs, next_id = ga.Graph(), {}, [0]
+    np_float = q.dtype
+
+    def port(array, dt):
+        i = next_id[0]
+        next_id[0] += 1
+        inputs[i] = array
+        return lt(i, dt, array.shape)
+
+    q_lt = port(q, dtype)
+    decoded, ops = {}, []
+    for side in ("k", "v"):
+        rows_first = side == "v" or not k_transposed
+        shape = head + ((s, d) if rows_first else (d, s))
+        gshape = head + ((s, d // group) if rows_first else (d // group, s))
+        if qtype == "per_tensor":
+            gshape, group = (1,), 1
+        src = rng.integers(lo, hi, shape).astype(np_src)
+        # decoded values about 1, so that bf16's rounding of the scores stays within its tolerance
+        scales = (rng.uniform(0.5, 1.5, gshape) / (128 if fmt in ("u8", "s8") else 8)).astype(np_float)
+        zps = rng.integers(lo // 2 if lo < 0 else 0, hi // 2, gshape).astype(GRAPH_SRC[GRAPH_ZPS[fmt]][0]) \
+            if zero_points else None
+        z = None if zps is None else zps.astype(np.float64)
+        if qtype == "per_tensor":
+            g, zz = scales.astype(np.float64)[0], (0 if z is None else z[0])
+        else:
+            g = np.repeat(scales.astype(np.float64), group, axis=-1 if rows_first else -2)
+            zz = 0 if z is None else np.repeat(z, group, axis=-1 if rows_first else -2)
+        decoded[side] = (src.astype(np.float64) - zz) * g
+        if side[0] not in [x[0] for x in dequant]:
+            plain = decoded[side].astype(np_float)
+            decoded[side] = plain.astype(np.float64)
+            ops.append(port(plain, dtype))
+            continue
+        ins = [port(src, fmt), port(scales, dtype)] + ([port(zps, GRAPH_ZPS[fmt])] if zps is not None else [])
+        out = lt(100 + len(ops), dtype, shape)
+        attrs = {"qtype": qtype}
+        if qtype == "per_group":
+            attrs["group_shape"] = [1] * (len(shape) - 2) + ([1, group] if rows_first else [group, 1])
+        graph.add_op(ga.Op(10 + len(ops), "DynamicDequantize", ins, [out], attrs))
+        ops.append(out)
+    k_lt, v_lt = ops
+    scale_lt = port(np.array([d ** -0.5], np_float), dtype)
+    score_shape = q_shape[:-1] + (s,)
+    scores, scaled, probs = (lt(200 + i, dtype, score_shape) for i in range(3))
+    out = lt(300, dtype, q_shape)
+    graph.add_op(ga.Op(1, "MatMul", [q_lt, k_lt], [scores], {"transpose_b": not k_transposed}))
+    graph.add_op(ga.Op(2, "Multiply", [scores, scale_lt], [scaled]))
+    graph.add_op(ga.Op(3, "SoftMax", [scaled], [probs], {"axis": -1}))
+    graph.add_op(ga.Op(4, "MatMul", [probs, v_lt], [out]))
+    kk = decoded["k"] if not k_transposed else decoded["k"].swapaxes(-1, -2)
+    logits = q.astype(np.float64) @ kk.swapaxes(-1, -2) * d ** -0.5
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    return graph, inputs, (p / p.sum(-1, keepdims=True)) @ decoded["v"]
+
+
+def run_compressed(graph, inputs):
+    partitions = graph.get_partitions()
+    results = ga.run_graph(graph, inputs, partitions=partitions)
+    return partitions, results[300]
+
+
+@pytest.mark.parametrize("fmt", ["u8", "s8", "u4", "s4"])
+@pytest.mark.parametrize("form", ["k_and_v", "k_only", "v_only", "k_transposed", "gqa_5d", "bf16", "no_zps"])
+def test_compressed_kv_sdpa_is_one_fused_partition(fmt, form, rng):
+    options = {"k_and_v": {}, "k_only": dict(dequant=("k",)), "v_only": dict(dequant=("v",)),
+               "k_transposed": dict(k_transposed=True), "gqa_5d": dict(gqa_5d=True), "bf16": dict(dtype="bf16"),
+               "no_zps": dict(zero_points=False)}[form]
+    graph, inputs, want = compressed_kv_graph(rng, fmt, **options)
+    partitions, got = run_compressed(graph, inputs)
+    assert [p.kind for p in partitions] == ["sdpa_forward"], partitions
+    engine = ga.Engine("cpu")
+    in_lts = [ga.LogicalTensor(lt.id, lt.dtype, inputs[lt.id].shape) for lt in partitions[0].get_input_ports()]
+    compiled = partitions[0].compile(in_lts, partitions[0].get_output_ports(), engine)
+    assert compiled.kernel_name == "sdpa_forward_cpu", getattr(compiled.kernel, "reason", "")
+    assert_close(got, want, options.get("dtype", "f32"), "output")
+    reference = ga.run_graph(graph, inputs, policy="debug")[300]  # op by op, in float64
+    assert_close(got, reference, options.get("dtype", "f32"), "output against the op-by-op graph")
+
+
+def test_compressed_kv_forms_the_kernel_does_not_take_stay_op_by_op(rng, capfd):
+    # per_tensor scales: the DynamicDequantize stays its own partition (the log says why), the SDPA fused.
+    graph, inputs, want = compressed_kv_graph(rng, "u8", qtype="per_tensor")
+    ga.set_verbose(1)
+    try:
+        partitions, got = run_compressed(graph, inputs)
+    finally:
+        ga.set_verbose(0)
+    assert sorted(p.kind for p in partitions) == ["op", "op", "sdpa_forward"]
+    assert "qtype per_tensor" in capfd.readouterr().err
+    assert_close(got, want, "f32", "output")
+
+
+@pytest.mark.parametrize("candidate,dtype", CANDIDATE_DTYPES)
+def test_compressed_kv_graph_on_every_candidate(candidate, dtype, rng):
+    skip_unless_runs_here(candidate)
+    for fmt, options in (("u8", {}), ("s4", dict(k_transposed=True)), ("u4", dict(gqa_5d=True))):
+        graph, inputs, want = compressed_kv_graph(rng, fmt, dtype=dtype, **options)
+        with ga.force_kernel(candidate):
+            partitions, got = run_compressed(graph, inputs)
+        assert [p.kind for p in partitions] == ["sdpa_forward"]
+        assert_close(got, want, dtype, f"{fmt} {options}")

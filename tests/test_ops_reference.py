@@ -133,3 +133,43 @@ def test_shape_errors_name_the_op(kind, inputs, outs, attrs, error):
         graph.add_op(ga.Op(7, kind, lts, out, attrs))
         graph.finalize()
     assert "op 7" in str(info.value)
+
+
+def test_dynamic_dequantize_per_tensor_channel_and_group(rng):
+    src = rng.integers(0, 256, (2, 3, 6, 32)).astype(np.uint8)
+    zps = rng.integers(0, 256, (2, 3, 6, 2)).astype(np.uint8)
+    scales = rng.uniform(0.01, 0.1, (2, 3, 6, 2)).astype(np.float32)
+    (out,) = run_op("DynamicDequantize", [src, scales, zps], [("f32", src.shape)], qtype="per_group",
+                    group_shape=[1, 1, 1, 16])
+    want = (src.astype(np.float64) - np.repeat(zps, 16, -1)) * np.repeat(scales, 16, -1)
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    # K as the (N, H, D, S) view: groups along D, the second-to-last dim
+    src_t = np.ascontiguousarray(src.swapaxes(-1, -2))
+    (out_t,) = run_op("DynamicDequantize", [src_t, np.ascontiguousarray(scales.swapaxes(-1, -2)),
+                                            np.ascontiguousarray(zps.swapaxes(-1, -2))],
+                      [("f32", src_t.shape)], qtype="per_group", group_shape=[1, 1, 16, 1])
+    np.testing.assert_allclose(out_t, want.swapaxes(-1, -2), rtol=1e-6)
+    s8 = rng.integers(-128, 128, (4, 5)).astype(np.int8)
+    (per_channel,) = run_op("DynamicDequantize", [s8, np.arange(1, 6, dtype=np.float32) / 8,
+                                                  np.array([1, -2, 0, 3, 4], np.int32)],
+                            [("f32", (4, 5))], qtype="per_channel", axis=1)
+    np.testing.assert_array_equal(per_channel, (s8 - np.array([1, -2, 0, 3, 4])) * (np.arange(1, 6) / 8))
+    for dtype, lo, hi in ((ml_dtypes.uint4, 0, 16), (ml_dtypes.int4, -8, 8)):
+        q = rng.integers(lo, hi, (3, 8)).astype(dtype)
+        (per_tensor,) = run_op("DynamicDequantize", [q, np.array([0.25], ml_dtypes.bfloat16)], [("bf16", (3, 8))])
+        assert per_tensor.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(per_tensor.astype(np.float32), q.astype(np.float32) * 0.25)
+
+
+def test_dynamic_dequantize_refusals(rng):
+    src = rng.integers(0, 256, (2, 48)).astype(np.uint8)
+    with pytest.raises(ValueError, match="group size 32 must divide 48"):
+        run_op("DynamicDequantize", [src, np.ones((2, 1), np.float32)], [("f32", (2, 48))], qtype="per_group",
+               group_shape=[1, 32])
+    with pytest.raises(ValueError, match="scales must have shape"):
+        run_op("DynamicDequantize", [src, np.ones((2, 2), np.float32)], [("f32", (2, 48))], qtype="per_group",
+               group_shape=[1, 16])
+    with pytest.raises(TypeError, match="src must be u8, s8, u4 or s4"):
+        run_op("DynamicDequantize", [src.astype(np.float32), np.ones(1, np.float32)], [("f32", (2, 48))])
+    with pytest.raises(TypeError, match="output's dtype must be the scales'"):
+        run_op("DynamicDequantize", [src, np.ones(1, np.float32)], [("f16", (2, 48))])

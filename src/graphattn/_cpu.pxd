@@ -39,6 +39,7 @@ cdef extern from "graphattn/kv_format.hpp" namespace "graphattn":
         s4
         fp8_e4m3
         fp8_e5m2
+        s4_in_byte
 
 
 cdef extern from "graphattn/sdpa.hpp" namespace "graphattn":

@@ -467,19 +467,54 @@ cdef class ForwardPlan:
         fields (for the verbose log)."""
         return sdpa_forward_plan(self.args).decode()
 
+    def with_kv_quant(self, dict quant):
+        """A copy of this plan whose key and/or value views read quantized bytes (graphattn/sdpa.hpp's KvQuant):
+        quant maps "key"/"value" to (KvFormat code, group size, decoded dtype code, (scales' dtype code, 5
+        strides), (zero points' dtype code, 5 strides) or None).  The scales' and zero points' arrays come with
+        each run_arrays call (kv_params)."""
+        cdef ForwardPlan plan = ForwardPlan.__new__(ForwardPlan)
+        plan.args = self.args
+        cdef TensorView* view
+        for name, (code, group, decoded, scales, zero_points) in quant.items():
+            view = _forward_view(&plan.args, FORWARD_VIEWS.index(name))
+            view.dtype = DType.u8
+            view.quant.format = <KvFormat>(<int>code)
+            view.quant.group = group
+            view.quant.decoded = <DType>(<int>decoded)
+            _set_quant_layout(&view.quant.scales, scales)
+            _set_quant_layout(&view.quant.zero_points, zero_points)
+        return plan
+
     def run_arrays(self, query, key, value, output, mask=None, stats=None, float scale=1.0,
                    int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit, float select_fill=float("-inf"),
                    float window_fill=float("-inf"),
-                   uint64_t dropout_seed=0, uint64_t dropout_offset=0, alibi_slopes=None, sinks=None):
+                   uint64_t dropout_seed=0, uint64_t dropout_offset=0, alibi_slopes=None, sinks=None,
+                   kv_params=None):
         """As run, taking the arrays themselves: NumPy arrays, or torch CPU tensors (their first element's
-        address is used; strides were fixed at plan time and are checked by the caller)."""
+        address is used; strides were fixed at plan time and are checked by the caller).  kv_params: a plan
+        with_kv_quant's (key scales, key zero points, value scales, value zero points) arrays, None where a
+        view has none."""
         cdef BufferExtent extents[8]
+        cdef SdpaForwardArgs local
         _extents_of(query, key, value, output, mask, stats, alibi_slopes, sinks, extents)
-        self._call(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
-                   _host_address(mask) if mask is not None else 0, _host_address(stats) if stats is not None else 0,
-                   scale, window_left, window_right, select_fill, window_fill, dropout_seed, dropout_offset, extents,
-                   _host_address(alibi_slopes) if alibi_slopes is not None else 0,
-                   _host_address(sinks) if sinks is not None else 0)
+        if kv_params is None:
+            self._call(_host_address(query), _host_address(key), _host_address(value), _host_address(output),
+                       _host_address(mask) if mask is not None else 0, _host_address(stats) if stats is not None else 0,
+                       scale, window_left, window_right, select_fill, window_fill, dropout_seed, dropout_offset,
+                       extents, _host_address(alibi_slopes) if alibi_slopes is not None else 0,
+                       _host_address(sinks) if sinks is not None else 0)
+            return
+        local = self.args
+        k_scales, k_zero_points, v_scales, v_zero_points = kv_params
+        _set_quant_data(&local.key.quant.scales, k_scales)
+        _set_quant_data(&local.key.quant.zero_points, k_zero_points)
+        _set_quant_data(&local.value.quant.scales, v_scales)
+        _set_quant_data(&local.value.quant.zero_points, v_zero_points)
+        _run_forward(&local, _host_address(query), _host_address(key), _host_address(value), _host_address(output),
+                     _host_address(mask) if mask is not None else 0, _host_address(stats) if stats is not None else 0,
+                     scale, window_left, window_right, select_fill, window_fill, dropout_seed, dropout_offset,
+                     extents, _host_address(alibi_slopes) if alibi_slopes is not None else 0,
+                     _host_address(sinks) if sinks is not None else 0)
 
     def run(self, uintptr_t query, uintptr_t key, uintptr_t value, uintptr_t output, uintptr_t mask=0,
             uintptr_t stats=0, float scale=1.0, int64_t window_left=kNoKeyLimit, int64_t window_right=kNoKeyLimit,
@@ -552,16 +587,31 @@ cdef int _run_forward(const SdpaForwardArgs* args, uintptr_t query, uintptr_t ke
     return 0
 
 
+cdef void _set_quant_layout(KvQuantParams* params, object spec) except *:
+    # spec = (dtype code, five strides in elements), or None (no such values)
+    if spec is None:
+        return
+    code, strides = spec
+    params.dtype = <DType>(<int>code)
+    for i in range(5):
+        params.strides[i] = strides[i]
+
+
+cdef void _set_quant_data(KvQuantParams* params, object array) except *:
+    # The values' NumPy array or torch CPU tensor, or None (none: the data stays null)
+    if array is None:
+        return
+    params.data = <const void*>_host_address(array)
+    _extent_of(array, &params.buffer)
+
+
 cdef void _set_quant_params(KvQuantParams* params, object spec) except *:
     # spec = (dtype code, five strides in elements, NumPy array or torch CPU tensor), or None (no such values)
     if spec is None:
         return
     code, strides, array = spec
-    params.dtype = <DType>(<int>code)
-    for i in range(5):
-        params.strides[i] = strides[i]
-    params.data = <const void*>_host_address(array)
-    _extent_of(array, &params.buffer)
+    _set_quant_layout(params, (code, strides))
+    _set_quant_data(params, array)
 
 
 cdef void _set_quant(TensorView* view, object spec) except *:

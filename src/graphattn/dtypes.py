@@ -17,6 +17,10 @@ class DataType(enum.Enum):
     boolean = "boolean"
     s32 = "s32"
     s64 = "s64"
+    u8 = "u8"
+    s8 = "s8"
+    u4 = "u4"
+    s4 = "s4"
 
     def __str__(self) -> str:
         return f"DataType.{self.value}"
@@ -38,13 +42,20 @@ DTYPES: dict[DataType, DTypeInfo] = {
     DataType.boolean: DTypeInfo(np.dtype(np.bool_), False, False, 3),
     DataType.s32: DTypeInfo(np.dtype(np.int32), False, True, None),
     DataType.s64: DTypeInfo(np.dtype(np.int64), False, True, None),
+    # Quantized values (DynamicDequantize's inputs); 4-bit ones as ml_dtypes' int4/uint4, a byte each.
+    DataType.u8: DTypeInfo(np.dtype(np.uint8), False, True, None),
+    DataType.s8: DTypeInfo(np.dtype(np.int8), False, True, None),
+    DataType.u4: DTypeInfo(np.dtype(ml_dtypes.uint4), False, True, None),
+    DataType.s4: DTypeInfo(np.dtype(ml_dtypes.int4), False, True, None),
 }
+# The dtypes DynamicDequantize takes as quantized values.
+QUANTIZED_TYPES = frozenset((DataType.u8, DataType.s8, DataType.u4, DataType.s4))
 
 # graphattn::DType::u8: the bytes of a quantized K/V cache (graphattn.kv_quant's formats), any 1-byte dtype.
 KERNEL_BYTES = 4
 
 FLOAT_TYPES = frozenset(dt for dt, info in DTYPES.items() if info.is_float)
-INTEGER_TYPES = frozenset(dt for dt, info in DTYPES.items() if info.is_integer)
+INTEGER_TYPES = frozenset(dt for dt, info in DTYPES.items() if info.is_integer and dt not in QUANTIZED_TYPES)
 
 _BY_NUMPY = {info.numpy: dt for dt, info in DTYPES.items()}
 

@@ -645,6 +645,8 @@ def build_partitions(graph, policy: str) -> list[Partition]:
             ops = sorted(match.all_ops(), key=lambda o: position[o.id])
             if any(o.id in claimed for o in ops):
                 continue
+            for note in getattr(match, "notes", ()):
+                verbose.log("pattern", f"{op.kind.value.lower()}={op.id}", "left out", note)
             claimed.update(o.id for o in ops)
             groups.append((ops, kind, match, f"fused {kind.replace('_', ' ')}"))
     for op in order:

@@ -126,7 +126,7 @@ Status check_kv_quant(const TensorView& t, const char* name, const int64_t batch
     const int64_t cols = shape.dims[4];
     if (t.data == nullptr) return Status::error(n + ": data pointer is null");
     if (t.dtype != DType::u8) return Status::error(n + ": a quantized view holds bytes (dtype u8)");
-    if (q.format < KvFormat::u8 || q.format > KvFormat::fp8_e5m2) return Status::error(n + ": unknown K/V format");
+    if (q.format < KvFormat::u8 || q.format > KvFormat::s4_in_byte) return Status::error(n + ": unknown K/V format");
     if (!is_float(q.decoded)) return Status::error(n + ": quantized rows decode to f32, bf16 or f16");
     for (int d = 1; d < kBatchDims; ++d)
         if (batch[d] >= (int64_t(1) << 20)) return Status::error(n + ": a quantized view takes below 2^20 heads");

@@ -448,7 +448,10 @@ Status sdpa_forward(const SdpaForwardArgs& args) {
     if (args.sequences.packed()) return run_packed_forward(args, kDenseForward);
     if (args.key.pages.paged() || args.value.pages.paged())
         return Status::error("block_table: a paged K/V cache needs the sequences' lengths (packed sequences)");
-    const SdpaForwardArgs a = with_alignment_resolved(args);
+    SdpaForwardArgs a = with_alignment_resolved(args);
+    // The width the K/V readers put rows together at (a quantized view decodes them so; graphattn/kv_rows.hpp).
+    a.key.pages.cols = a.head_dim_qk;
+    a.value.pages.cols = a.head_dim_v;
     Status status = admit_forward(a);
     return status.ok ? run_forward(a) : status;
 }

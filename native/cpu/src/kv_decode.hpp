@@ -32,6 +32,9 @@ inline __m512 stored_x16(const uint8_t* row, int c0) {
         return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c0))));
     } else if constexpr (F == KvFormat::s8) {
         return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c0))));
+    } else if constexpr (F == KvFormat::s4_in_byte) {  // the low nibble, sign-extended
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c0)));
+        return _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(q, 28), 28));
     } else {  // u4, s4: 8 bytes, each one's low nibble before its high one
         const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c0 / 2)));
         __m512i q = _mm512_cvtepu8_epi32(nibble_bytes(b));
@@ -48,6 +51,9 @@ inline __m256 stored_x8(const uint8_t* row, int c0) {
         return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c0))));
     } else if constexpr (F == KvFormat::s8) {
         return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c0))));
+    } else if constexpr (F == KvFormat::s4_in_byte) {  // the low nibble, sign-extended
+        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c0)));
+        return _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(q, 28), 28));
     } else {  // u4, s4: 4 bytes, each one's low nibble before its high one
         int32_t word;
         __builtin_memcpy(&word, row + c0 / 2, 4);
@@ -88,6 +94,7 @@ inline void decode_groups(KvFormat f, const uint8_t* row, int groups, int G, con
         case KvFormat::s8: return decode_groups<KvFormat::s8>(row, groups, G, scales, zeros, out);
         case KvFormat::u4: return decode_groups<KvFormat::u4>(row, groups, G, scales, zeros, out);
         case KvFormat::s4: return decode_groups<KvFormat::s4>(row, groups, G, scales, zeros, out);
+        case KvFormat::s4_in_byte: return decode_groups<KvFormat::s4_in_byte>(row, groups, G, scales, zeros, out);
         default: return;
     }
 }

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _cpu, score_mods, sycl_runtime
 from ..attention_spec import AttentionSpec, NotUsable, Operand, lower
-from ..dtypes import DataType
+from ..dtypes import DTYPES, DataType
 from ..ops import OpKind
 from ..ops.philox import bits64
 from ..patterns.sdpa import InputChain, SdpaMatch
@@ -160,6 +160,50 @@ class WindowOperands:
         return left, right, fills[0] if fills else _NEG_INF
 
 
+# The kernel's format (graphattn::KvFormat) of a DynamicDequantize's src dtype, and the zero points' dtype it
+# reads with it: the graph's 4-bit tensors hold a value a byte (ml_dtypes' uint4 and int4), so u4 decodes as u8
+# and s4 by its low nibble.
+_DEQUANT_FORMATS = {DataType.u8: (_cpu.KvFormat.u8, (DataType.u8, DataType.u4)),
+                    DataType.u4: (_cpu.KvFormat.u8, (DataType.u8, DataType.u4)),
+                    DataType.s8: (_cpu.KvFormat.s8, (DataType.s8,)),
+                    DataType.s4: (_cpu.KvFormat.s4_in_byte, (DataType.s8,))}
+
+
+def dequant_spec(dequant, role: str, call, lts) -> tuple:
+    """A DynamicDequantize fused before K or V as the plan's KvQuant (_cpu.ForwardPlan.with_kv_quant): its
+    format, group and decoded dtype, and its scales' and zps' kernel strides, found from the sources of the
+    role's own strides (the src's axes), so they fold as the src does.  NotUsable where the kernel cannot
+    take it."""
+    op, src = dequant.op, lts[dequant.src.tensor_id]
+    fmt, zero_types = _DEQUANT_FORMATS[src.dtype]
+    sources = call.sources[role]
+    column = sources[-1]
+    group_shape = list(op.attrs["group_shape"])
+    grouped = [axis for axis, g in enumerate(group_shape) if g != 1]
+    if grouped and (column is None or grouped != [column[0]]):
+        raise NotUsable(f"{op.where} groups dim {grouped[0]}, not {role}'s head size")
+    group = group_shape[column[0]] if column is not None else 1
+
+    def kernel_strides(lt) -> tuple:
+        strides = [0 if source is None or lt.shape[source[0]] == 1 else source[1] * lt.strides[source[0]]
+                   for source in sources[:-1]]
+        for r, outer, inner, size in call.folds:
+            if r == role and outer is not None and inner is not None and \
+                    outer[1] * lt.strides[outer[0]] != inner[1] * lt.strides[inner[0]] * size:
+                raise NotUsable(f"{op.where}: tensor {lt.id}'s strides do not fold as {role}'s do")
+        return tuple(strides) + (0 if column is None else lt.strides[column[0]],)
+
+    scales = lts[dequant.scales.tensor_id]
+    zps = None
+    if dequant.zps is not None:
+        zero = lts[dequant.zps.tensor_id]
+        if zero.dtype not in zero_types:
+            raise NotUsable(f"{op.where}: zps of {zero.dtype.value} beside src of {src.dtype.value}")
+        zps = (int(_cpu.DType.u8), kernel_strides(zero))
+    decoded = DTYPES[op.outputs[0].dtype].kernel_code
+    return int(fmt), group, decoded, (DTYPES[scales.dtype].kernel_code, kernel_strides(scales)), zps
+
+
 def usm_address(array, name: str) -> int:
     """The device address of a SYCL kernel operand, which must be a USM array."""
     if not sycl_runtime.is_usm_array(array):
@@ -287,7 +331,10 @@ class FusedSdpaForward(ReplayedLengths):
             ("output", m.output_id), ("mask", None if m.mask is None else m.mask.tensor_id),
             ("stats", m.stats_id)) if tensor_id is not None}
         self.note_views(views, ports, lts)
-        operands = {role: operand(lts[self.ports[role]].dtype, view) for role, view in views.items()}
+        # A K or V decoded in the kernel enters the spec as the dtype its DynamicDequantize gives.
+        self.dequants = {role: d for role, d in (("key", m.key_dequant), ("value", m.value_dequant)) if d is not None}
+        given = {role: d.op.outputs[0].dtype for role, d in self.dequants.items()}
+        operands = {role: operand(given.get(role, lts[self.ports[role]].dtype), view) for role, view in views.items()}
         self.scale = scalar_chain(m.scale, lts, "scale")
         self.scale_is_divisor = m.scale_op is not None and m.scale_op.kind == OpKind.Divide
         self.softcap = None if m.softcap_divisor is None else (
@@ -308,7 +355,13 @@ class FusedSdpaForward(ReplayedLengths):
         self.on_sycl = engine is not None and engine.is_sycl
         if self.on_sycl:
             check_sycl_usable(input_dtypes, head_dim, head_dim_v)
+        if self.dequants and self.on_sycl:
+            raise NotUsable("DynamicDequantize before K or V: the SYCL kernels do not decode quantized rows")
         self.plan = call.forward_plan(engine.queue if self.on_sycl else None)
+        if self.dequants:
+            self.plan = self.plan.with_kv_quant({role: dequant_spec(d, role, call, lts)
+                                                 for role, d in self.dequants.items()})
+            self.replayable = False  # the replay knows no scales
         self.dropout_seed = scalar_chain(m.dropout_seed, lts, "Dropout seed")
         self.dropout_offset = scalar_chain(m.dropout_offset, lts, "Dropout offset")
         if self.on_sycl:
@@ -360,7 +413,7 @@ class FusedSdpaForward(ReplayedLengths):
         """run(query, key, value, output, mask, stats, scale, dropout_seed, dropout_offset): execute's kernel
         call for calls whose other operands (fill values, key window offsets) are always those in
         fixed_inputs, with their lookups done once here.  None on SYCL (execute also orders the queue there)."""
-        if self.on_sycl:
+        if self.on_sycl or self.dequants:
             return None
         left, right, window_fill = self.window.values(fixed_inputs)
         select_fill = host_scalar(fixed_inputs[self.select_fill.tensor_id]) if self.select_fill is not None else _NEG_INF
@@ -401,6 +454,11 @@ class FusedSdpaForward(ReplayedLengths):
         scale = host_scalar(inputs[self.scale.tensor_id]) if self.scale is not None else 1.0
         if self.softcap is not None:
             scale = self._saturated_scale(scale, inputs[m.query.tensor_id], inputs[m.key.tensor_id])
+        if self.dequants:
+            run = functools.partial(run, kv_params=tuple(
+                None if d is None or c is None else inputs[c.tensor_id]
+                for d in (self.dequants.get("key"), self.dequants.get("value"))
+                for c in ((None, None) if d is None else (d.scales, d.zps))))
         # Positional: the per-call cost of keyword parsing is visible on decode-sized calls.
         run(*data, mask, stats, scale,
             left, right,

@@ -21,6 +21,7 @@ class OpKind(enum.Enum):
     GreaterEqual = "GreaterEqual"
     GreaterThan = "GreaterThan"
     Dropout = "Dropout"
+    DynamicDequantize = "DynamicDequantize"
     End = "End"
 
     def __str__(self) -> str:

@@ -6,6 +6,10 @@
                  -> [key window bound Select]...
                  -> SoftMax[+stats] -> [Dropout] -> MatMul(P, V) -> [StaticTranspose] [StaticReshape]
 
+K and V may each come straight from a DynamicDequantize (oneDNN's compressed-KV SDPA: per group along the
+head size, K as (N, H, S, D) with group_shape [.., 1, G] and transpose_b, or as the (N, H, D, S) view with
+[.., G, 1]); the partition then takes its src, scales and zps, and the kernel decodes the bytes itself.
+
 Each external input may arrive through StaticReshape / StaticTranspose ops
 (the 4D GQA form reshapes Q to (N, Hkv, rep, S, D) and K/V to (N, Hkv, 1, S, D)).
 A key window bound is GenIndex(row), GenIndex(col), optional Add/Subtract of
@@ -49,6 +53,16 @@ class KeyBound:
 
 
 @dataclass
+class DequantMatch:
+    """A DynamicDequantize that feeds K or V straight into the pattern (oneDNN's compressed-KV SDPA): the
+    kernel reads src's bytes and decodes them by scales and zps as it goes."""
+    op: Op
+    src: InputChain
+    scales: InputChain
+    zps: InputChain | None
+
+
+@dataclass
 class SdpaMatch:
     qk: Op
     softmax: Op
@@ -73,9 +87,13 @@ class SdpaMatch:
     dropout_op: Op | None = None       # Dropout between SoftMax and MatMul(P, V)
     dropout_seed: InputChain | None = None
     dropout_offset: InputChain | None = None
+    key_dequant: DequantMatch | None = None    # key and value then are the DynamicDequantize's src
+    value_dequant: DequantMatch | None = None
+    notes: list[str] = field(default_factory=list)  # why ops before the pattern stay out of it (verbose log)
 
     def all_ops(self) -> list[Op]:
         ops = [self.qk, self.softmax, self.pv]
+        ops += [d.op for d in (self.key_dequant, self.value_dequant) if d is not None]
         ops += [op for op in (self.scale_op, self.mask_op, self.dropout_op) if op is not None] + self.softcap_ops
         for chain in self.input_chains():
             ops += chain.ops
@@ -85,6 +103,9 @@ class SdpaMatch:
     def input_chains(self) -> list[InputChain]:
         chains = [self.query, self.key, self.value, self.scale, self.softcap_divisor, self.softcap_multiplier,
                   self.mask, self.select_fill, self.dropout_seed, self.dropout_offset]
+        for d in (self.key_dequant, self.value_dequant):
+            if d is not None:
+                chains += [d.scales, d.zps]
         for bound in self.bounds:
             chains += [bound.fill] + [c for c, _ in bound.terms]
         return [c for c in chains if c is not None]
@@ -317,12 +338,37 @@ def match_sdpa(graph, softmax: Op) -> SdpaMatch:
     match_masked_scores(graph, softmax.inputs[0].id, parts)
     qk = parts.pop("qk")
     output_ops, output_id = output_chain(graph, pv.outputs[0].id)
+    key, value = input_chain(graph, qk.inputs[1].id), input_chain(graph, pv.inputs[1].id)
+    (key_dequant, key_note), (value_dequant, value_note) = dequant_feeding(graph, key), dequant_feeding(graph, value)
     match = SdpaMatch(qk=qk, softmax=softmax, pv=pv,
-                      query=input_chain(graph, qk.inputs[0].id), key=input_chain(graph, qk.inputs[1].id),
-                      value=input_chain(graph, pv.inputs[1].id), output_ops=output_ops, output_id=output_id,
-                      stats_id=softmax.outputs[1].id if len(softmax.outputs) > 1 else None, **parts)
+                      query=input_chain(graph, qk.inputs[0].id),
+                      key=key if key_dequant is None else key_dequant.src,
+                      value=value if value_dequant is None else value_dequant.src,
+                      output_ops=output_ops, output_id=output_id,
+                      stats_id=softmax.outputs[1].id if len(softmax.outputs) > 1 else None,
+                      key_dequant=key_dequant, value_dequant=value_dequant,
+                      notes=[n for n in (key_note, value_note) if n is not None], **parts)
     _check_intermediates(graph, match)
     return match
+
+
+def dequant_feeding(graph, chain: InputChain) -> tuple[DequantMatch | None, str | None]:
+    """The DynamicDequantize whose output is K's or V's chain tensor, where the kernel can take it in the
+    pattern: per group along one of the last two dims, src, scales and zps partition inputs (no views), the
+    output used by the pattern alone; else None and why it stays its own partition (None: there is none)."""
+    op = graph.producer(chain.tensor_id)
+    if op is None or op.kind != OpKind.DynamicDequantize:
+        return None, None
+    chains = [input_chain(graph, lt.id) for lt in op.inputs]
+    if chain.ops:
+        return None, f"{op.where}: view ops between it and the MatMul"
+    if op.attrs["qtype"] != "per_group":
+        return None, f"{op.where}: qtype {op.attrs['qtype']} (the kernel takes per_group along the head size)"
+    if len(graph.consumers(chain.tensor_id)) != 1 or graph.is_marked_output(chain.tensor_id):
+        return None, f"{op.where}: its output is used outside the pattern"
+    if any(c.ops or graph.producer(c.tensor_id) is not None for c in chains):
+        return None, f"{op.where}: its src, scales or zps are not partition inputs"
+    return DequantMatch(op, chains[0], chains[1], chains[2] if len(chains) > 2 else None), None
 
 
 def check_closed(graph, ops: list[Op], inputs: set[int], outputs: set[int]) -> None:

@@ -9,6 +9,9 @@
 //   u8, s8:  one byte a value, value = (q - z_g) * s_g (u8 unsigned, s8 signed)
 //   u4, s4:  two values a byte, column c in byte c / 2, the even column in the
 //            low nibble (oneDNN's order); value = (q - z_g) * s_g
+//   s4_in_byte: one s4 value a byte, in its low nibble (ml_dtypes' int4, as
+//            the graph API's s4 tensors hold them); value = (q - z_g) * s_g
+//            (a u4 value a byte is u8's rule)
 //   fp8_e4m3, fp8_e5m2: one byte a value (float8_e4m3fn, float8_e5m2),
 //            value = f8 * s, one scale a batch element (a tensor or a K/V
 //            head), no zero point.
@@ -19,11 +22,11 @@
 
 namespace graphattn {
 
-enum class KvFormat : int32_t { plain = 0, u8 = 1, s8 = 2, u4 = 3, s4 = 4, fp8_e4m3 = 5, fp8_e5m2 = 6 };
+enum class KvFormat : int32_t { plain = 0, u8 = 1, s8 = 2, u4 = 3, s4 = 4, fp8_e4m3 = 5, fp8_e5m2 = 6, s4_in_byte = 7 };
 
 inline bool kv_four_bit(KvFormat f) { return f == KvFormat::u4 || f == KvFormat::s4; }
 inline bool kv_fp8(KvFormat f) { return f == KvFormat::fp8_e4m3 || f == KvFormat::fp8_e5m2; }
-inline bool kv_signed(KvFormat f) { return f == KvFormat::s8 || f == KvFormat::s4; }
+inline bool kv_signed(KvFormat f) { return f == KvFormat::s8 || f == KvFormat::s4 || f == KvFormat::s4_in_byte; }
 
 // Bytes of a row of `cols` values.
 inline int64_t kv_row_bytes(KvFormat f, int64_t cols) { return kv_four_bit(f) ? (cols + 1) / 2 : cols; }
@@ -36,6 +39,10 @@ inline int32_t kv_stored_int(KvFormat f, const uint8_t* row, int64_t c) {
         case KvFormat::u4: return (row[c >> 1] >> ((c & 1) * 4)) & 15;
         case KvFormat::s4: {
             const int32_t n = (row[c >> 1] >> ((c & 1) * 4)) & 15;
+            return n >= 8 ? n - 16 : n;
+        }
+        case KvFormat::s4_in_byte: {
+            const int32_t n = row[c] & 15;
             return n >= 8 ? n - 16 : n;
         }
         default: return 0;
