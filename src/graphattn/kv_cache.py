@@ -66,11 +66,14 @@ class _Rows:
     """One cache tensor, K or V: its array and, stored quantized (kv_quant), its format, group size, scales and
     zero points, checked.  head_dim counts values, not stored bytes."""
 
-    def __init__(self, name: str, x, fmt: kv_quant.KvFormat | None, scales, zero_points, kind: str, sequences: int):
+    def __init__(self, name: str, x, fmt: kv_quant.KvFormat | None, scales, zero_points, kind: str | None,
+                 sequences: int):
+        """kind: the array kind the other tensor of the pair has (None for the first)."""
         self.name = name
-        self.array, kind_x = _host(x, f"{name}_cache")
-        if kind_x != kind:
+        self.array, self.kind = _host(x, f"{name}_cache")
+        if kind is not None and self.kind != kind:
             raise TypeError("k_cache and v_cache must both be NumPy arrays or both torch tensors")
+        kind = self.kind
         a = self.array
         if a.ndim != 4:
             raise ValueError(f"{name}_cache must be 4-D ((num_blocks, block_size, H_kv, D) paged, or (B_cache, "
@@ -192,9 +195,8 @@ class _Cache:
     def __init__(self, k_cache, v_cache, block_table, cache_batch_idx, sequences: int, quant: dict | None = None):
         quant = quant or {}
         k_fmt, v_fmt = _formats(quant.get("kv_format"))
-        _, self.kind = _host(k_cache, "k_cache")
-        self.k_rows = _Rows("k", k_cache, k_fmt, quant.get("k_scales"), quant.get("k_zero_points"), self.kind,
-                            sequences)
+        self.k_rows = _Rows("k", k_cache, k_fmt, quant.get("k_scales"), quant.get("k_zero_points"), None, sequences)
+        self.kind = self.k_rows.kind
         self.v_rows = _Rows("v", v_cache, v_fmt, quant.get("v_scales"), quant.get("v_zero_points"), self.kind,
                             sequences)
         self.k, self.v = self.k_rows.array, self.v_rows.array

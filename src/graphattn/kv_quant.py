@@ -148,8 +148,8 @@ def unpack_nibbles(data: np.ndarray, signed: bool) -> np.ndarray:
 def quantize_kv(x, kv_format, *, group_size: int | None = None, scale_dtype="f16", scale=None):
     """Rows x (..., D) quantized by the module's rules: (data, scales, zero_points).  data is x's shape (D / 2
     for 4 bits) in the format's storage dtype; scales (..., D / G) in scale_dtype (fp8: f32, the given `scale` or
-    one for the whole tensor); zero_points (..., D / G) for u8 and u4, None for the others.  group_size G
-    defaults to 32 where it divides D, else D."""
+    one for the whole tensor, broadcast against x's dims but the last as dequantize_kv's); zero_points
+    (..., D / G) for u8 and u4, None for the others.  group_size G defaults to 32 where it divides D, else D."""
     fmt = format_named(kv_format)
     x = np.asarray(x).astype(np.float32)
     if x.ndim < 1 or x.shape[-1] < 1:
@@ -192,7 +192,7 @@ def _quantize_fp8(x: np.ndarray, fmt: KvFormat, scale):
         s = np.asarray(np.abs(x).max(initial=0.0) / fmax, np.float32)
     else:
         s = np.asarray(scale, np.float32)
-    wide = s.reshape(s.shape + (1,) * (x.ndim - s.ndim)) if s.ndim > 1 else s
+    wide = s[..., None] if s.size > 1 else s.reshape(())  # broadcast against x's dims but the last
     with np.errstate(divide="ignore", invalid="ignore"):
         values = np.where(wide > 0, np.clip(x / wide, -fmax, fmax), 0.0)
     return values.astype(fmt.fp8), s, None
