@@ -578,3 +578,28 @@ def test_compressed_kv_graph_on_every_candidate(candidate, dtype, rng):
             partitions, got = run_compressed(graph, inputs)
         assert [p.kind for p in partitions] == ["sdpa_forward"]
         assert_close(got, want, dtype, f"{fmt} {options}")
+
+
+def test_graph_groups_smaller_than_the_python_formats_take(rng):
+    # The graph's DynamicDequantize may group by any size: groups of 8 over D = 4096 (512 a row) decode too.
+    d, s, group = 4096, 5, 8
+    lt = ga.LogicalTensor
+    k_src = rng.integers(0, 256, (1, 1, s, d)).astype(np.uint8)
+    k_s = rng.uniform(0.5, 1.5, (1, 1, s, d // group)).astype(np.float32) / 128
+    q = rng.standard_normal((1, 1, 2, d)).astype(np.float32) / 16
+    v = rng.standard_normal((1, 1, s, 8)).astype(np.float32)
+    graph = ga.Graph()
+    ins = [lt(0, "f32", q.shape), lt(1, "u8", k_src.shape), lt(2, "f32", k_s.shape), lt(3, "f32", v.shape)]
+    k = lt(10, "f32", k_src.shape)
+    graph.add_op(ga.Op(0, "DynamicDequantize", ins[1:3], [k], {"qtype": "per_group", "group_shape": [1, 1, 1, group]}))
+    scores, probs, out = lt(11, "f32", (1, 1, 2, s)), lt(12, "f32", (1, 1, 2, s)), lt(13, "f32", (1, 1, 2, 8))
+    graph.add_op(ga.Op(1, "MatMul", [ins[0], k], [scores], {"transpose_b": True}))
+    graph.add_op(ga.Op(2, "SoftMax", [scores], [probs], {"axis": -1}))
+    graph.add_op(ga.Op(3, "MatMul", [probs, ins[3]], [out]))
+    partitions = graph.get_partitions()
+    assert [p.kind for p in partitions] == ["sdpa_forward"]
+    got = ga.run_graph(graph, {0: q, 1: k_src, 2: k_s, 3: v}, partitions=partitions)[13]
+    kk = k_src.astype(np.float64) * np.repeat(k_s.astype(np.float64), group, -1)
+    logits = q.astype(np.float64) @ kk.swapaxes(-1, -2)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    assert_close(got, (p / p.sum(-1, keepdims=True)) @ v, "f32")

@@ -236,7 +236,7 @@ private:
         }
         const int G = int(quant_.group), groups = cols / G;
         const uint8_t* zeros = static_cast<const uint8_t*>(quant_.zero_points.data);
-        float s[kMaxDecodedCols / 16], z[kMaxDecodedCols / 16];  // groups of 16 values at least
+        float s[kMaxDecodedCols], z[kMaxDecodedCols];  // a group may be one value (the C++ API takes any G)
         for (int g = 0; g < groups; ++g) {
             s[g] = scale_value(quant_.scales.data, quant_.scales.dtype, scales_at + g * scale_layout_.col_stride);
             const uint8_t zb = zeros ? zeros[zeros_at + g * zero_layout_.col_stride] : 0;
