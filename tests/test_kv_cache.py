@@ -145,6 +145,50 @@ def test_score_mods_and_gqa(options, kv_heads, rng):
     check(q, k_cache, v_cache, table, cached, new, "f32", bs, k, v, **options)
 
 
+# Decode over token-major caches takes the K/V heads in turn, a key chunk at a time (the row layout's turns):
+# lengths across several chunks (128 keys), a partial one, none, beside speculative steps.
+TURN_CACHED, TURN_NEW = [700, 129, 0, 260, 1], [1, 2, 1, 3, 1]
+TURN_OPTIONS = {
+    "causal": {"is_causal": True},
+    "window": {"window": (150, 0)},
+    "softcap_alibi": {"softcap": 4.0, "alibi_slopes": "per_head", "is_causal": True},
+    "sinks": {"sinks": True, "is_causal": True},
+}
+
+
+@pytest.mark.parametrize("options", TURN_OPTIONS.values(), ids=TURN_OPTIONS.keys())
+@pytest.mark.parametrize("candidate,dtype", CANDIDATE_DTYPES)
+def test_every_candidate_takes_the_heads_in_turn(candidate, dtype, options, rng):
+    """Decode and speculative steps over a token-major paged cache of 3 K/V heads (odd head dims, pages of 7
+    rows) on every candidate against the float64 reference; with two threads the long sequence's keys are
+    split too, each split's chunks folded in turn before the splits merge."""
+    skip_unless_runs_here(candidate)
+    options = dict(options)
+    if options.get("alibi_slopes") == "per_head":
+        options["alibi_slopes"] = rng.uniform(0.05, 0.5, 6).astype(np.float32)
+    if options.pop("sinks", False):
+        options["sinks"] = rng.standard_normal(6).astype(np.float32)
+    lengths = [c + n for c, n in zip(TURN_CACHED, TURN_NEW)]
+    k_cache, v_cache, table = paged_cache(rng, dtype, lengths, 7, kv_heads=3, d=40, dv=24, spare=2)
+    q = random_array((sum(TURN_NEW), 6, 40), dtype, rng)
+    k, v = random_array((sum(TURN_NEW), 3, 40), dtype, rng), random_array((sum(TURN_NEW), 3, 24), dtype, rng)
+    with ga.force_kernel(candidate):
+        check(q, k_cache, v_cache, table, TURN_CACHED, TURN_NEW, dtype, 7, k, v, **options)
+
+
+def test_heads_in_turn_only_where_a_token_row_holds_every_head(rng):
+    """The plan names the turns ("+turns") where K's and V's rows of all heads lie in each token row, and not
+    for head-major rows."""
+    lengths = [700, 129, 5, 260]
+    cq = cu([1] * 4)
+    k = random_array((sum(lengths), 3, 40), "f32", rng)
+    v = random_array((sum(lengths), 3, 24), "f32", rng)
+    q = random_array((4, 6, 40), "f32", rng)
+    assert "+turns" in ga.varlen.dispatch_text(q, k, v, cq, cu(lengths))
+    head_major = [np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2) for x in (k, v)]
+    assert "+turns" not in ga.varlen.dispatch_text(q, *head_major, cq, cu(lengths))
+
+
 def test_shared_blocks_between_sequences(rng):
     """Two sequences share a prefix block (a prompt cached once): each reads it through its own table."""
     k_cache, v_cache, table = paged_cache(rng, "f32", [8, 8], 4, poison=False)

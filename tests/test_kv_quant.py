@@ -166,6 +166,17 @@ def test_every_candidate(candidate, dtype, rng):
                           v_group=min(group, 32), is_causal=True)
 
 
+@pytest.mark.parametrize("candidate,dtype", CANDIDATE_DTYPES)
+def test_every_candidate_takes_quantized_heads_in_turn(candidate, dtype, rng):
+    """Quantized token-major rows of 3 K/V heads over several key chunks of the heads' turns (lengths past
+    128 keys, pages of 5 rows), decode and speculative steps, window and sinks."""
+    skip_unless_runs_here(candidate)
+    sinks = rng.standard_normal(6).astype(np.float32)
+    with ga.force_kernel(candidate):
+        run_and_check(rng, dtype, "u4", "u8", [600, 130, 0], [1, 3, 1], block_size=5, heads=6, kv_heads=3,
+                      k_group=16, v_group=32, window=(200, 0), sinks=sinks)
+
+
 @pytest.mark.parametrize("block_size", [1, 3, 64])
 @pytest.mark.parametrize("scale_dtype", ["f16", "bf16", "f32"])
 def test_block_sizes_scale_dtypes_and_no_zero_points(block_size, scale_dtype, rng):

@@ -193,17 +193,32 @@ struct Plan {
     int threads = 1;
 };
 
-// may_pool: small runs may be pooled one per thread; with_empty: runs without keys or rows are tasks too.
-Plan plan_tasks(const SdpaForwardArgs& a, bool may_pool, bool with_empty) {
+// How a call's sequences become tasks.
+struct TaskRules {
+    bool may_pool = false;        // small runs may be pooled, one task per thread
+    bool with_empty = false;      // runs without keys or rows are tasks too
+    bool heads_together = false;  // a pooled task takes a sequence's every K/V head, else one
+};
+
+// The forward's rules: a pooled task takes a sequence's heads together where K's and V's rows of its heads
+// lie side by side in each token row (a token-major cache), so that the kernel reads whole token rows
+// (the row layout's turns, sdpa_forward_lanes.hpp) rather than one head's stripe of each.
+TaskRules forward_rules(const SdpaForwardArgs& a, const DenseForwardRunner& dense) {
+    const bool interleaved = kv_row_layout(a.key).interleaves(1, a.batch[1]) &&
+                             kv_row_layout(a.value).interleaves(1, a.batch[1]);
+    return {dense.pooled, !dense.host_fills, interleaved};
+}
+
+Plan plan_tasks(const SdpaForwardArgs& a, const TaskRules& rules) {
     Plan plan;
-    plan.threads = may_pool ? omp_get_max_threads() : 1;
+    plan.threads = rules.may_pool ? omp_get_max_threads() : 1;
     const SequenceSpan* spans = a.sequences.spans;
     std::vector<Task> runs;
     int64_t total = 0;
     for (int64_t s = 0; s < a.batch[0];) {
         int64_t end = s + 1;
         while (end < a.batch[0] && continues_run(spans[end - 1], spans[end], a.key.pages.paged())) ++end;
-        if (with_empty ? spans[s].query_rows + spans[s].key_rows > 0 : spans[s].query_rows > 0 && spans[s].key_rows > 0) {
+        if (rules.with_empty ? spans[s].query_rows + spans[s].key_rows > 0 : spans[s].query_rows > 0 && spans[s].key_rows > 0) {
             Task run{s, end - s, 0, a.batch[1], (end - s) * heads_of(a) * sequence_work(a, spans[s])};
             total += run.work;
             runs.push_back(run);
@@ -214,7 +229,8 @@ Plan plan_tasks(const SdpaForwardArgs& a, bool may_pool, bool with_empty) {
     std::vector<Task> pooled;
     for (const Task& run : runs) {
         const SequenceSpan& s = spans[run.first];
-        const int64_t unit = run.work / std::max<int64_t>(run.count * a.batch[1], 1);  // one sequence's K/V head
+        const int64_t heads = rules.heads_together ? a.batch[1] : 1;  // per pooled task
+        const int64_t unit = run.work / std::max<int64_t>(run.count * a.batch[1], 1) * heads;  // one pooled task's
         const int64_t items = run.count * heads_of(a) * ((s.query_rows + kItemRows - 1) / kItemRows);
         const bool whole_team = plan.threads <= 1 || 2 * unit > share || (2 * run.work >= share && items >= plan.threads);
         if (whole_team) {
@@ -222,7 +238,7 @@ Plan plan_tasks(const SdpaForwardArgs& a, bool may_pool, bool with_empty) {
             continue;
         }
         for (int64_t q = run.first; q < run.first + run.count; ++q)
-            for (int64_t h = 0; h < a.batch[1]; ++h) pooled.push_back({q, 1, h, 1, unit});
+            for (int64_t h = 0; h < a.batch[1]; h += heads) pooled.push_back({q, 1, h, heads, unit});
     }
     std::stable_sort(pooled.begin(), pooled.end(), [](const Task& x, const Task& y) { return x.work > y.work; });
     plan.pooled = pooled.size();
@@ -367,7 +383,7 @@ SdpaForwardArgs with_alignment_resolved(const SdpaForwardArgs& args) {
 Status run_packed_forward(const SdpaForwardArgs& a, const DenseForwardRunner& dense) {
     Status s = check_spans(a, false);
     if (!s.ok || !(s = check_forward_args(envelope(a))).ok) return s;
-    const Plan plan = plan_tasks(a, dense.pooled, !dense.host_fills);
+    const Plan plan = plan_tasks(a, forward_rules(a, dense));
     const std::vector<uint64_t> prefix = dropout_prefix(a);
     auto make = [&](const Task& t) { return dense_forward(a, t, prefix); };
     if (!(s = admit_all(plan, make, dense)).ok) return s;
@@ -387,7 +403,7 @@ Status run_packed_backward(const SdpaBackwardArgs& b, const DenseBackwardRunner&
     Status s = check_spans(a, true);
     if (!s.ok || !(s = check_backward_args(envelope(b))).ok) return s;
     if (b.grad_mask.data) return Status::error("grad_mask: not taken with packed sequences");
-    const Plan plan = plan_tasks(a, dense.pooled, !dense.host_fills);
+    const Plan plan = plan_tasks(a, {dense.pooled, !dense.host_fills, false});
     const std::vector<uint64_t> prefix = dropout_prefix(a);
     std::vector<SinkPart> sinks(b.grad_sinks.data ? plan.tasks.size() : 0);
     for (size_t i = 0; i < sinks.size(); ++i) sinks[i] = sink_part(b, plan.tasks[i]);
@@ -445,14 +461,14 @@ std::string plan_text(const Plan& plan, int64_t sequences, Make&& make, const De
 
 std::string packed_forward_plan(const SdpaForwardArgs& a, const DenseForwardRunner& dense) {
     if (!check_spans(a, false).ok) return "layout=none";
-    const Plan plan = plan_tasks(a, dense.pooled, !dense.host_fills);
+    const Plan plan = plan_tasks(a, forward_rules(a, dense));
     const std::vector<uint64_t> prefix = dropout_prefix(a);
     return plan_text(plan, a.batch[0], [&](size_t i) { return dense_forward(a, plan.tasks[i], prefix); }, dense);
 }
 
 std::string packed_backward_plan(const SdpaBackwardArgs& b, const DenseBackwardRunner& dense) {
     if (!check_spans(b.forward, true).ok) return "layout=none";
-    const Plan plan = plan_tasks(b.forward, dense.pooled, !dense.host_fills);
+    const Plan plan = plan_tasks(b.forward, {dense.pooled, !dense.host_fills, false});
     const std::vector<uint64_t> prefix = dropout_prefix(b.forward);
     return plan_text(plan, b.forward.batch[0],
                      [&](size_t i) { return dense_backward(b, plan.tasks[i], prefix, nullptr); }, dense);

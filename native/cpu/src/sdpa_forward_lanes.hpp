@@ -65,6 +65,18 @@ struct LanePlan {
     int64_t outer_items = 0;    // outer batch indices x row blocks
     int64_t splits = 1;
     int64_t keys_per_split = 0;
+    // The row layout's heads in turn (LaneForward::turn_dim): the batch dimension whose indices one unit
+    // takes key chunk by key chunk (-1: none), its size, and the outer items between two of its indices.
+    int turn_dim = -1;
+    int64_t turns = 1;
+    int64_t turn_inner = 1;
+    // Units of work handed out: (item, split) pairs, or with turns (items of every turn index, split).
+    int64_t units() const { return outer_items / turns * splits; }
+    // Outer item of turn index h of unit u's items.
+    int64_t turn_item(int64_t u, int64_t h) const {
+        const int64_t item = u / splits;
+        return (item / turn_inner * turns + h) * turn_inner + item % turn_inner;
+    }
 };
 
 // The batch dimension that K and V ignore (stride 0 in both), so that its
@@ -277,6 +289,18 @@ struct LaneForward {
         };
         with_item_rows(kBlockQ, kMinKeysPerSplit);
         if constexpr (RowLayout) {
+            p.turn_dim = turn_dim(a, p);
+            if (p.turn_dim >= 0) {  // the keys split for units of every turn index's items
+                p.turns = a.batch[p.turn_dim];
+                for (int d = p.turn_dim + 1; d < kBatchDims; ++d) p.turn_inner *= d == p.shared_dim ? 1 : a.batch[d];
+                const int64_t items = p.outer_items / p.turns;
+                KeySplits splits = plan_key_splits(items, threads, 4, visible_keys_of(a), kBlockKV, kMinKeysPerSplit);
+                if (items * splits.count < threads)
+                    splits = plan_key_splits(items, threads, 4, visible_keys_of(a), kBlockKV, kMinRowLayoutKeysPerSplit);
+                p.splits = splits.count;
+                p.keys_per_split = splits.keys;
+                return p;
+            }
             // Where threads would idle even with the keys split, a K/V head's rows go in several items
             // (each reads the K/V again, from cache).
             if (p.outer_items * p.splits < threads && p.rows_total > kMinRowItemRows) {
@@ -289,6 +313,25 @@ struct LaneForward {
             if (p.outer_items * p.splits < threads) with_item_rows(p.item_rows, kMinRowLayoutKeysPerSplit);
         }
         return p;
+    }
+
+    // Keys a row-layout unit with turns reads of one turn index before it takes the next: short enough that
+    // the chunk's token rows of all of them stay in the core's cache, long enough that the per-chunk
+    // set-up (Q's rows, the fold) stays small beside it.
+    static constexpr int64_t kTurnKeys = 2 * kRowLayoutKeys;
+
+    // The batch dimension whose indices a row-layout unit takes in turn, a key chunk (kTurnKeys) at a time,
+    // or -1.  Where K's and V's rows of its indices lie side by side in each token row (a token-major
+    // cache's heads, KvRowLayout::interleaves), items of one index read a stripe of every token row, which
+    // streams at about half the rate whole rows do (docs/performance.md, decode); taken in turn, each chunk
+    // of token rows is read whole, by one thread, within a short time.  Only for items of all the rows of
+    // their index (one row block).
+    static int turn_dim(const SdpaForwardArgs& a, const LanePlan& p) {
+        if (p.row_blocks != 1) return -1;
+        const KvRowLayout k = kv_row_layout(a.key), v = kv_row_layout(a.value);
+        for (int d = 0; d < kBatchDims; ++d)
+            if (d != p.shared_dim && k.interleaves(d, a.batch[d]) && v.interleaves(d, a.batch[d])) return d;
+        return -1;
     }
 
     // Outer batch index (shared dimension at 0) and first row of item `outer`.
@@ -820,29 +863,130 @@ struct LaneForward {
         const LanePlan p = plan(a);
         const char* layout = RowLayout ? (key_reads(a, p.item_rows).pairs ? "rows_bf16_pairs" : "rows")
                                        : (uses_pair_dots(a) ? "lanes_bf16_pairs" : "lanes");
+        // "+turns": units take the turn dimension's items in turn (turn_dim).
         return work_plan_text(layout, std::min(p.item_rows, p.rows_total), p.outer_items,
-                              p.splits, std::min(p.keys_per_split, a.seq_kv), team_for_items(p.outer_items * p.splits),
+                              p.splits, std::min(p.keys_per_split, a.seq_kv), team_for_items(p.units()),
                               order_name(!later_rows_see_more(a),
-                                         longest_first(later_rows_see_more(a), p.outer_items, omp_get_max_threads())));
+                                         longest_first(later_rows_see_more(a), p.outer_items, omp_get_max_threads())) +
+                                  (p.turns > 1 ? "+turns" : ""));
+    }
+
+    // Item `outer`'s results of split `split` (in sc: o_pad rows or O^T, row_max, row_sum; sc mapping its
+    // lanes) written: the output rows where the keys are not split, else its partial, and the merge of all
+    // its splits by the split that finishes them.
+    static void finish_item(const SdpaForwardArgs& a, const LanePlan& p, Scratch& sc, int64_t outer, int64_t split,
+                            int rows, float* partials, SplitsDone& splits_done) {
+        const int Dv = int(a.head_dim_v);
+        if (p.splits == 1) {
+            if constexpr (RowLayout)
+                write_rows_from_o_pad(a, sc, rows, Dv);
+            else
+                write_rows(a, sc, sc.o_t.get(), sc.row_max.get(), sc.row_sum.get(), rows, Dv);
+            return;
+        }
+        if constexpr (RowLayout) o_pad_rows_to_o_t(sc, rows, Dv);
+        float* part = partials + (outer * p.splits + split) * partial_floats(Dv);
+        std::copy(sc.o_t.get(), sc.o_t.get() + size_t(Dv) * kBlockQ, part);
+        std::copy(sc.row_max.get(), sc.row_max.get() + kBlockQ, part + size_t(Dv) * kBlockQ);
+        std::copy(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, part + size_t(Dv + 1) * kBlockQ);
+        if (splits_done.finishes(outer))  // sc still maps this item's lanes
+            merge_and_write(a, p, sc, partials + outer * p.splits * partial_floats(Dv), rows);
+    }
+
+    // Running results of one item's rows while its unit takes the turn indices in turn: o (rows Dvp apart,
+    // unnormalised), max (base 2) and sum, per turn index.
+    struct TurnState {
+        AlignedFloats values;
+        int64_t per_item = 0;
+        TurnState(const LanePlan& p, int Dvp)
+            : values(AlignedFloats::uninitialized(p.turns > 1 ? size_t(p.turns) * (size_t(kBlockQ) * (Dvp + 2)) : 0)),
+              per_item(int64_t(kBlockQ) * (Dvp + 2)) {}
+        float* o(int64_t h) { return values.get() + h * per_item; }
+        float* max(int64_t h, int Dvp) { return o(h) + int64_t(kBlockQ) * Dvp; }
+        float* sum(int64_t h, int Dvp) { return max(h, Dvp) + kBlockQ; }
+    };
+
+    // Rows' results of one key chunk (sc: o_pad, row_max, row_sum) folded into their running ones by the
+    // log-sum-exp (as merge_split_row); first: the running ones start from them.
+    static void fold_chunk(const Scratch& sc, int rows, int Dvp, float* o, float* max, float* sum, bool first) {
+        for (int r = 0; r < rows; ++r) {
+            const float* chunk_o = sc.o_pad.get() + r * Dvp;
+            float* run_o = o + r * Dvp;
+            const float chunk_max = sc.row_max.get()[r], chunk_sum = sc.row_sum.get()[r];
+            if (first) {
+                std::copy(chunk_o, chunk_o + Dvp, run_o);
+                max[r] = chunk_max;
+                sum[r] = chunk_sum;
+                continue;
+            }
+            const float m = std::max(max[r], chunk_max);
+            const float base = m == -__builtin_inff() ? 0.0f : m;  // no finite score yet: both weights 0
+            const float w_run = std::exp2(max[r] - base), w_chunk = std::exp2(chunk_max - base);
+            sum[r] = sum[r] * w_run + chunk_sum * w_chunk;  // a NaN sum stays NaN
+            max[r] = m;
+            if (w_run == 0.0f)  // nothing seen before counts (merge_split_row skips such a split likewise)
+                std::fill(run_o, run_o + Dvp, 0.0f);
+            else if (w_run != 1.0f)
+                for (int c = 0; c < Dvp; c += kLanes) store(run_o + c, load(run_o + c) * splat(w_run));
+            if (w_chunk != 0.0f)
+                for (int c = 0; c < Dvp; c += kLanes)
+                    store(run_o + c, load(run_o + c) + load(chunk_o + c) * splat(w_chunk));
+        }
+    }
+
+    // Unit u of a plan with turns: its split's keys a chunk at a time, each chunk for every turn index's item
+    // in turn (turn_dim), then each item finished.
+    static void attend_in_turn(const SdpaForwardArgs& a, const LanePlan& p, Scratch& sc, TurnState& state, int64_t u,
+                               bool skip_hidden_blocks, float* partials, SplitsDone& splits_done) {
+        const int Dvp = Scratch::padded(a.head_dim_v);
+        const int64_t split = u % p.splits;
+        const int64_t key_begin = split * p.keys_per_split;
+        const int64_t key_end = std::min(a.seq_kv, key_begin + p.keys_per_split);
+        int64_t b[kBatchDims], row0;
+        int rows = 0;
+        // At least one chunk, so that a split without keys gives each item its empty results too.
+        const int64_t chunks = std::max<int64_t>(1, (key_end - key_begin + kTurnKeys - 1) / kTurnKeys);
+        for (int64_t c = 0; c < chunks; ++c) {
+            const int64_t c0 = key_begin + c * kTurnKeys, c1 = std::min(key_end, c0 + kTurnKeys);
+            for (int64_t h = 0; h < p.turns; ++h) {
+                item_origin(a, p, p.turn_item(u, h), b, row0);
+                rows = map_lanes(a, p, sc, b, row0);
+                attend_rows(a, sc, b, rows, c0, c1, skip_hidden_blocks);
+                fold_chunk(sc, rows, Dvp, state.o(h), state.max(h, Dvp), state.sum(h, Dvp), c == 0);
+            }
+        }
+        for (int64_t h = 0; h < p.turns; ++h) {
+            const int64_t outer = p.turn_item(u, h);
+            item_origin(a, p, outer, b, row0);
+            rows = map_lanes(a, p, sc, b, row0);
+            std::copy(state.o(h), state.o(h) + int64_t(rows) * Dvp, sc.o_pad.get());
+            std::copy(state.max(h, Dvp), state.max(h, Dvp) + rows, sc.row_max.get());
+            std::copy(state.sum(h, Dvp), state.sum(h, Dvp) + rows, sc.row_sum.get());
+            finish_item(a, p, sc, outer, split, rows, partials, splits_done);
+        }
     }
 
     static Status run(const SdpaForwardArgs& a) {
         const int Dv = int(a.head_dim_v);
         const LanePlan p = plan(a);
         const bool skip_hidden_blocks = skips_hidden_blocks(a), uneven = later_rows_see_more(a);
-        const int64_t work_items = p.outer_items * p.splits;
         const bool by_rank = longest_first(uneven, p.outer_items, omp_get_max_threads());
         // Every (item, split) writes its whole partial before the merge reads it.
         AlignedFloats partials =
-            AlignedFloats::uninitialized(p.splits > 1 ? size_t(work_items) * partial_floats(Dv) : 0);
+            AlignedFloats::uninitialized(p.splits > 1 ? size_t(p.outer_items * p.splits) * partial_floats(Dv) : 0);
 
-        const int team = team_for_items(work_items);
-        HomeFirstUnits units(work_items, team, !uneven);
+        const int team = team_for_items(p.units());
+        HomeFirstUnits units(p.units(), team, !uneven);
         SplitsDone splits_done(p.outer_items, p.splits);
         const int64_t v_blocks = Scratch::cached_v_blocks(a, p, !uneven);
         run_on_pool(team, [&] {
             Scratch sc(a, p.item_rows, v_blocks);
+            TurnState state(p, Scratch::padded(Dv));
             units.for_each([&](int64_t w) {
+                if constexpr (RowLayout) {
+                    if (p.turns > 1)
+                        return attend_in_turn(a, p, sc, state, w, skip_hidden_blocks, partials.get(), splits_done);
+                }
                 const WorkItem x = work_item(w / p.splits, p.outer_items / p.row_blocks, p.row_blocks, by_rank);
                 const int64_t outer = x.batch * p.row_blocks + (uneven ? p.row_blocks - 1 - x.rank : x.rank);
                 const int64_t split = w % p.splits;
@@ -855,20 +999,7 @@ struct LaneForward {
                     attend_rows(a, sc, b, rows, key_begin, key_end, skip_hidden_blocks);
                 else
                     attend(a, sc, b, rows, key_begin, key_end, skip_hidden_blocks);
-                if (p.splits == 1) {
-                    if constexpr (RowLayout)
-                        write_rows_from_o_pad(a, sc, rows, Dv);
-                    else
-                        write_rows(a, sc, sc.o_t.get(), sc.row_max.get(), sc.row_sum.get(), rows, Dv);
-                } else {
-                    if constexpr (RowLayout) o_pad_rows_to_o_t(sc, rows, Dv);
-                    float* part = partials.get() + (outer * p.splits + split) * partial_floats(Dv);
-                    std::copy(sc.o_t.get(), sc.o_t.get() + size_t(Dv) * kBlockQ, part);
-                    std::copy(sc.row_max.get(), sc.row_max.get() + kBlockQ, part + size_t(Dv) * kBlockQ);
-                    std::copy(sc.row_sum.get(), sc.row_sum.get() + kBlockQ, part + size_t(Dv + 1) * kBlockQ);
-                    if (splits_done.finishes(outer))  // sc still maps this item's lanes
-                        merge_and_write(a, p, sc, partials.get() + outer * p.splits * partial_floats(Dv), rows);
-                }
+                finish_item(a, p, sc, outer, split, rows, partials.get(), splits_done);
             });
         });
         return Status::success();

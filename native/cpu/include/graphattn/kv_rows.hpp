@@ -78,6 +78,12 @@ struct KvRowLayout {
     bool shared_over(int d) const { return pages.paged() && d == 0 ? false : batch_strides[d] == 0; }
     // Whether the columns of a row are adjacent, so that a row is read as one run of values.
     bool unit_columns() const { return col_stride == 1; }
+    // Whether the rows of `count` indices of batch dimension d lie side by side within one row stride (the
+    // heads of a token-major cache: rows H * D apart, head h's at h * D), so that one token's rows of all of
+    // them are one run of memory.  A paged cache's sequence dimension never does.
+    bool interleaves(int d, int64_t count) const {
+        return count > 1 && !(pages.paged() && d == 0) && batch_strides[d] > 0 && batch_strides[d] * count <= row_stride;
+    }
 };
 
 }  // namespace graphattn
