@@ -13,6 +13,7 @@
 #include "graphattn/kv_format.hpp"
 #include "half_types.hpp"
 #include "isa_namespace.hpp"
+#include "simd.hpp"
 
 namespace graphattn {
 namespace GRAPHATTN_ISA_NS {
@@ -99,35 +100,72 @@ inline void decode_groups(KvFormat f, const uint8_t* row, int groups, int G, con
     }
 }
 
-// out[c] = f8(row[c]) * s for c < n.  By vectors, each byte becomes an f16 whose value is the f8's (e5m2:
-// its high byte, exactly; e4m3: sign, then the 7 other bits shifted into the f16's, which scales every
-// value, subnormals included, by 2^-8, undone with s; its NaN codes S.1111.111 set apart); `values` (the
-// 256 values of the format's bytes) takes what the vectors leave.
+#if defined(__AVX512F__)
+// 16 fp8 bytes as f32, by way of f16: each byte becomes an f16 whose value is the f8's (e5m2: its high byte,
+// exactly; e4m3: sign, then the 7 other bits shifted into the f16's, which scales every value, subnormals
+// included, by 2^-8 (kFp8E4m3Unscale undoes it); its NaN codes S.1111.111 set apart).
+template <KvFormat F>
+inline __m512 fp8_x16(const uint8_t* bytes) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+    if constexpr (F == KvFormat::fp8_e5m2) return _mm512_cvtph_ps(_mm256_slli_epi16(b, 8));
+    const __m256i low7 = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
+                                      _mm256_slli_epi16(low7, 7));
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(low7, _mm256_set1_epi16(0x7f));
+    return _mm512_mask_mov_ps(_mm512_cvtph_ps(h), nan, _mm512_set1_ps(__builtin_nanf("")));
+}
+#elif defined(__AVX2__) && defined(__F16C__)
+// 8 fp8 bytes as f32, as fp8_x16 does 16.
+template <KvFormat F>
+inline __m256 fp8_x8(const uint8_t* bytes) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+    if constexpr (F == KvFormat::fp8_e5m2) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
+    const __m128i low7 = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8), _mm_slli_epi16(low7, 7));
+    const __m256i nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(low7, _mm_set1_epi16(0x7f)));
+    return _mm256_blendv_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(__builtin_nanf("")), _mm256_castsi256_ps(nan));
+}
+#endif
+
+// What the vector decoding of e4m3 (fp8_x16, fp8_x8) leaves its values scaled by: its scale takes this factor.
+constexpr float kFp8E4m3Unscale = 256.0f;
+
+// out[c] = f8(row[c]) * s for c < n: by vectors where the ISA has them, `values` (the 256 values of the
+// format's bytes) taking what the vectors leave.
 inline void decode_fp8(KvFormat f, const float* values, const uint8_t* row, int n, float s, float* out) {
     int c = 0;
 #if defined(__AVX512F__)
     const bool e4m3 = f == KvFormat::fp8_e4m3;
-    const __m512 sv = _mm512_set1_ps(e4m3 ? s * 256.0f : s);
-    for (; c + 16 <= n; c += 16) {
-        const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)));
-        __m256i h;
-        if (e4m3) {
-            h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
-                                _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7));
-        } else {
-            h = _mm256_slli_epi16(b, 8);
-        }
-        __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), sv);
-        if (e4m3) {
-            const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)),
-                                                         _mm256_set1_epi16(0x7f));
-            v = _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(__builtin_nanf("")));
-        }
-        _mm512_storeu_ps(out + c, v);
-    }
+    const __m512 sv = _mm512_set1_ps(e4m3 ? s * kFp8E4m3Unscale : s);
+    for (; c + 16 <= n; c += 16)
+        _mm512_storeu_ps(out + c, _mm512_mul_ps(e4m3 ? fp8_x16<KvFormat::fp8_e4m3>(row + c)
+                                                     : fp8_x16<KvFormat::fp8_e5m2>(row + c), sv));
 #endif
     (void)f;
     for (; c < n; ++c) out[c] = values[row[c]] * s;
+}
+
+// One vector (kLanes values) of the stored values of columns c0 on (c0 even for 4 bits), as f32: the
+// integer formats' integers (before the zero point and scale), fp8's values (e4m3's kFp8E4m3Unscale times
+// less, as its vector decoding gives them).  The kernels call it as they read rows (KvReader::lanes_block).
+template <KvFormat F>
+inline VecF stored_lanes(const uint8_t* row, int c0) {
+#if defined(__AVX512F__) && GRAPHATTN_LANES == 16
+    if constexpr (kv_fp8(F)) return (VecF)fp8_x16<F>(row + c0);
+    else return (VecF)stored_x16<F>(row, c0);
+#elif defined(__AVX2__) && GRAPHATTN_LANES == 8 && defined(__F16C__)
+    if constexpr (kv_fp8(F)) return (VecF)fp8_x8<F>(row + c0);
+    else return (VecF)stored_x8<F>(row, c0);
+#else
+    VecF v;
+    for (int i = 0; i < kLanes; ++i) {
+        if constexpr (kv_fp8(F))
+            v[i] = kv_fp8_value(F, row[c0 + i]) / (F == KvFormat::fp8_e4m3 ? kFp8E4m3Unscale : 1.0f);
+        else
+            v[i] = float(kv_stored_int(F, row, c0 + i));
+    }
+    return v;
+#endif
 }
 
 // dst[c] = bf16(src[c]) for c < n, round to nearest even, NaN kept a (quiet) NaN.

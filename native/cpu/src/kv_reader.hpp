@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "block_io.hpp"
 #include "graphattn/kv_rows.hpp"
@@ -38,6 +39,53 @@ private:
     AlignedFloats buffer_;
     size_t bytes_ = 0;
 };
+
+// A block of a quantized view's rows as kernels decode them while they read them (KvReader::lanes_block):
+// row t's stored bytes, and each group's scale and zero point as f32 at [t * groups + g], the group of each
+// vector of columns (vector_group[c / kLanes]), and the format.  Sized once per thread for a block of up to
+// `rows` rows of `cols` values.
+struct KvLanesBlock {
+    KvFormat format = KvFormat::plain;
+    int groups = 0;
+    std::vector<const uint8_t*> rows;
+    std::vector<float> scales, zeros;
+    std::vector<int> vector_group;
+
+    KvLanesBlock() = default;
+    KvLanesBlock(int max_rows, int max_groups, int cols)
+        : rows(size_t(max_rows)), scales(size_t(max_rows) * max_groups), zeros(size_t(max_rows) * max_groups),
+          vector_group(size_t(cols + kLanes - 1) / kLanes) {}
+};
+
+// The rows of a KvLanesBlock as the row layout's micro-kernels read them (row_layout_blocks.hpp): vector
+// `c / kLanes` of row t's values, (stored - zero point) * scale (fp8: value * scale), decoded as it is read.
+template <KvFormat F>
+struct QuantLanes {
+    const KvLanesBlock& block;
+    VecF lanes(int t, int c) const {
+        const size_t at = size_t(t) * size_t(block.groups) + size_t(block.vector_group[size_t(c / kLanes)]);
+        const VecF stored = stored_lanes<F>(block.rows[size_t(t)], c);
+        if constexpr (kv_fp8(F))
+            return stored * splat(block.scales[at]);
+        else
+            return (stored - splat(block.zeros[at])) * splat(block.scales[at]);
+    }
+};
+
+// Calls f(QuantLanes<F>{block}) with the block's format F a compile-time constant.
+template <class Fn>
+inline void with_quant_lanes(const KvLanesBlock& block, Fn&& f) {
+    switch (block.format) {
+        case KvFormat::u8: return f(QuantLanes<KvFormat::u8>{block});
+        case KvFormat::s8: return f(QuantLanes<KvFormat::s8>{block});
+        case KvFormat::u4: return f(QuantLanes<KvFormat::u4>{block});
+        case KvFormat::s4: return f(QuantLanes<KvFormat::s4>{block});
+        case KvFormat::s4_in_byte: return f(QuantLanes<KvFormat::s4_in_byte>{block});
+        case KvFormat::fp8_e4m3: return f(QuantLanes<KvFormat::fp8_e4m3>{block});
+        case KvFormat::fp8_e5m2: return f(QuantLanes<KvFormat::fp8_e5m2>{block});
+        default: return;
+    }
+}
 
 // Where the scales or zero points of a quantized view lie (KvQuantParams):
 // per group, through the rows' own block table; per batch element, by the
@@ -117,6 +165,58 @@ public:
     // Whether block() and adjacent_block() decode rows into the stage (a quantized view): a copy either way,
     // so a kernel that computes in f32 asks load_f32 for them instead, which decodes straight to f32.
     bool rows_decoded() const { return quant_.quantized(); }
+    // Whether lanes_block() takes rows of `cols` values, so that a kernel decodes them a vector at a time as
+    // it reads them instead of through a decoded copy: a quantized view whose rows are adjacent bytes in
+    // groups of whole vectors (kv_decode.hpp's stored_lanes).
+    bool decodes_lanes(int cols) const {
+        if (!quant_.quantized() || layout_.col_stride != 1 || cols % kLanes != 0) return false;
+        return kv_fp8(quant_.format) || quant_.group % kLanes == 0;
+    }
+    // Groups of a row of `cols` values (fp8: its one scale).
+    int groups_of(int cols) const { return kv_fp8(quant_.format) ? 1 : int(cols / quant_.group); }
+
+    // Rows j0 .. j0 + rows of the batch element at `base` into `block` (decodes_lanes(cols)): their bytes
+    // where they lie, their scales and zero points as f32 (e4m3's scale times kFp8E4m3Unscale, as its vector
+    // decoding wants), each vector's group.  The next as many rows are prefetched first, as decode_rows does.
+    void lanes_block(int64_t base, int64_t j0, int rows, int cols, KvLanesBlock& block) const {
+        prefetch_rows(base, j0 + rows, rows, cols);
+        const KvFormat f = quant_.format;
+        const int groups = groups_of(cols);
+        block.format = f;
+        block.groups = groups;
+        const int G = kv_fp8(f) ? cols : int(quant_.group);
+        for (int v = 0; v * kLanes < cols; ++v) block.vector_group[size_t(v)] = v * kLanes / G;
+        int64_t b[kBatchDims];
+        batch_indices(base, b);
+        const int64_t data_base = layout_.batch_offset(b[0], b[1], b[2]);
+        const int64_t scales_base = scale_layout_.batch_offset(b[0], b[1], b[2]);
+        const int64_t zeros_base = zero_layout_.batch_offset(b[0], b[1], b[2]);
+        const uint8_t* zero_bytes = static_cast<const uint8_t*>(quant_.zero_points.data);
+        const float unscale = f == KvFormat::fp8_e4m3 ? kFp8E4m3Unscale : 1.0f;
+        for (int64_t j = j0; j < j0 + rows;) {
+            const int64_t n = layout_.run_from(j, j0 + rows - j);
+            const uint8_t* row = static_cast<const uint8_t*>(data_) + layout_.row_offset(data_base, j);
+            int64_t scales_at = scale_layout_.row_offset(scales_base, j);
+            int64_t zeros_at = zero_bytes ? zero_layout_.row_offset(zeros_base, j) : 0;
+            for (int64_t r = 0; r < n; ++r) {
+                const size_t t = size_t(j - j0 + r);
+                block.rows[t] = row;
+                float* s = block.scales.data() + t * size_t(groups);
+                float* z = block.zeros.data() + t * size_t(groups);
+                for (int g = 0; g < groups; ++g) {
+                    s[g] = scale_value(quant_.scales.data, quant_.scales.dtype, scales_at + g * scale_layout_.col_stride) *
+                           unscale;
+                    const uint8_t zb = zero_bytes ? zero_bytes[zeros_at + g * zero_layout_.col_stride] : 0;
+                    z[g] = kv_signed(f) ? float(int8_t(zb)) : float(zb);
+                }
+                row += layout_.row_stride;
+                scales_at += scale_layout_.row_stride;
+                zeros_at += zero_layout_.row_stride;
+            }
+            j += n;
+        }
+    }
+
     // The same for f32 reads: in place only where the rows already are f32.
     bool f32_in_place() const { return dtype_ == DType::f32 && rows_in_place(); }
 

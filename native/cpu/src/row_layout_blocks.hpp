@@ -102,21 +102,29 @@ inline const void* element_at(const void* base, int64_t index) {
     return static_cast<const char*>(base) + index * (DT == DType::f32 ? 4 : 2);
 }
 
+// A block's K or V rows in place in their own dtype DT (unit column stride), rows `stride` values apart, as
+// the micro-kernels below read rows: lanes(t, c) is the vector of row t's columns c .. c + kLanes as f32.
+// (A quantized block's rows, decoded as they are read, are kv_reader.hpp's QuantLanes.)
+template <DType DT>
+struct PlainLanes {
+    const void* base;
+    int64_t stride;
+    VecF lanes(int t, int c) const { return load_as_f32<DT>(element_at<DT>(base, t * stride + c)); }
+};
+
 // partials[(r * kRowLayoutKeys + t) * kLanes ...] = lane-wise products of query
 // row r and key t summed over the head dim (Dp, a multiple of kLanes,
 // zero-padded), for the key vectors that hold keys < kv; keys past kv give
 // zero vectors.  transposed_sums of the kLanes partials of keys
 // v * kLanes ... then gives row r's score vector v.
-template <int R, DType DT>
-inline void row_key_partials(const float* const* q_rows, const void* keys, int64_t key_stride, int kv, int Dp,
-                             float* partials) {
+template <int R, class Rows>
+inline void row_key_partials(const float* const* q_rows, const Rows& keys, int kv, int Dp, float* partials) {
     const int key_count = (kv + kLanes - 1) / kLanes * kLanes;
     for (int t = 0; t < key_count; ++t) {
         VecF acc[R] = {};
         if (t < kv) {
-            const void* k_row = element_at<DT>(keys, t * key_stride);
             for (int c = 0; c < Dp; c += kLanes) {
-                const VecF k = load_as_f32<DT>(element_at<DT>(k_row, c));
+                const VecF k = keys.lanes(t, c);
                 for (int r = 0; r < R; ++r) acc[r] += load(q_rows[r] + c) * k;
             }
         }
@@ -182,16 +190,15 @@ inline void row_scores_from_k_t(const float* const* q_rows, const float* k_t, in
 
 // o_rows[r] += sum over t < kv of p_rows[r][t] * V row t, for R rows and
 // NV vectors of columns starting at column c0.
-template <int R, int NV, DType DT>
-inline void accumulate_pv_columns(const float* const* p_rows, const void* values, int64_t value_stride, int kv,
-                                  float* const* o_rows, int c0) {
+template <int R, int NV, class Rows>
+inline void accumulate_pv_columns(const float* const* p_rows, const Rows& values, int kv, float* const* o_rows,
+                                  int c0) {
     VecF acc[R][NV];
     for (int r = 0; r < R; ++r)
         for (int i = 0; i < NV; ++i) acc[r][i] = load(o_rows[r] + c0 + i * kLanes);
     for (int t = 0; t < kv; ++t) {
-        const void* v_row = element_at<DT>(values, t * value_stride + c0);
         VecF v[NV];
-        for (int i = 0; i < NV; ++i) v[i] = load_as_f32<DT>(element_at<DT>(v_row, i * kLanes));
+        for (int i = 0; i < NV; ++i) v[i] = values.lanes(t, c0 + i * kLanes);
         for (int r = 0; r < R; ++r) {
             const VecF p = splat(p_rows[r][t]);
             for (int i = 0; i < NV; ++i) acc[r][i] += p * v[i];
@@ -202,14 +209,13 @@ inline void accumulate_pv_columns(const float* const* p_rows, const void* values
 }
 
 // o_rows[r][0, Dvp) += P V for R rows (Dvp a multiple of kLanes).
-template <int R, DType DT>
-inline void accumulate_pv(const float* const* p_rows, const void* values, int64_t value_stride, int kv, int Dvp,
-                          float* const* o_rows) {
+template <int R, class Rows>
+inline void accumulate_pv(const float* const* p_rows, const Rows& values, int kv, int Dvp, float* const* o_rows) {
     constexpr int kWide = 4;  // column vectors per register block
     int c = 0;
     for (; c + kWide * kLanes <= Dvp; c += kWide * kLanes)
-        accumulate_pv_columns<R, kWide, DT>(p_rows, values, value_stride, kv, o_rows, c);
-    for (; c < Dvp; c += kLanes) accumulate_pv_columns<R, 1, DT>(p_rows, values, value_stride, kv, o_rows, c);
+        accumulate_pv_columns<R, kWide>(p_rows, values, kv, o_rows, c);
+    for (; c < Dvp; c += kLanes) accumulate_pv_columns<R, 1>(p_rows, values, kv, o_rows, c);
 }
 
 // Calls f(rows, dtype) with R (1..MaxRows) and the K/V dtype as
@@ -227,7 +233,7 @@ inline void with_row_block(int R, DType dt, F&& f) {
 inline void partials_in_row_blocks(DType dt, int R, const float* const* q_rows, const void* keys,
                                    int64_t key_stride, int kv, int Dp, float* partials) {
     with_row_block<kPartialsRowBlock>(R, dt, [&](auto rows, auto dtype) {
-        row_key_partials<rows.value, dtype.value>(q_rows, keys, key_stride, kv, Dp, partials);
+        row_key_partials<rows.value>(q_rows, PlainLanes<dtype.value>{keys, key_stride}, kv, Dp, partials);
     });
 }
 
@@ -245,8 +251,21 @@ inline void scores_from_k_t_in_row_blocks(int R, int kv, const float* const* q_r
 inline void accumulate_pv_in_row_blocks(DType dt, int R, const float* const* p_rows, const void* values,
                                         int64_t value_stride, int kv, int Dvp, float* const* o_rows) {
     with_row_block<kKeyTransposeRowBlock>(R, dt, [&](auto rows, auto dtype) {
-        accumulate_pv<rows.value, dtype.value>(p_rows, values, value_stride, kv, Dvp, o_rows);
+        accumulate_pv<rows.value>(p_rows, PlainLanes<dtype.value>{values, value_stride}, kv, Dvp, o_rows);
     });
+}
+
+// The same two products over rows of any source (`Rows` with lanes(t, c), as PlainLanes), R (1..the row
+// blocks' sizes) chosen at run time.
+template <class Rows>
+inline void partials_in_row_blocks(int R, const float* const* q_rows, const Rows& keys, int kv, int Dp,
+                                   float* partials) {
+    with_count<kPartialsRowBlock>(R, [&](auto rows) { row_key_partials<rows.value>(q_rows, keys, kv, Dp, partials); });
+}
+template <class Rows>
+inline void accumulate_pv_in_row_blocks(int R, const float* const* p_rows, const Rows& values, int kv, int Dvp,
+                                        float* const* o_rows) {
+    with_count<kKeyTransposeRowBlock>(R, [&](auto rows) { accumulate_pv<rows.value>(p_rows, values, kv, Dvp, o_rows); });
 }
 
 }  // namespace GRAPHATTN_ISA_NS

@@ -113,6 +113,10 @@ struct LaneForward {
         bool bf16_dots = false;   // row-key partials on AVX512-BF16, from Q's and K's own bf16 rows
         bool copied = false;      // K rows through padded f32 copies (k_pad)
         bool pairs = false;       // both products on bf16 pairs (row_pairs_pay_off), in place of the above
+        // Quantized rows decoded a vector at a time as the products read them (KvReader::decodes_lanes),
+        // K's for the row-key partials, V's for P V: no decoded copy written and read again.
+        bool lanes = false;
+        bool v_lanes = false;
     };
 
     // Scratch of one thread, allocated once per parallel region.  Buffers
@@ -144,6 +148,7 @@ struct LaneForward {
         // block's: packed once for the items of one K/V batch index that follow each other on this thread.
         AlignedFloats q_pairs, p_pairs, v_pairs, k_pairs;
         KvStage k_stage, v_stage;  // K/V blocks where their layout keeps the rows apart (kv_reader.hpp)
+        KvLanesBlock k_lanes, v_lanes;  // keys.lanes, keys.v_lanes: a block's quantized rows as they lie
         int64_t v_pairs_of = -1;                 // V's offset (batch index) whose blocks v_pairs caches
         std::vector<uint8_t> v_block_packed;     // per key block: packed for v_pairs_of
         int64_t q_off[kBlockQ], o_off[kBlockQ], m_off[kBlockQ], st_off[kBlockQ];
@@ -170,7 +175,7 @@ struct LaneForward {
               q_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_qk) : 0)),
               o_pad(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * padded(a.head_dim_v) : 0)),
               k_pad(keys.copied ? size_t(kRowLayoutKeys) * padded(a.head_dim_qk) : 0),
-              v_pad(RowLayout && !keys.pairs && !row_layout_reads_in_place(KvReader(a.value), int(a.head_dim_v))
+              v_pad(RowLayout && !keys.pairs && !keys.v_lanes && !row_layout_reads_in_place(KvReader(a.value), int(a.head_dim_v))
                         ? size_t(kRowLayoutKeys) * padded(a.head_dim_v)
                         : 0),
               p_rows(AlignedFloats::uninitialized(RowLayout ? size_t(kBlockQ) * kRowLayoutKeys : 0)),
@@ -188,7 +193,12 @@ struct LaneForward {
                   pair_dots ? size_t(pairs(kBlockKV)) * padded(a.head_dim_v) * size_t(v_blocks) : 0)),
               k_pairs(AlignedFloats::uninitialized(
                   pair_dots && !pairs_in_place(KvReader(a.key), a.head_dim_qk) ? size_t(kBlockKV) * pairs(a.head_dim_qk) : 0)),
-              v_block_packed(size_t(pair_dots ? v_blocks : 0), 0) {}
+              v_block_packed(size_t(pair_dots ? v_blocks : 0), 0),
+              k_lanes(lanes_block_for(keys.lanes, a.key, a.head_dim_qk)),
+              v_lanes(lanes_block_for(keys.v_lanes, a.value, a.head_dim_v)) {}
+        static KvLanesBlock lanes_block_for(bool used, const TensorView& t, int64_t cols) {
+            return used ? KvLanesBlock(kRowLayoutKeys, KvReader(t).groups_of(int(cols)), int(cols)) : KvLanesBlock();
+        }
         // Key blocks whose V pairs v_pairs keeps: all of them where they fit kVPairCacheBytes and a
         // thread takes several query blocks of one K/V batch index in a row (home-first units,
         // row_blocks > 1), else 1.
@@ -264,9 +274,11 @@ struct LaneForward {
             reads.pairs = true;
             return reads;
         }
+        reads.v_lanes = KvReader(a.value).decodes_lanes(int(a.head_dim_v));
         reads.transposed = kLanes >= 16 && rows >= (bf16_dots ? kPackedKeyMinRowsBf16Dots : kPackedKeyMinRows);
         reads.bf16_dots = bf16_dots && !reads.transposed;
-        reads.copied = !in_place || (reads.transposed && k.dtype() != DType::f32);
+        reads.lanes = !reads.transposed && k.decodes_lanes(D);
+        reads.copied = !reads.lanes && (!in_place || (reads.transposed && k.dtype() != DType::f32));
         return reads;
     }
 
@@ -677,7 +689,7 @@ struct LaneForward {
         float* o_pad = sc.o_pad.get();
         const float* qi = sc.query_index.get();
         const bool k_transposed = sc.keys.transposed, bf16_dots = sc.keys.bf16_dots, k_copied = sc.keys.copied;
-        const bool row_pairs = sc.keys.pairs;
+        const bool row_pairs = sc.keys.pairs, k_lanes = sc.keys.lanes, v_lanes = sc.keys.v_lanes;
         const bool v_in_place = row_layout_reads_in_place(v, Dv);
         const DType k_type = k_copied ? DType::f32 : k.dtype(), v_type = v_in_place ? v.dtype() : DType::f32;
         // bf16_dots: the partials come straight from Q's bf16 rows, and the scores are scaled after.
@@ -728,12 +740,20 @@ struct LaneForward {
                 k.load_f32(k_base, j0, kv, D, sc.k_pad.get(), Dp);
                 k_rows = sc.k_pad.get();
                 k_stride = Dp;
+            } else if (k_lanes) {  // decoded as the partials read them
+                k.lanes_block(k_base, j0, kv, D, sc.k_lanes);
+                k_rows = nullptr;
+                k_stride = 0;
             } else {
                 const RowBlock block = k.adjacent_block(k_base, j0, kv, D, sc.k_stage);
                 k_rows = block.data;
                 k_stride = block.row_stride;
             }
-            if (!v_in_place) {
+            if (v_lanes) {  // decoded as P V reads them
+                v.lanes_block(v_base, j0, kv, Dv, sc.v_lanes);
+                v_rows = nullptr;
+                v_stride = 0;
+            } else if (!v_in_place) {
                 v.load_f32(v_base, j0, kv, Dv, sc.v_pad.get(), Dvp);
                 v_rows = sc.v_pad.get();
                 v_stride = Dvp;
@@ -760,6 +780,11 @@ struct LaneForward {
                                                     kv, Dp, partials);
                     else
 #endif
+                    if (k_lanes)
+                        with_quant_lanes(sc.k_lanes, [&](const auto& keys) {
+                            partials_in_row_blocks(R, q_rows + r0, keys, kv, Dp, partials);
+                        });
+                    else
                         partials_in_row_blocks(k_type, R, q_rows + r0, k_rows, k_stride, kv, Dp, partials);
                     for (int r = r0; r < r0 + R; ++r)
                         for (int t = 0; t < key_vectors; ++t) {
@@ -769,7 +794,12 @@ struct LaneForward {
                 }
                 for (int r = r0; r < r0 + R; ++r)
                     row_softmax_step(a, dropout, sc, r, j0, kv, p_rows[r], o_rows[r], Dvp);
-                accumulate_pv_in_row_blocks(v_type, R, p_rows + r0, v_rows, v_stride, kv, Dvp, o_rows + r0);
+                if (v_lanes)
+                    with_quant_lanes(sc.v_lanes, [&](const auto& values) {
+                        accumulate_pv_in_row_blocks(R, p_rows + r0, values, kv, Dvp, o_rows + r0);
+                    });
+                else
+                    accumulate_pv_in_row_blocks(v_type, R, p_rows + r0, v_rows, v_stride, kv, Dvp, o_rows + r0);
             }
         }
     }

@@ -25,7 +25,7 @@ namespace graphattn {
 enum class KvFormat : int32_t { plain = 0, u8 = 1, s8 = 2, u4 = 3, s4 = 4, fp8_e4m3 = 5, fp8_e5m2 = 6, s4_in_byte = 7 };
 
 inline bool kv_four_bit(KvFormat f) { return f == KvFormat::u4 || f == KvFormat::s4; }
-inline bool kv_fp8(KvFormat f) { return f == KvFormat::fp8_e4m3 || f == KvFormat::fp8_e5m2; }
+constexpr bool kv_fp8(KvFormat f) { return f == KvFormat::fp8_e4m3 || f == KvFormat::fp8_e5m2; }
 inline bool kv_signed(KvFormat f) { return f == KvFormat::s8 || f == KvFormat::s4 || f == KvFormat::s4_in_byte; }
 
 // Bytes of a row of `cols` values.
