@@ -42,8 +42,8 @@ private:
 
 // A block of a quantized view's rows as kernels decode them while they read them (KvReader::lanes_block):
 // row t's stored bytes, and each group's scale and zero point as f32 at [t * groups + g], the group of each
-// vector of columns (vector_group[c / kLanes]), and the format.  Sized once per thread for a block of up to
-// `rows` rows of `cols` values.
+// vector of columns (vector_group[c / kLanes]), and the format.  Made once per thread by
+// KvReader::lanes_block_for for a block of up to `max_rows` rows of `cols` values.
 struct KvLanesBlock {
     KvFormat format = KvFormat::plain;
     int groups = 0;
@@ -175,46 +175,30 @@ public:
     // Groups of a row of `cols` values (fp8: its one scale).
     int groups_of(int cols) const { return kv_fp8(quant_.format) ? 1 : int(cols / quant_.group); }
 
-    // Rows j0 .. j0 + rows of the batch element at `base` into `block` (decodes_lanes(cols)): their bytes
+    // A block for lanes_block() of up to max_rows rows of `cols` values (decodes_lanes(cols)): its format,
+    // groups and each vector's group set once.
+    KvLanesBlock lanes_block_for(int max_rows, int cols) const {
+        KvLanesBlock block(max_rows, groups_of(cols), cols);
+        block.format = quant_.format;
+        block.groups = groups_of(cols);
+        const int G = kv_fp8(quant_.format) ? cols : int(quant_.group);
+        for (size_t v = 0; v < block.vector_group.size(); ++v) block.vector_group[v] = int(v) * kLanes / G;
+        return block;
+    }
+
+    // Rows j0 .. j0 + rows of the batch element at `base` into `block` (from lanes_block_for): their bytes
     // where they lie, their scales and zero points as f32 (e4m3's scale times kFp8E4m3Unscale, as its vector
-    // decoding wants), each vector's group.  The next as many rows are prefetched first, as decode_rows does.
+    // decoding wants).  The next as many rows are prefetched first, as decode_rows does.
     void lanes_block(int64_t base, int64_t j0, int rows, int cols, KvLanesBlock& block) const {
         prefetch_rows(base, j0 + rows, rows, cols);
-        const KvFormat f = quant_.format;
-        const int groups = groups_of(cols);
-        block.format = f;
-        block.groups = groups;
-        const int G = kv_fp8(f) ? cols : int(quant_.group);
-        for (int v = 0; v * kLanes < cols; ++v) block.vector_group[size_t(v)] = v * kLanes / G;
-        int64_t b[kBatchDims];
-        batch_indices(base, b);
-        const int64_t data_base = layout_.batch_offset(b[0], b[1], b[2]);
-        const int64_t scales_base = scale_layout_.batch_offset(b[0], b[1], b[2]);
-        const int64_t zeros_base = zero_layout_.batch_offset(b[0], b[1], b[2]);
-        const uint8_t* zero_bytes = static_cast<const uint8_t*>(quant_.zero_points.data);
-        const float unscale = f == KvFormat::fp8_e4m3 ? kFp8E4m3Unscale : 1.0f;
-        for (int64_t j = j0; j < j0 + rows;) {
-            const int64_t n = layout_.run_from(j, j0 + rows - j);
-            const uint8_t* row = static_cast<const uint8_t*>(data_) + layout_.row_offset(data_base, j);
-            int64_t scales_at = scale_layout_.row_offset(scales_base, j);
-            int64_t zeros_at = zero_bytes ? zero_layout_.row_offset(zeros_base, j) : 0;
-            for (int64_t r = 0; r < n; ++r) {
-                const size_t t = size_t(j - j0 + r);
-                block.rows[t] = row;
-                float* s = block.scales.data() + t * size_t(groups);
-                float* z = block.zeros.data() + t * size_t(groups);
-                for (int g = 0; g < groups; ++g) {
-                    s[g] = scale_value(quant_.scales.data, quant_.scales.dtype, scales_at + g * scale_layout_.col_stride) *
-                           unscale;
-                    const uint8_t zb = zero_bytes ? zero_bytes[zeros_at + g * zero_layout_.col_stride] : 0;
-                    z[g] = kv_signed(f) ? float(int8_t(zb)) : float(zb);
-                }
-                row += layout_.row_stride;
-                scales_at += scale_layout_.row_stride;
-                zeros_at += zero_layout_.row_stride;
-            }
-            j += n;
-        }
+        const size_t groups = size_t(block.groups);
+        const float unscale = quant_.format == KvFormat::fp8_e4m3 ? kFp8E4m3Unscale : 1.0f;
+        for_each_row(base, j0, rows, [&](int t, const uint8_t* row, int64_t scales_at, int64_t zeros_at) {
+            block.rows[size_t(t)] = row;
+            float* s = block.scales.data() + size_t(t) * groups;
+            group_params(scales_at, zeros_at, int(groups), s, block.zeros.data() + size_t(t) * groups);
+            for (size_t g = 0; g < groups; ++g) s[g] *= unscale;
+        });
     }
 
     // The same for f32 reads: in place only where the rows already are f32.
@@ -297,6 +281,18 @@ private:
     template <class Target, class Done>
     void decode_rows(int64_t base, int64_t j0, int rows, int cols, Target&& target, Done&& done) const {
         prefetch_rows(base, j0 + rows, rows, cols);
+        for_each_row(base, j0, rows, [&](int t, const uint8_t* row, int64_t scales_at, int64_t zeros_at) {
+            float* out = target(t);
+            decode_row(row, scales_at, zeros_at, cols, out);
+            done(t, static_cast<const float*>(out));
+        });
+    }
+
+    // body(t, bytes, scales_at, zeros_at) for rows t = 0 .. rows of j0 on of the quantized batch element at
+    // `base`: each row's bytes and the offsets of its scales and zero points, found once per run of rows in
+    // one block and stepped from there (a table lookup and a division a row cost as much as decoding it).
+    template <class Body>
+    void for_each_row(int64_t base, int64_t j0, int rows, Body&& body) const {
         int64_t b[kBatchDims];
         batch_indices(base, b);
         const int64_t data_base = layout_.batch_offset(b[0], b[1], b[2]);
@@ -308,15 +304,22 @@ private:
             int64_t scales_at = scale_layout_.row_offset(scales_base, j);
             int64_t zeros_at = quant_.zero_points.data ? zero_layout_.row_offset(zeros_base, j) : 0;
             for (int64_t r = 0; r < n; ++r) {
-                const int at = int(j - j0 + r);
-                float* out = target(at);
-                decode_row(row, scales_at, zeros_at, cols, out);
-                done(at, static_cast<const float*>(out));
+                body(int(j - j0 + r), row, scales_at, zeros_at);
                 row += layout_.row_stride;
                 scales_at += scale_layout_.row_stride;
                 zeros_at += zero_layout_.row_stride;
             }
             j += n;
+        }
+    }
+
+    // A row's `groups` scales and zero points as f32 from their offsets (no zero points: 0).
+    void group_params(int64_t scales_at, int64_t zeros_at, int groups, float* s, float* z) const {
+        const uint8_t* zeros = static_cast<const uint8_t*>(quant_.zero_points.data);
+        for (int g = 0; g < groups; ++g) {
+            s[g] = scale_value(quant_.scales.data, quant_.scales.dtype, scales_at + g * scale_layout_.col_stride);
+            const uint8_t zb = zeros ? zeros[zeros_at + g * zero_layout_.col_stride] : 0;
+            z[g] = kv_signed(quant_.format) ? float(int8_t(zb)) : float(zb);
         }
     }
 
@@ -335,13 +338,8 @@ private:
             return;
         }
         const int G = int(quant_.group), groups = cols / G;
-        const uint8_t* zeros = static_cast<const uint8_t*>(quant_.zero_points.data);
         float s[kMaxDecodedCols], z[kMaxDecodedCols];  // a group may be one value (the C++ API takes any G)
-        for (int g = 0; g < groups; ++g) {
-            s[g] = scale_value(quant_.scales.data, quant_.scales.dtype, scales_at + g * scale_layout_.col_stride);
-            const uint8_t zb = zeros ? zeros[zeros_at + g * zero_layout_.col_stride] : 0;
-            z[g] = kv_signed(f) ? float(int8_t(zb)) : float(zb);
-        }
+        group_params(scales_at, zeros_at, groups, s, z);
         if (layout_.col_stride == 1) return decode_groups(f, row, groups, G, s, z, out);
         const int64_t cs = layout_.col_stride;  // 8-bit only (4-bit rows are adjacent bytes)
         for (int c = 0; c < cols; ++c) out[c] = (float(kv_stored_int(f, row + c * cs, 0)) - z[c / G]) * s[c / G];

@@ -197,7 +197,7 @@ struct LaneForward {
               k_lanes(lanes_block_for(keys.lanes, a.key, a.head_dim_qk)),
               v_lanes(lanes_block_for(keys.v_lanes, a.value, a.head_dim_v)) {}
         static KvLanesBlock lanes_block_for(bool used, const TensorView& t, int64_t cols) {
-            return used ? KvLanesBlock(kRowLayoutKeys, KvReader(t).groups_of(int(cols)), int(cols)) : KvLanesBlock();
+            return used ? KvReader(t).lanes_block_for(kRowLayoutKeys, int(cols)) : KvLanesBlock();
         }
         // Key blocks whose V pairs v_pairs keeps: all of them where they fit kVPairCacheBytes and a
         // thread takes several query blocks of one K/V batch index in a row (home-first units,
