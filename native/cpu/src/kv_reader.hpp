@@ -201,6 +201,10 @@ public:
         });
     }
 
+    // Rows j0 .. j0 + rows (cols values each) of the batch element at `base` asked for ahead of their reading,
+    // with their scales and zero points.
+    void prefetch(int64_t base, int64_t j0, int rows, int cols) const { prefetch_rows(base, j0, rows, cols); }
+
     // The same for f32 reads: in place only where the rows already are f32.
     bool f32_in_place() const { return dtype_ == DType::f32 && rows_in_place(); }
 
@@ -345,15 +349,19 @@ private:
         for (int c = 0; c < cols; ++c) out[c] = (float(kv_stored_int(f, row + c * cs, 0)) - z[c / G]) * s[c / G];
     }
 
-    // The bytes of rows j0 .. j0 + rows asked for ahead of their decoding: a block's rows lie a token apart
+    // The bytes of rows j0 .. j0 + rows asked for ahead of their reading: a block's rows lie a token apart
     // (or in blocks anywhere), which the hardware prefetchers do not follow, so each row's load would wait.
     // A paged view's reach no further than the keys its sequence holds (no table entry past them is read);
     // a strided view's may pass its last row (a prefetch never faults).
     void prefetch_rows(int64_t base, int64_t j0, int rows, int cols) const {
-        int64_t b[kBatchDims];
-        batch_indices(base, b);
         const int64_t last = layout_.pages.paged() ? std::max<int64_t>(0, std::min<int64_t>(rows, layout_.pages.rows - j0))
                                                    : rows;
+        if (!quant_.quantized()) {  // base is the layout's own offset (batch_offset)
+            prefetch_run_rows(data_, dtype_size(dtype_), layout_, base, j0, last, cols * layout_.col_stride);
+            return;
+        }
+        int64_t b[kBatchDims];
+        batch_indices(base, b);
         const int64_t groups = kv_fp8(quant_.format) ? 0 : cols / quant_.group;
         prefetch_run_rows(data_, 1, layout_, layout_.batch_offset(b[0], b[1], b[2]), j0, last,
                           kv_row_bytes(quant_.format, cols) * layout_.col_stride);

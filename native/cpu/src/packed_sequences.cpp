@@ -209,6 +209,9 @@ TaskRules forward_rules(const SdpaForwardArgs& a, const DenseForwardRunner& dens
     return {dense.pooled, !dense.host_fills, interleaved};
 }
 
+// The backward's rules: a pooled task takes one K/V head (the backward takes no turns over heads).
+TaskRules backward_rules(const DenseBackwardRunner& dense) { return {dense.pooled, !dense.host_fills, false}; }
+
 Plan plan_tasks(const SdpaForwardArgs& a, const TaskRules& rules) {
     Plan plan;
     plan.threads = rules.may_pool ? omp_get_max_threads() : 1;
@@ -227,9 +230,9 @@ Plan plan_tasks(const SdpaForwardArgs& a, const TaskRules& rules) {
     }
     const int64_t share = total / std::max(plan.threads, 1);
     std::vector<Task> pooled;
+    const int64_t heads = rules.heads_together ? a.batch[1] : 1;  // K/V heads of one pooled task
     for (const Task& run : runs) {
         const SequenceSpan& s = spans[run.first];
-        const int64_t heads = rules.heads_together ? a.batch[1] : 1;  // per pooled task
         const int64_t unit = run.work / std::max<int64_t>(run.count * a.batch[1], 1) * heads;  // one pooled task's
         const int64_t items = run.count * heads_of(a) * ((s.query_rows + kItemRows - 1) / kItemRows);
         const bool whole_team = plan.threads <= 1 || 2 * unit > share || (2 * run.work >= share && items >= plan.threads);
@@ -403,7 +406,7 @@ Status run_packed_backward(const SdpaBackwardArgs& b, const DenseBackwardRunner&
     Status s = check_spans(a, true);
     if (!s.ok || !(s = check_backward_args(envelope(b))).ok) return s;
     if (b.grad_mask.data) return Status::error("grad_mask: not taken with packed sequences");
-    const Plan plan = plan_tasks(a, {dense.pooled, !dense.host_fills, false});
+    const Plan plan = plan_tasks(a, backward_rules(dense));
     const std::vector<uint64_t> prefix = dropout_prefix(a);
     std::vector<SinkPart> sinks(b.grad_sinks.data ? plan.tasks.size() : 0);
     for (size_t i = 0; i < sinks.size(); ++i) sinks[i] = sink_part(b, plan.tasks[i]);
@@ -468,7 +471,7 @@ std::string packed_forward_plan(const SdpaForwardArgs& a, const DenseForwardRunn
 
 std::string packed_backward_plan(const SdpaBackwardArgs& b, const DenseBackwardRunner& dense) {
     if (!check_spans(b.forward, true).ok) return "layout=none";
-    const Plan plan = plan_tasks(b.forward, {dense.pooled, !dense.host_fills, false});
+    const Plan plan = plan_tasks(b.forward, backward_rules(dense));
     const std::vector<uint64_t> prefix = dropout_prefix(b.forward);
     return plan_text(plan, b.forward.batch[0],
                      [&](size_t i) { return dense_backward(b, plan.tasks[i], prefix, nullptr); }, dense);

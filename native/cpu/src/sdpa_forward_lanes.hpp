@@ -95,6 +95,12 @@ inline int find_shared_dim(const SdpaForwardArgs& a, int64_t& group) {
 // RV vectors of lanes per work item; NT broadcast operands per tile.
 // RowLayout: the items' RV * kLanes query rows are computed as rows, with the
 // keys as the lanes of the score vectors (attend_rows) instead.
+// Whether the row layout asks for the next key block's K/V rows ahead of their reading.  An item reading
+// one head's adjacent rows waited on each block's first loads, which a block asked for ahead hides; where
+// a unit takes the heads of token rows in turn, asking ahead measured slower, so turns leave it to the
+// hardware prefetchers.
+enum class RowPrefetch { next_block, none };
+
 template <int RV, int NT, bool RowLayout = (RV == 1)>
 struct LaneForward {
     static constexpr int kBlockQ = RV * kLanes;
@@ -288,31 +294,37 @@ struct LaneForward {
         p.rows_total = p.group * a.seq_q;
         const int64_t heads = a.batch[0] * a.batch[1] * a.batch[2] / p.group;  // outer batch indices
         const int64_t threads = omp_get_max_threads();
-        auto with_item_rows = [&](int64_t item_rows, int64_t min_keys) {
+        auto take_item_rows = [&](int64_t item_rows) {
             p.item_rows = item_rows;
             p.row_blocks = (p.rows_total + item_rows - 1) / item_rows;
             p.outer_items = heads * p.row_blocks;
-            // About four items per thread, so that dynamic scheduling can balance them.  Only the keys
-            // some row sees are split: under a top-left causal mask with far more keys than query rows,
-            // splits of all keys were mostly empty, and each still cost a thread.
-            const KeySplits splits = plan_key_splits(p.outer_items, threads, 4, visible_keys_of(a), kBlockKV, min_keys);
+        };
+        // About four items (or units) per thread, so that dynamic scheduling can balance them.  Only the
+        // keys some row sees are split: under a top-left causal mask with far more keys than query rows,
+        // splits of all keys were mostly empty, and each still cost a thread.
+        auto split_keys = [&](int64_t items, int64_t min_keys) {
+            const KeySplits splits = plan_key_splits(items, threads, 4, visible_keys_of(a), kBlockKV, min_keys);
             p.splits = splits.count;
             p.keys_per_split = splits.keys;
         };
-        with_item_rows(kBlockQ, kMinKeysPerSplit);
+        auto with_item_rows = [&](int64_t item_rows, int64_t min_keys) {
+            take_item_rows(item_rows);
+            split_keys(p.outer_items, min_keys);
+        };
+        take_item_rows(kBlockQ);
         if constexpr (RowLayout) {
             p.turn_dim = turn_dim(a, p);
             if (p.turn_dim >= 0) {  // the keys split for units of every turn index's items
                 p.turns = a.batch[p.turn_dim];
                 for (int d = p.turn_dim + 1; d < kBatchDims; ++d) p.turn_inner *= d == p.shared_dim ? 1 : a.batch[d];
-                const int64_t items = p.outer_items / p.turns;
-                KeySplits splits = plan_key_splits(items, threads, 4, visible_keys_of(a), kBlockKV, kMinKeysPerSplit);
-                if (items * splits.count < threads)
-                    splits = plan_key_splits(items, threads, 4, visible_keys_of(a), kBlockKV, kMinRowLayoutKeysPerSplit);
-                p.splits = splits.count;
-                p.keys_per_split = splits.keys;
+                const int64_t units = p.outer_items / p.turns;
+                split_keys(units, kMinKeysPerSplit);
+                if (units * p.splits < threads) split_keys(units, kMinRowLayoutKeysPerSplit);
                 return p;
             }
+        }
+        split_keys(p.outer_items, kMinKeysPerSplit);
+        if constexpr (RowLayout) {
             // Where threads would idle even with the keys split, a K/V head's rows go in several items
             // (each reads the K/V again, from cache).
             if (p.outer_items * p.splits < threads && p.rows_total > kMinRowItemRows) {
@@ -675,10 +687,12 @@ struct LaneForward {
     // where pairs pay off, both products on bf16 pairs (row_pair_products).
     // Each block's K and V rows are read adjacent (KvReader::adjacent_block:
     // copied where a token-major cache keeps them a stride apart), as the
-    // products pass over them more than once.
+    // products pass over them more than once.  With RowPrefetch::next_block,
+    // the next block's rows are asked for as each block starts (rows the reader
+    // decodes ask for their own).
     // Results land in sc.o_pad (rows) / row_max / row_sum.
     static void attend_rows(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
-                            int64_t key_begin, int64_t key_end, bool skip_hidden_blocks) {
+                            int64_t key_begin, int64_t key_end, RowPrefetch prefetch, bool skip_hidden_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
         const int Dp = Scratch::padded(D), Dvp = Scratch::padded(Dv);
         const TensorView& q = a.query;
@@ -727,6 +741,11 @@ struct LaneForward {
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kRowLayoutKeys) {
             const int kv = int(std::min<int64_t>(kRowLayoutKeys, key_end - j0));
             const int key_vectors = (kv + kLanes - 1) / kLanes;
+            if (const int64_t ahead = j0 + kRowLayoutKeys; prefetch == RowPrefetch::next_block && ahead < key_end) {
+                const int n = int(std::min<int64_t>(kRowLayoutKeys, key_end - ahead));
+                if (!k.rows_decoded()) k.prefetch(k_base, ahead, n, D);
+                if (!v.rows_decoded()) v.prefetch(v_base, ahead, n, Dv);
+            }
             if (row_pairs) {  // K's and V's pairs from their adjacent rows (row_pairs_pay_off)
                 row_pair_products(a, dropout, sc, rows, j0, kv, k.adjacent_block(k_base, j0, kv, D, sc.k_stage),
                                   v.adjacent_block(v_base, j0, kv, Dv, sc.v_stage), p_rows,
@@ -981,7 +1000,7 @@ struct LaneForward {
             for (int64_t h = 0; h < p.turns; ++h) {
                 item_origin(a, p, p.turn_item(u, h), b, row0);
                 rows = map_lanes(a, p, sc, b, row0);
-                attend_rows(a, sc, b, rows, c0, c1, skip_hidden_blocks);
+                attend_rows(a, sc, b, rows, c0, c1, RowPrefetch::none, skip_hidden_blocks);
                 fold_chunk(sc, rows, Dvp, state.o(h), state.max(h, Dvp), state.sum(h, Dvp), c == 0);
             }
         }
@@ -1026,7 +1045,7 @@ struct LaneForward {
                 const int64_t key_begin = split * p.keys_per_split;
                 const int64_t key_end = std::min(a.seq_kv, key_begin + p.keys_per_split);
                 if constexpr (RowLayout)
-                    attend_rows(a, sc, b, rows, key_begin, key_end, skip_hidden_blocks);
+                    attend_rows(a, sc, b, rows, key_begin, key_end, RowPrefetch::next_block, skip_hidden_blocks);
                 else
                     attend(a, sc, b, rows, key_begin, key_end, skip_hidden_blocks);
                 finish_item(a, p, sc, outer, split, rows, partials.get(), splits_done);
