@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# The sample: every file whose tests reach the kernels through a different door, minus what only measures.
+# The sample: every file whose tests reach the kernels through a different door (the KV caches: the reader's
+# paged and quantized reads), minus what only measures.
 SAMPLE = ["tests/test_robustness.py", "tests/test_fuzz.py", "tests/test_graph_api.py", "tests/test_functional.py",
           "tests/test_backward.py", "tests/test_backward_graph.py", "tests/test_sdpa_fusion.py", "tests/test_sycl.py",
-          "tests/test_views.py", "tests/test_ops_reference.py"]
+          "tests/test_views.py", "tests/test_ops_reference.py", "tests/test_kv_cache.py", "tests/test_kv_quant.py"]
 # alloc_dealloc_mismatch=0: the SYCL runtime's JIT (libsycl-jit.so, not ours) frees a new'd block with
 # delete[] while enumerating devices; every other ASan check stays on.
 ASAN_OPTIONS = "detect_leaks=0:alloc_dealloc_mismatch=0"

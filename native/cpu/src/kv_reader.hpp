@@ -205,6 +205,35 @@ public:
     // with their scales and zero points.
     void prefetch(int64_t base, int64_t j0, int rows, int cols) const { prefetch_rows(base, j0, rows, cols); }
 
+    // Rows j0 .. j0 + rows of `count` indices of batch dimension d from the batch element at `base` on, which
+    // lie side by side in each token row (KvRowLayout::interleaves(d, count)), read once by loads, a cache
+    // line each, so that they lie in the core's caches before a kernel reads parts of them: one run of
+    // memory a token, where a head's part of each is a stripe that streams at well under the rate whole rows
+    // do.  Loads, not prefetches, as a core may drop prefetches with many misses in flight.  Only the rows'
+    // bytes (a quantized view's scales and zero points are asked for by its blocks).
+    void bring_in_token_rows(int64_t base, int64_t j0, int rows, int cols, int d, int64_t count) const {
+        int64_t b[kBatchDims];
+        int64_t first = base, row_elements = cols * layout_.col_stride, size = dtype_size(dtype_);
+        if (quant_.quantized()) {
+            batch_indices(base, b);
+            first = layout_.batch_offset(b[0], b[1], b[2]);
+            row_elements = kv_row_bytes(quant_.format, cols) * layout_.col_stride;
+            size = 1;
+        }
+        const int64_t bytes = ((count - 1) * layout_.batch_strides[d] + row_elements) * size;
+        const int64_t last = layout_.pages.paged() ? std::max<int64_t>(0, std::min<int64_t>(rows, layout_.pages.rows - j0))
+                                                   : rows;
+        uint8_t seen = 0;
+        for (int64_t j = j0; j < j0 + last;) {
+            const int64_t n = layout_.run_from(j, j0 + last - j);
+            const char* row = static_cast<const char*>(data_) + layout_.row_offset(first, j) * size;
+            for (int64_t r = 0; r < n; ++r, row += layout_.row_stride * size)
+                for (int64_t x = 0; x < bytes; x += 64) seen ^= *reinterpret_cast<const volatile uint8_t*>(row + x);
+            j += n;
+        }
+        (void)seen;
+    }
+
     // The same for f32 reads: in place only where the rows already are f32.
     bool f32_in_place() const { return dtype_ == DType::f32 && rows_in_place(); }
 

@@ -691,6 +691,15 @@ struct LaneForward {
     // the next block's rows are asked for as each block starts (rows the reader
     // decodes ask for their own).
     // Results land in sc.o_pad (rows) / row_max / row_sum.
+    // Narrows [key_begin, key_end) to the keys some of the item's rows (mapped in sc) sees, from a whole key
+    // block on, for calls that skip hidden blocks.
+    static void seen_keys(const SdpaForwardArgs& a, const Scratch& sc, int rows, int64_t& key_begin, int64_t& key_end) {
+        const float* qi = sc.query_index.get();
+        const int64_t first_key = a.window.key_begin(int64_t(*std::min_element(qi, qi + rows)), a.seq_kv);
+        key_begin = std::max(key_begin, key_begin + (first_key - key_begin) / kRowLayoutKeys * kRowLayoutKeys);
+        key_end = std::min(key_end, a.window.key_end(int64_t(*std::max_element(qi, qi + rows)), a.seq_kv));
+    }
+
     static void attend_rows(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
                             int64_t key_begin, int64_t key_end, RowPrefetch prefetch, bool skip_hidden_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
@@ -701,7 +710,6 @@ struct LaneForward {
         const float scale = log2_score_scale(a);
         float* q_pad = sc.q_pad.get();
         float* o_pad = sc.o_pad.get();
-        const float* qi = sc.query_index.get();
         const bool k_transposed = sc.keys.transposed, bf16_dots = sc.keys.bf16_dots, k_copied = sc.keys.copied;
         const bool row_pairs = sc.keys.pairs, k_lanes = sc.keys.lanes, v_lanes = sc.keys.v_lanes;
         const bool v_in_place = row_layout_reads_in_place(v, Dv);
@@ -732,11 +740,7 @@ struct LaneForward {
             sc.row_max.get()[r] = -__builtin_inff();
             sc.row_sum.get()[r] = 0.0f;
         }
-        if (skip_hidden_blocks) {  // the keys some row of the item sees, from a whole key block on
-            const int64_t first_key = a.window.key_begin(int64_t(*std::min_element(qi, qi + rows)), a.seq_kv);
-            key_begin = std::max(key_begin, key_begin + (first_key - key_begin) / kRowLayoutKeys * kRowLayoutKeys);
-            key_end = std::min(key_end, a.window.key_end(int64_t(*std::max_element(qi, qi + rows)), a.seq_kv));
-        }
+        if (skip_hidden_blocks) seen_keys(a, sc, rows, key_begin, key_end);
         const int64_t k_base = k.batch_offset(outer_b), v_base = v.batch_offset(outer_b);
         for (int64_t j0 = key_begin; j0 < key_end; j0 += kRowLayoutKeys) {
             const int kv = int(std::min<int64_t>(kRowLayoutKeys, key_end - j0));
@@ -984,11 +988,15 @@ struct LaneForward {
     }
 
     // Unit u of a plan with turns: its split's keys a chunk at a time, each chunk for every turn index's item
-    // in turn (turn_dim), then each item finished.
+    // in turn (turn_dim), then each item finished.  Quantized rows of a chunk's tokens are brought in whole
+    // first (KvReader::bring_in_token_rows): their decoding otherwise waited on each block's first loads.
+    // Plain rows are left to the block copies and the hardware: on the Xeon's 16 threads, bringing them in
+    // measured no faster.
     static void attend_in_turn(const SdpaForwardArgs& a, const LanePlan& p, Scratch& sc, TurnState& state, int64_t u,
                                bool skip_hidden_blocks, float* partials, SplitsDone& splits_done) {
         const int Dvp = Scratch::padded(a.head_dim_v);
         const int64_t split = u % p.splits;
+        const KvReader k(a.key), v(a.value);
         const int64_t key_begin = split * p.keys_per_split;
         const int64_t key_end = std::min(a.seq_kv, key_begin + p.keys_per_split);
         int64_t b[kBatchDims], row0;
@@ -1000,6 +1008,15 @@ struct LaneForward {
             for (int64_t h = 0; h < p.turns; ++h) {
                 item_origin(a, p, p.turn_item(u, h), b, row0);
                 rows = map_lanes(a, p, sc, b, row0);
+                if (h == 0 && (k.rows_decoded() || v.rows_decoded())) {  // the chunk's token rows the items see
+                    int64_t seen_begin = c0, seen_end = c1;
+                    if (skip_hidden_blocks) seen_keys(a, sc, rows, seen_begin, seen_end);
+                    const int n = int(std::max<int64_t>(0, seen_end - seen_begin));
+                    if (n > 0 && k.rows_decoded())
+                        k.bring_in_token_rows(k.batch_offset(b), seen_begin, n, int(a.head_dim_qk), p.turn_dim, p.turns);
+                    if (n > 0 && v.rows_decoded())
+                        v.bring_in_token_rows(v.batch_offset(b), seen_begin, n, int(a.head_dim_v), p.turn_dim, p.turns);
+                }
                 attend_rows(a, sc, b, rows, c0, c1, RowPrefetch::none, skip_hidden_blocks);
                 fold_chunk(sc, rows, Dvp, state.o(h), state.max(h, Dvp), state.sum(h, Dvp), c == 0);
             }
