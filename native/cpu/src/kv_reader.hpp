@@ -196,8 +196,7 @@ public:
         for_each_row(base, j0, rows, [&](int t, const uint8_t* row, int64_t scales_at, int64_t zeros_at) {
             block.rows[size_t(t)] = row;
             float* s = block.scales.data() + size_t(t) * groups;
-            group_params(scales_at, zeros_at, int(groups), s, block.zeros.data() + size_t(t) * groups);
-            for (size_t g = 0; g < groups; ++g) s[g] *= unscale;
+            group_params(scales_at, zeros_at, int(groups), s, block.zeros.data() + size_t(t) * groups, unscale);
         });
     }
 
@@ -209,29 +208,28 @@ public:
     // lie side by side in each token row (KvRowLayout::interleaves(d, count)), read once by loads, a cache
     // line each, so that they lie in the core's caches before a kernel reads parts of them: one run of
     // memory a token, where a head's part of each is a stripe that streams at well under the rate whole rows
-    // do.  Loads, not prefetches, as a core may drop prefetches with many misses in flight.  Only the rows'
-    // bytes (a quantized view's scales and zero points are asked for by its blocks).
+    // do.  Loads, not prefetches, as a core may drop prefetches with many misses in flight.  A quantized
+    // view's scales and zero points likewise, where they lie so too.
     void bring_in_token_rows(int64_t base, int64_t j0, int rows, int cols, int d, int64_t count) const {
-        int64_t b[kBatchDims];
-        int64_t first = base, row_elements = cols * layout_.col_stride, size = dtype_size(dtype_);
-        if (quant_.quantized()) {
-            batch_indices(base, b);
-            first = layout_.batch_offset(b[0], b[1], b[2]);
-            row_elements = kv_row_bytes(quant_.format, cols) * layout_.col_stride;
-            size = 1;
-        }
-        const int64_t bytes = ((count - 1) * layout_.batch_strides[d] + row_elements) * size;
         const int64_t last = layout_.pages.paged() ? std::max<int64_t>(0, std::min<int64_t>(rows, layout_.pages.rows - j0))
                                                    : rows;
-        uint8_t seen = 0;
-        for (int64_t j = j0; j < j0 + last;) {
-            const int64_t n = layout_.run_from(j, j0 + last - j);
-            const char* row = static_cast<const char*>(data_) + layout_.row_offset(first, j) * size;
-            for (int64_t r = 0; r < n; ++r, row += layout_.row_stride * size)
-                for (int64_t x = 0; x < bytes; x += 64) seen ^= *reinterpret_cast<const volatile uint8_t*>(row + x);
-            j += n;
+        if (!quant_.quantized()) {
+            bring_in_run_rows(data_, dtype_size(dtype_), layout_, base, j0, last, d, count, cols * layout_.col_stride);
+            return;
         }
-        (void)seen;
+        int64_t b[kBatchDims];
+        batch_indices(base, b);
+        bring_in_run_rows(data_, 1, layout_, layout_.batch_offset(b[0], b[1], b[2]), j0, last, d, count,
+                          kv_row_bytes(quant_.format, cols) * layout_.col_stride);
+        const int64_t groups = kv_fp8(quant_.format) ? 0 : cols / quant_.group;
+        if (groups == 0) return;  // one scale for all rows
+        if (scale_layout_.interleaves(d, count))
+            bring_in_run_rows(quant_.scales.data, dtype_size(quant_.scales.dtype), scale_layout_,
+                              scale_layout_.batch_offset(b[0], b[1], b[2]), j0, last, d, count,
+                              groups * scale_layout_.col_stride);
+        if (quant_.zero_points.data && zero_layout_.interleaves(d, count))
+            bring_in_run_rows(quant_.zero_points.data, 1, zero_layout_, zero_layout_.batch_offset(b[0], b[1], b[2]), j0,
+                              last, d, count, groups * zero_layout_.col_stride);
     }
 
     // The same for f32 reads: in place only where the rows already are f32.
@@ -346,14 +344,42 @@ private:
         }
     }
 
-    // A row's `groups` scales and zero points as f32 from their offsets (no zero points: 0).
-    void group_params(int64_t scales_at, int64_t zeros_at, int groups, float* s, float* z) const {
+    // A row's `groups` scales (times `unscale`) and zero points as f32 from their offsets (no zero points: 0).
+    // The dtypes are chosen once a row, and on AVX-512 up to 16 adjacent groups convert as one vector: decode
+    // takes them for every row of every block, and one by one they cost as much as decoding 4-bit values.
+    void group_params(int64_t scales_at, int64_t zeros_at, int groups, float* s, float* z,
+                      float unscale = 1.0f) const {
+        const int64_t ss = scale_layout_.col_stride, zs = zero_layout_.col_stride;
+        const void* scales = quant_.scales.data;
         const uint8_t* zeros = static_cast<const uint8_t*>(quant_.zero_points.data);
-        for (int g = 0; g < groups; ++g) {
-            s[g] = scale_value(quant_.scales.data, quant_.scales.dtype, scales_at + g * scale_layout_.col_stride);
-            const uint8_t zb = zeros ? zeros[zeros_at + g * zero_layout_.col_stride] : 0;
-            z[g] = kv_signed(quant_.format) ? float(int8_t(zb)) : float(zb);
+        const bool signed_zeros = kv_signed(quant_.format);
+#if defined(__AVX512F__)
+        if (groups <= 16 && ss == 1 && (!zeros || zs == 1)) {  // masked loads: lanes past `groups` are not read
+            const __mmask16 m = __mmask16((1u << groups) - 1u);
+            __m512 sv;
+            if (quant_.scales.dtype == DType::f32)
+                sv = _mm512_maskz_loadu_ps(m, static_cast<const float*>(scales) + scales_at);
+            else {
+                const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(scales) + scales_at);
+                sv = quant_.scales.dtype == DType::f16 ? _mm512_cvtph_ps(h) : bf16x16_to_f32(h);
+            }
+            _mm512_mask_storeu_ps(s, m, _mm512_mul_ps(sv, _mm512_set1_ps(unscale)));
+            __m512 zv = _mm512_setzero_ps();
+            if (zeros) {
+                const __m128i zb = _mm_maskz_loadu_epi8(m, zeros + zeros_at);
+                zv = _mm512_cvtepi32_ps(signed_zeros ? _mm512_cvtepi8_epi32(zb) : _mm512_cvtepu8_epi32(zb));
+            }
+            _mm512_mask_storeu_ps(z, m, zv);
+            return;
         }
+#endif
+        for (int g = 0; g < groups; ++g) s[g] = scale_value(scales, quant_.scales.dtype, scales_at + g * ss) * unscale;
+        if (!zeros)
+            std::fill(z, z + groups, 0.0f);
+        else if (signed_zeros)
+            for (int g = 0; g < groups; ++g) z[g] = float(int8_t(zeros[zeros_at + g * zs]));
+        else
+            for (int g = 0; g < groups; ++g) z[g] = float(zeros[zeros_at + g * zs]);
     }
 
     // One row's values from its bytes and the offsets of its scales and zero points.
@@ -400,6 +426,22 @@ private:
         if (quant_.zero_points.data)
             prefetch_run_rows(quant_.zero_points.data, 1, zero_layout_, zero_layout_.batch_offset(b[0], b[1], b[2]), j0,
                               last, groups * zero_layout_.col_stride);
+    }
+
+    // Rows j0 .. j0 + rows of `count` indices of dimension d from `first` on (row_elements of `size` bytes
+    // each), side by side in each token row, one load a line.
+    static void bring_in_run_rows(const void* data, int64_t size, const KvRowLayout& layout, int64_t first, int64_t j0,
+                                  int64_t rows, int d, int64_t count, int64_t row_elements) {
+        const int64_t bytes = ((count - 1) * layout.batch_strides[d] + row_elements) * size;
+        uint8_t seen = 0;
+        for (int64_t j = j0; j < j0 + rows;) {
+            const int64_t n = layout.run_from(j, j0 + rows - j);
+            const char* row = static_cast<const char*>(data) + layout.row_offset(first, j) * size;
+            for (int64_t r = 0; r < n; ++r, row += layout.row_stride * size)
+                for (int64_t x = 0; x < bytes; x += 64) seen ^= *reinterpret_cast<const volatile uint8_t*>(row + x);
+            j += n;
+        }
+        (void)seen;
     }
 
     // Rows j0 .. j0 + rows (`elements` of `size` bytes each) of `data` laid out as `layout`, one prefetch a line.
