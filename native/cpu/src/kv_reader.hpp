@@ -211,8 +211,7 @@ public:
     // do.  Loads, not prefetches, as a core may drop prefetches with many misses in flight.  A quantized
     // view's scales and zero points likewise, where they lie so too.
     void bring_in_token_rows(int64_t base, int64_t j0, int rows, int cols, int d, int64_t count) const {
-        const int64_t last = layout_.pages.paged() ? std::max<int64_t>(0, std::min<int64_t>(rows, layout_.pages.rows - j0))
-                                                   : rows;
+        const int64_t last = rows_held(j0, rows);
         if (!quant_.quantized()) {
             bring_in_run_rows(data_, dtype_size(dtype_), layout_, base, j0, last, d, count, cols * layout_.col_stride);
             return;
@@ -406,11 +405,9 @@ private:
 
     // The bytes of rows j0 .. j0 + rows asked for ahead of their reading: a block's rows lie a token apart
     // (or in blocks anywhere), which the hardware prefetchers do not follow, so each row's load would wait.
-    // A paged view's reach no further than the keys its sequence holds (no table entry past them is read);
-    // a strided view's may pass its last row (a prefetch never faults).
+    // How far: rows_held.
     void prefetch_rows(int64_t base, int64_t j0, int rows, int cols) const {
-        const int64_t last = layout_.pages.paged() ? std::max<int64_t>(0, std::min<int64_t>(rows, layout_.pages.rows - j0))
-                                                   : rows;
+        const int64_t last = rows_held(j0, rows);
         if (!quant_.quantized()) {  // base is the layout's own offset (batch_offset)
             prefetch_run_rows(data_, dtype_size(dtype_), layout_, base, j0, last, cols * layout_.col_stride);
             return;
@@ -428,33 +425,41 @@ private:
                               last, groups * zero_layout_.col_stride);
     }
 
+    // Of rows j0 .. j0 + rows, how many a read ahead takes: a paged view's no further than the keys its
+    // sequence holds (no table entry past them is read); a strided view's all (loads are asked only for its
+    // rows; prefetches may pass its last one, as a prefetch never faults).
+    int64_t rows_held(int64_t j0, int64_t rows) const {
+        return layout_.pages.paged() ? std::max<int64_t>(0, std::min<int64_t>(rows, layout_.pages.rows - j0)) : rows;
+    }
+
+    // line(p) for each 64-byte line's start p of the first `bytes` bytes of rows j0 .. j0 + rows of `data`
+    // (elements of `size` bytes) laid out as `layout`, from `base` (its batch_offset) on.
+    template <class Line>
+    static void for_each_line(const void* data, int64_t size, const KvRowLayout& layout, int64_t base, int64_t j0,
+                              int64_t rows, int64_t bytes, Line&& line) {
+        for (int64_t j = j0; j < j0 + rows;) {
+            const int64_t n = layout.run_from(j, j0 + rows - j);
+            const char* row = static_cast<const char*>(data) + layout.row_offset(base, j) * size;
+            for (int64_t r = 0; r < n; ++r, row += layout.row_stride * size)
+                for (int64_t x = 0; x < bytes; x += 64) line(row + x);
+            j += n;
+        }
+    }
+
     // Rows j0 .. j0 + rows of `count` indices of dimension d from `first` on (row_elements of `size` bytes
     // each), side by side in each token row, one load a line.
     static void bring_in_run_rows(const void* data, int64_t size, const KvRowLayout& layout, int64_t first, int64_t j0,
                                   int64_t rows, int d, int64_t count, int64_t row_elements) {
-        const int64_t bytes = ((count - 1) * layout.batch_strides[d] + row_elements) * size;
         uint8_t seen = 0;
-        for (int64_t j = j0; j < j0 + rows;) {
-            const int64_t n = layout.run_from(j, j0 + rows - j);
-            const char* row = static_cast<const char*>(data) + layout.row_offset(first, j) * size;
-            for (int64_t r = 0; r < n; ++r, row += layout.row_stride * size)
-                for (int64_t x = 0; x < bytes; x += 64) seen ^= *reinterpret_cast<const volatile uint8_t*>(row + x);
-            j += n;
-        }
+        for_each_line(data, size, layout, first, j0, rows, ((count - 1) * layout.batch_strides[d] + row_elements) * size,
+                      [&](const char* p) { seen ^= *reinterpret_cast<const volatile uint8_t*>(p); });
         (void)seen;
     }
 
     // Rows j0 .. j0 + rows (`elements` of `size` bytes each) of `data` laid out as `layout`, one prefetch a line.
     static void prefetch_run_rows(const void* data, int64_t size, const KvRowLayout& layout, int64_t base, int64_t j0,
                                   int64_t rows, int64_t elements) {
-        const int64_t bytes = elements * size;
-        for (int64_t j = j0; j < j0 + rows;) {
-            const int64_t n = layout.run_from(j, j0 + rows - j);
-            const char* row = static_cast<const char*>(data) + layout.row_offset(base, j) * size;
-            for (int64_t r = 0; r < n; ++r, row += layout.row_stride * size)
-                for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(row + x, 0, 3);
-            j += n;
-        }
+        for_each_line(data, size, layout, base, j0, rows, elements * size, [](const char* p) { __builtin_prefetch(p, 0, 3); });
     }
 
     // Rows j0 .. j0 + rows of a quantized view decoded into `stage` as dtype() rows of `cols` values, adjacent.

@@ -92,15 +92,15 @@ inline int find_shared_dim(const SdpaForwardArgs& a, int64_t& group) {
     return shared;
 }
 
-// RV vectors of lanes per work item; NT broadcast operands per tile.
-// RowLayout: the items' RV * kLanes query rows are computed as rows, with the
-// keys as the lanes of the score vectors (attend_rows) instead.
 // Whether the row layout asks for the next key block's K/V rows ahead of their reading.  An item reading
 // one head's adjacent rows waited on each block's first loads, which a block asked for ahead hides; where
-// a unit takes the heads of token rows in turn, asking ahead measured slower, so turns leave it to the
+// a unit takes the heads of token rows in turn, asking ahead was slower, so turns leave it to the
 // hardware prefetchers.
 enum class RowPrefetch { next_block, none };
 
+// RV vectors of lanes per work item; NT broadcast operands per tile.
+// RowLayout: the items' RV * kLanes query rows are computed as rows, with the
+// keys as the lanes of the score vectors (attend_rows) instead.
 template <int RV, int NT, bool RowLayout = (RV == 1)>
 struct LaneForward {
     static constexpr int kBlockQ = RV * kLanes;
@@ -678,6 +678,15 @@ struct LaneForward {
         if (key_begin >= key_end) std::fill(o_t, o_t + size_t(Dv) * kBlockQ, 0.0f);  // no keys: an all-zero O
     }
 
+    // Narrows [key_begin, key_end) to the keys some of the item's rows (mapped in sc) sees, from a whole key
+    // block on, for calls that skip hidden blocks.
+    static void seen_keys(const SdpaForwardArgs& a, const Scratch& sc, int rows, int64_t& key_begin, int64_t& key_end) {
+        const float* qi = sc.query_index.get();
+        const int64_t first_key = a.window.key_begin(int64_t(*std::min_element(qi, qi + rows)), a.seq_kv);
+        key_begin = std::max(key_begin, key_begin + (first_key - key_begin) / kRowLayoutKeys * kRowLayoutKeys);
+        key_end = std::min(key_end, a.window.key_end(int64_t(*std::max_element(qi, qi + rows)), a.seq_kv));
+    }
+
     // Row-layout form of attend (decode, short query blocks): the keys are
     // the lanes of the score vectors and P V runs over vectors of the head
     // dim, instead of idling the lanes a block's missing rows would fill in
@@ -691,15 +700,6 @@ struct LaneForward {
     // the next block's rows are asked for as each block starts (rows the reader
     // decodes ask for their own).
     // Results land in sc.o_pad (rows) / row_max / row_sum.
-    // Narrows [key_begin, key_end) to the keys some of the item's rows (mapped in sc) sees, from a whole key
-    // block on, for calls that skip hidden blocks.
-    static void seen_keys(const SdpaForwardArgs& a, const Scratch& sc, int rows, int64_t& key_begin, int64_t& key_end) {
-        const float* qi = sc.query_index.get();
-        const int64_t first_key = a.window.key_begin(int64_t(*std::min_element(qi, qi + rows)), a.seq_kv);
-        key_begin = std::max(key_begin, key_begin + (first_key - key_begin) / kRowLayoutKeys * kRowLayoutKeys);
-        key_end = std::min(key_end, a.window.key_end(int64_t(*std::max_element(qi, qi + rows)), a.seq_kv));
-    }
-
     static void attend_rows(const SdpaForwardArgs& a, Scratch& sc, const int64_t outer_b[kBatchDims], int rows,
                             int64_t key_begin, int64_t key_end, RowPrefetch prefetch, bool skip_hidden_blocks) {
         const int D = int(a.head_dim_qk), Dv = int(a.head_dim_v);
@@ -990,8 +990,8 @@ struct LaneForward {
     // Unit u of a plan with turns: its split's keys a chunk at a time, each chunk for every turn index's item
     // in turn (turn_dim), then each item finished.  Quantized rows of a chunk's tokens are brought in whole
     // first (KvReader::bring_in_token_rows): their decoding otherwise waited on each block's first loads.
-    // Plain rows are left to the block copies and the hardware: on the Xeon's 16 threads, bringing them in
-    // measured no faster.
+    // Plain rows are left to the block copies and the hardware prefetchers, as bringing them in gained them
+    // nothing on the target Xeon.
     static void attend_in_turn(const SdpaForwardArgs& a, const LanePlan& p, Scratch& sc, TurnState& state, int64_t u,
                                bool skip_hidden_blocks, float* partials, SplitsDone& splits_done) {
         const int Dvp = Scratch::padded(a.head_dim_v);
