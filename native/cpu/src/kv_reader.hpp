@@ -212,23 +212,10 @@ public:
     // view's scales and zero points likewise, where they lie so too.
     void bring_in_token_rows(int64_t base, int64_t j0, int rows, int cols, int d, int64_t count) const {
         const int64_t last = rows_held(j0, rows);
-        if (!quant_.quantized()) {
-            bring_in_run_rows(data_, dtype_size(dtype_), layout_, base, j0, last, d, count, cols * layout_.col_stride);
-            return;
-        }
-        int64_t b[kBatchDims];
-        batch_indices(base, b);
-        bring_in_run_rows(data_, 1, layout_, layout_.batch_offset(b[0], b[1], b[2]), j0, last, d, count,
-                          kv_row_bytes(quant_.format, cols) * layout_.col_stride);
-        const int64_t groups = kv_fp8(quant_.format) ? 0 : cols / quant_.group;
-        if (groups == 0) return;  // one scale for all rows
-        if (scale_layout_.interleaves(d, count))
-            bring_in_run_rows(quant_.scales.data, dtype_size(quant_.scales.dtype), scale_layout_,
-                              scale_layout_.batch_offset(b[0], b[1], b[2]), j0, last, d, count,
-                              groups * scale_layout_.col_stride);
-        if (quant_.zero_points.data && zero_layout_.interleaves(d, count))
-            bring_in_run_rows(quant_.zero_points.data, 1, zero_layout_, zero_layout_.batch_offset(b[0], b[1], b[2]), j0,
-                              last, d, count, groups * zero_layout_.col_stride);
+        for_each_part(base, cols, [&](const RowPart& part) {
+            if (part.layout->interleaves(d, count))
+                bring_in_run_rows(part, j0, last, (count - 1) * part.layout->batch_strides[d] + part.row_elements);
+        });
     }
 
     // The same for f32 reads: in place only where the rows already are f32.
@@ -408,21 +395,40 @@ private:
     // How far: rows_held.
     void prefetch_rows(int64_t base, int64_t j0, int rows, int cols) const {
         const int64_t last = rows_held(j0, rows);
-        if (!quant_.quantized()) {  // base is the layout's own offset (batch_offset)
-            prefetch_run_rows(data_, dtype_size(dtype_), layout_, base, j0, last, cols * layout_.col_stride);
+        for_each_part(base, cols, [&](const RowPart& part) {
+            for_each_line(part, j0, last, part.row_elements, [](const char* p) { __builtin_prefetch(p, 0, 3); });
+        });
+    }
+
+    // One array a row's reading takes (its values; a quantized row's bytes, scales or zero points): where its
+    // rows lie, the batch element's first, and a row's elements (of `size` bytes).
+    struct RowPart {
+        const void* data;
+        int64_t size;
+        const KvRowLayout* layout;
+        int64_t first;
+        int64_t row_elements;
+    };
+
+    // f(part) for each array the rows of `cols` values of the batch element at `base` (batch_offset) are read
+    // from: the values, or a quantized view's bytes, then its scales and zero points where it has them per group.
+    template <class F>
+    void for_each_part(int64_t base, int cols, F&& f) const {
+        if (!quant_.quantized()) {  // base is the layout's own offset
+            f(RowPart{data_, dtype_size(dtype_), &layout_, base, cols * layout_.col_stride});
             return;
         }
         int64_t b[kBatchDims];
         batch_indices(base, b);
+        f(RowPart{data_, 1, &layout_, layout_.batch_offset(b[0], b[1], b[2]),
+                  kv_row_bytes(quant_.format, cols) * layout_.col_stride});
         const int64_t groups = kv_fp8(quant_.format) ? 0 : cols / quant_.group;
-        prefetch_run_rows(data_, 1, layout_, layout_.batch_offset(b[0], b[1], b[2]), j0, last,
-                          kv_row_bytes(quant_.format, cols) * layout_.col_stride);
         if (groups == 0) return;  // one scale for all rows
-        prefetch_run_rows(quant_.scales.data, dtype_size(quant_.scales.dtype), scale_layout_,
-                          scale_layout_.batch_offset(b[0], b[1], b[2]), j0, last, groups * scale_layout_.col_stride);
+        f(RowPart{quant_.scales.data, dtype_size(quant_.scales.dtype), &scale_layout_,
+                  scale_layout_.batch_offset(b[0], b[1], b[2]), groups * scale_layout_.col_stride});
         if (quant_.zero_points.data)
-            prefetch_run_rows(quant_.zero_points.data, 1, zero_layout_, zero_layout_.batch_offset(b[0], b[1], b[2]), j0,
-                              last, groups * zero_layout_.col_stride);
+            f(RowPart{quant_.zero_points.data, 1, &zero_layout_, zero_layout_.batch_offset(b[0], b[1], b[2]),
+                      groups * zero_layout_.col_stride});
     }
 
     // Of rows j0 .. j0 + rows, how many a read ahead takes: a paged view's no further than the keys its
@@ -432,34 +438,25 @@ private:
         return layout_.pages.paged() ? std::max<int64_t>(0, std::min<int64_t>(rows, layout_.pages.rows - j0)) : rows;
     }
 
-    // line(p) for each 64-byte line's start p of the first `bytes` bytes of rows j0 .. j0 + rows of `data`
-    // (elements of `size` bytes) laid out as `layout`, from `base` (its batch_offset) on.
+    // line(p) for each 64-byte line's start p of the first `elements` elements of rows j0 .. j0 + rows of `part`.
     template <class Line>
-    static void for_each_line(const void* data, int64_t size, const KvRowLayout& layout, int64_t base, int64_t j0,
-                              int64_t rows, int64_t bytes, Line&& line) {
+    static void for_each_line(const RowPart& part, int64_t j0, int64_t rows, int64_t elements, Line&& line) {
+        const KvRowLayout& layout = *part.layout;
+        const int64_t bytes = elements * part.size;
         for (int64_t j = j0; j < j0 + rows;) {
             const int64_t n = layout.run_from(j, j0 + rows - j);
-            const char* row = static_cast<const char*>(data) + layout.row_offset(base, j) * size;
-            for (int64_t r = 0; r < n; ++r, row += layout.row_stride * size)
+            const char* row = static_cast<const char*>(part.data) + layout.row_offset(part.first, j) * part.size;
+            for (int64_t r = 0; r < n; ++r, row += layout.row_stride * part.size)
                 for (int64_t x = 0; x < bytes; x += 64) line(row + x);
             j += n;
         }
     }
 
-    // Rows j0 .. j0 + rows of `count` indices of dimension d from `first` on (row_elements of `size` bytes
-    // each), side by side in each token row, one load a line.
-    static void bring_in_run_rows(const void* data, int64_t size, const KvRowLayout& layout, int64_t first, int64_t j0,
-                                  int64_t rows, int d, int64_t count, int64_t row_elements) {
+    // The first `elements` elements of rows j0 .. j0 + rows of `part` (a token row's run), one load a line.
+    static void bring_in_run_rows(const RowPart& part, int64_t j0, int64_t rows, int64_t elements) {
         uint8_t seen = 0;
-        for_each_line(data, size, layout, first, j0, rows, ((count - 1) * layout.batch_strides[d] + row_elements) * size,
-                      [&](const char* p) { seen ^= *reinterpret_cast<const volatile uint8_t*>(p); });
+        for_each_line(part, j0, rows, elements, [&](const char* p) { seen ^= *reinterpret_cast<const volatile uint8_t*>(p); });
         (void)seen;
-    }
-
-    // Rows j0 .. j0 + rows (`elements` of `size` bytes each) of `data` laid out as `layout`, one prefetch a line.
-    static void prefetch_run_rows(const void* data, int64_t size, const KvRowLayout& layout, int64_t base, int64_t j0,
-                                  int64_t rows, int64_t elements) {
-        for_each_line(data, size, layout, base, j0, rows, elements * size, [](const char* p) { __builtin_prefetch(p, 0, 3); });
     }
 
     // Rows j0 .. j0 + rows of a quantized view decoded into `stage` as dtype() rows of `cols` values, adjacent.

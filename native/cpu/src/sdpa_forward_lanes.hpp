@@ -990,8 +990,7 @@ struct LaneForward {
     // Unit u of a plan with turns: its split's keys a chunk at a time, each chunk for every turn index's item
     // in turn (turn_dim), then each item finished.  Quantized rows of a chunk's tokens are brought in whole
     // first (KvReader::bring_in_token_rows): their decoding otherwise waited on each block's first loads.
-    // Plain rows are left to the block copies and the hardware prefetchers, as bringing them in gained them
-    // nothing on the target Xeon.
+    // Plain rows are left to the block copies and the hardware prefetchers, which serve them as well.
     static void attend_in_turn(const SdpaForwardArgs& a, const LanePlan& p, Scratch& sc, TurnState& state, int64_t u,
                                bool skip_hidden_blocks, float* partials, SplitsDone& splits_done) {
         const int Dvp = Scratch::padded(a.head_dim_v);
